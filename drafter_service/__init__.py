@@ -1,0 +1,1 @@
+"""The drafter service: proposes drafts that the verifier checks."""

@@ -1,0 +1,176 @@
+"""The generation loop: draft -> verify -> emit, written once against the Drafter and Verifier
+protocols, so the embedded default and the distributed deployment run the same code.
+
+Only the verifier's tokens are emitted: each round emits the accepted draft tokens and the
+correction. A failing drafter costs speed, never correctness: the round goes on without a draft.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Iterator, Mapping, Sequence
+
+from specpipe import metrics
+from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
+from specpipe.protocols import Drafter, Verifier
+from specpipe.sampling import check_sampling
+from specpipe.types import EMPTY_DRAFT, GenerationChunk, GenerationRequest, ProposeResult, RoundStats, SpeculationOptions
+from specpipe.verification import check_token_ids
+from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
+
+log = logging.getLogger("specpipe.orchestrator")
+
+
+class Generator:
+    def __init__(
+        self,
+        tokenizer,
+        verifier: Verifier,
+        drafters: Mapping[str, Drafter],
+        defaults: SpeculationOptions = SpeculationOptions(),
+    ):
+        self.tokenizer = tokenizer
+        self.verifier = verifier
+        self.drafters = dict(drafters)
+        self.defaults = defaults
+        self.info = verifier.info()
+        for kind, drafter in self.drafters.items():
+            check_same_vocab(kind, drafter, self.info.vocab_fingerprint)
+
+    def encode(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[tuple[str, str]] | None = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> tuple[int, ...]:
+        """Prompt token ids from exactly one of: raw text, chat messages (chat template), token ids."""
+        if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
+            raise InvalidArgument("give exactly one of prompt, messages or token_ids")
+        if token_ids is not None:
+            return tuple(token_ids)
+        if messages is not None:
+            if not messages or not any(content for _, content in messages):
+                raise InvalidArgument("messages are empty")
+            if getattr(self.tokenizer, "chat_template", None):
+                chat = [{"role": role, "content": content} for role, content in messages]
+                ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+                return tuple(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+            prompt = "\n".join(content for _, content in messages)  # a base model: plain text
+        if not prompt:
+            raise InvalidArgument("prompt is empty")
+        return tuple(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def validate(self, request: GenerationRequest) -> None:
+        check_token_ids(request.prompt_ids, self.info.vocab_size, "prompt")
+        check_sampling(request.sampling)
+        if request.max_new_tokens <= 0:
+            raise InvalidArgument(f"max_new_tokens must be > 0, got {request.max_new_tokens}")
+        total = len(request.prompt_ids) + request.max_new_tokens
+        if total > self.info.max_context:
+            raise InvalidArgument(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) exceeds "
+                f"the context window of {self.info.max_context} tokens"
+            )
+        spec = request.speculation
+        if spec.drafter != "none" and spec.drafter not in self.drafters:
+            raise FailedPrecondition(
+                f"drafter {spec.drafter!r} is not available here; available: {', '.join(['none', *self.drafters])}"
+            )
+        if spec.draft_len < 0 or spec.width < 1:
+            raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {spec.draft_len} and {spec.width}")
+        if any(not s for s in request.stop):
+            raise InvalidArgument("stop strings must not be empty")
+
+    def generate(self, request: GenerationRequest) -> Iterator[GenerationChunk]:
+        """Validate now, then stream chunks; closing the iterator releases the sessions."""
+        self.validate(request)
+        session_id = request.request_id or uuid.uuid4().hex
+        return self._rounds(request, session_id)
+
+    def _rounds(self, request: GenerationRequest, session_id: str) -> Iterator[GenerationChunk]:
+        spec = request.speculation
+        drafter = self.drafters.get(spec.drafter)
+        self.verifier.prefill(session_id, request.prompt_ids)
+        context = list(request.prompt_ids)
+        output: list[int] = []
+        sent_text = ""
+        finish = ""
+        try:
+            while not finish:
+                round_start = time.perf_counter()
+                # Draft only what can still be emitted: the correction always takes one slot.
+                draft_len = min(spec.draft_len, request.max_new_tokens - len(output) - 1)
+                proposal = self._propose(drafter, spec, session_id, context, draft_len, request)
+                result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
+                context.extend(result.emitted)
+
+                count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
+                new_tokens = list(result.emitted[:count])
+                text, new_tokens, stopped = self._decode(output, new_tokens, request.stop, len(sent_text))
+                finish = FINISH_STOP if stopped else finish
+                output.extend(new_tokens)
+                delta = text[len(sent_text):] if finish else streamable(text, request.stop)[len(sent_text):]
+                sent_text += delta
+
+                labels = {"drafter": spec.drafter}
+                metrics.ROUNDS.labels(**labels).inc()
+                metrics.DRAFTED_TOKENS.labels(**labels).inc(len(proposal.draft))
+                metrics.ACCEPTED_TOKENS.labels(**labels).inc(len(result.accepted_tokens))
+                metrics.EMITTED_TOKENS.labels(**labels).inc(len(new_tokens))
+                metrics.ROUND_MS.labels(**labels).observe((time.perf_counter() - round_start) * 1e3)
+                yield GenerationChunk(
+                    request_id=session_id,
+                    token_ids=tuple(new_tokens),
+                    text=delta,
+                    finish_reason=finish,
+                    round=RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms, result.verify_ms),
+                )
+            metrics.GENERATIONS.labels(finish_reason=finish).inc()
+        finally:
+            self._release(session_id, drafter)
+
+    def _propose(self, drafter, spec, session_id, context, draft_len, request) -> ProposeResult:
+        if drafter is None or draft_len <= 0:
+            return ProposeResult(EMPTY_DRAFT, 0.0)
+        try:
+            return drafter.propose(session_id, context, draft_len, spec.width, request.sampling)
+        except Exception as err:  # a failing drafter slows generation down, never breaks it
+            metrics.DRAFT_FAILURES.labels(drafter=spec.drafter).inc()
+            log.warning("drafter failed, verifying without a draft", extra={"session_id": session_id, "error": str(err)})
+            return ProposeResult(EMPTY_DRAFT, 0.0)
+
+    def _decode(self, output: list[int], new_tokens: list[int], stop: Sequence[str], sent: int) -> tuple[str, list[int], bool]:
+        """Full output text after the new tokens; with a stop string, cut text and tokens at it."""
+        text = self.tokenizer.decode(output + new_tokens, skip_special_tokens=True)
+        if not stop or find_stop(text, stop, sent) < 0:
+            return text, new_tokens, False
+        for n in range(1, len(new_tokens) + 1):  # the first token that completes a stop string
+            text = self.tokenizer.decode(output + new_tokens[:n], skip_special_tokens=True)
+            at = find_stop(text, stop, sent)
+            if at >= 0:
+                return text[:at], new_tokens[:n], True
+        raise AssertionError("unreachable: the stop string was in the full text")
+
+    def _release(self, session_id: str, drafter: Drafter | None) -> None:
+        for peer in (self.verifier, drafter):
+            if peer is None:
+                continue
+            try:
+                peer.release(session_id)
+            except Exception as err:  # the session expires by TTL / LRU on the peer anyway
+                log.warning("release failed", extra={"session_id": session_id, "error": str(err)})
+
+
+def check_same_vocab(kind: str, drafter: Drafter, fingerprint: str) -> None:
+    """Drafts must use the verifier's vocabulary; an unreachable drafter is checked on first use."""
+    try:
+        info = drafter.info()
+    except SpecpipeError as err:
+        log.warning("drafter unreachable at start", extra={"drafter": kind, "error": str(err)})
+        return
+    if info.vocab_fingerprint != fingerprint:
+        raise FailedPrecondition(
+            f"drafter {kind!r} ({info.model_name}) does not share the verifier's vocabulary"
+        )

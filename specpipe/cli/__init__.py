@@ -1,0 +1,1 @@
+"""The composition root: the one place that wires services together."""

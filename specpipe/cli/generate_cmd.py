@@ -1,0 +1,91 @@
+"""`specpipe generate`: one generation on the embedded default (or a running orchestrator with --addr)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from specpipe.cli import options
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="generate text with speculative decoding",
+        description="Generate text. Every emitted token is verified: with temperature 0 the output equals "
+        "the verifier's own greedy decoding token for token.",
+    )
+    parser.add_argument("--prompt", required=True, help="the user prompt (the model's chat template is applied)")
+    parser.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    parser.add_argument("--addr", default=None, help="host:port of a running orchestrator (default: run embedded)")
+    options.add_model_args(parser)
+    options.add_speculation_args(parser)
+    options.add_sampling_args(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specpipe.types import GenerationRequest
+
+    messages = None if args.raw else [("user", args.prompt)]
+    prompt = args.prompt if args.raw else None
+    if args.addr:
+        from specpipe.rpc.clients import GenerationClient
+
+        client = GenerationClient(args.addr)
+        chunks = client.generate(
+            prompt=prompt, messages=messages, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
+            sampling=options.sampling_params(args), speculation=options.speculation_options(args),
+        )
+    else:
+        from specpipe.cli.wiring import embedded_generator
+
+        generator = embedded_generator(args)
+        request = GenerationRequest(
+            prompt_ids=generator.encode(prompt=prompt, messages=messages),
+            max_new_tokens=args.max_new_tokens,
+            stop=tuple(args.stop),
+            sampling=options.sampling_params(args),
+            speculation=options.speculation_options(args),
+        )
+        chunks = generator.generate(request)
+
+    start = time.perf_counter()
+    text, token_ids, rounds = [], [], []
+    for chunk in chunks:
+        text.append(chunk.text)
+        token_ids.extend(chunk.token_ids)
+        if chunk.round is not None:
+            rounds.append(chunk.round)
+        if not args.json:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        finish = chunk.finish_reason
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"text": "".join(text), "token_ids": token_ids, "finish_reason": finish,
+                          "stats": generation_stats(rounds, len(token_ids), elapsed)}))
+    else:
+        print()
+    return 0
+
+
+def generation_stats(rounds, num_tokens: int, elapsed_s: float) -> dict:
+    """Per-generation summary; tokens_per_round is DE (tokens per verifier forward)."""
+    drafted = sum(r.drafted for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    return {
+        "rounds": len(rounds),
+        "drafted": drafted,
+        "accepted": accepted,
+        "tokens": num_tokens,
+        "tokens_per_round": num_tokens / len(rounds) if rounds else 0.0,
+        "tokens_per_s": num_tokens / elapsed_s if elapsed_s > 0 else 0.0,
+        "draft_ms": sum(r.draft_ms for r in rounds),
+        "verify_ms": sum(r.verify_ms for r in rounds),
+    }

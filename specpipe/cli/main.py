@@ -1,0 +1,41 @@
+"""`specpipe` command line. Each subcommand lives in its own module with a `register(subparsers)`
+that adds its parser; heavy imports (torch, transformers) happen inside handlers so --help is fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specpipe import __version__
+from specpipe.errors import SpecpipeError
+
+COMMANDS = ("models_cmd", "generate_cmd", "serve_cmd", "up_cmd", "bench_cmd")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="specpipe",
+        description="Lossless speculative decoding: a drafter proposes, a verifier checks, every emitted token is verified.",
+    )
+    parser.add_argument("--version", action="version", version=f"specpipe {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"specpipe.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SpecpipeError as err:
+        print(f"specpipe {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

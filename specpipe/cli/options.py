@@ -1,0 +1,51 @@
+"""Flags shared by several commands, and the frozen configs built from them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from specpipe.models import DEFAULT_PRESET, PRESETS
+from specpipe.types import SamplingParams, SpeculationOptions
+
+DRAFTERS = ("model", "none")
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("models")
+    group.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", DEFAULT_PRESET), choices=sorted(PRESETS),
+                       help="model pair (default: %(default)s; env SPECPIPE_PRESET)")
+    group.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
+    group.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
+    group.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
+    group.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all cores)")
+
+
+def add_speculation_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("speculation")
+    group.add_argument("--drafter", default="model", choices=DRAFTERS, help="draft source; none = verifier only (default: %(default)s)")
+    group.add_argument("--draft-len", type=int, default=4, metavar="K", help="draft depth per round (default: %(default)s)")
+    group.add_argument("--width", type=int, default=1, help="tree width at the first draft levels; 1 = chain (default: %(default)s)")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling (temperature 0 = greedy, identical to the verifier's own greedy output)")
+    group.add_argument("--temperature", type=float, default=0.0, help="(default: %(default)s)")
+    group.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
+    group.add_argument("--top-k", type=int, default=0, help="0 = off (default: %(default)s)")
+    group.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+
+
+def speculation_options(args: argparse.Namespace) -> SpeculationOptions:
+    return SpeculationOptions(drafter=args.drafter, draft_len=args.draft_len, width=args.width)
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def set_threads(threads: int) -> None:
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)

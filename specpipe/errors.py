@@ -1,0 +1,37 @@
+"""Errors with a gRPC status. Raised by in-process implementations, carried over the wire by the
+rpc layer and raised again by the clients, so embedded and distributed callers see the same thing."""
+
+from __future__ import annotations
+
+
+class SpecpipeError(Exception):
+    code = "INTERNAL"  # name of a grpc.StatusCode
+
+
+class InvalidArgument(SpecpipeError):
+    code = "INVALID_ARGUMENT"
+
+
+class FailedPrecondition(SpecpipeError):
+    code = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(SpecpipeError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Aborted(SpecpipeError):
+    """A stale message (an older epoch) or a session released while in use."""
+
+    code = "ABORTED"
+
+
+class Unavailable(SpecpipeError):
+    code = "UNAVAILABLE"
+
+
+BY_CODE = {cls.code: cls for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Aborted, Unavailable)}
+
+
+def from_code(code: str, message: str) -> SpecpipeError:
+    return BY_CODE.get(code, SpecpipeError)(message)

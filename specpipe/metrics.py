@@ -1,0 +1,20 @@
+"""Prometheus metrics (counters and histograms only; ratios are computed where they are read).
+
+Every process that serves one or more roles exports the default registry over HTTP
+(`specpipe serve` / `specpipe up`, flag --metrics-port)."""
+
+from prometheus_client import Counter, Histogram
+
+_MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+ROUNDS = Counter("specpipe_rounds_total", "Verify rounds run by the orchestrator", ["drafter"])
+DRAFTED_TOKENS = Counter("specpipe_drafted_tokens_total", "Draft nodes sent to the verifier", ["drafter"])
+ACCEPTED_TOKENS = Counter("specpipe_accepted_tokens_total", "Draft tokens accepted by the verifier", ["drafter"])
+EMITTED_TOKENS = Counter("specpipe_emitted_tokens_total", "Verified tokens emitted to clients", ["drafter"])
+DRAFT_FAILURES = Counter("specpipe_draft_failures_total", "Rounds that went on without a draft because the drafter failed", ["drafter"])
+GENERATIONS = Counter("specpipe_generations_total", "Finished generations", ["finish_reason"])
+
+VERIFY_MS = Histogram("specpipe_verify_forward_ms", "Verifier forward time per round", ["draft_nodes"], buckets=_MS_BUCKETS)
+PREFILL_MS = Histogram("specpipe_prefill_ms", "Verifier prefill time", buckets=_MS_BUCKETS)
+DRAFT_MS = Histogram("specpipe_draft_ms", "Drafter time per proposal", ["drafter"], buckets=_MS_BUCKETS)
+ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + verify + transport)", ["drafter"], buckets=_MS_BUCKETS)

@@ -1,0 +1,157 @@
+"""Model presets and loading (shared/DESIGN.md section 8).
+
+A preset names a verifier, a drafter and their shared tokenizer:
+- tiny: random Qwen2 models built in code, a byte-level tokenizer; the drafter is the verifier's
+  first layers, so drafts are sometimes accepted and sometimes not (unit and golden tests).
+- smollm2: SmolLM2-135M-Instruct verifier; its drafter is a layer-truncated copy (self-speculation).
+- qwen-coder: Qwen2.5-Coder-1.5B-Instruct verifier, Qwen2.5-Coder-0.5B-Instruct drafter (default).
+Both real presets come as GGUF inside PyPI wheels and are converted once to safetensors
+(specpipe.packaged). `--verifier` / `--draft-model` take any local path or model id instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specpipe.errors import InvalidArgument
+from specpipe.types import ModelInfo
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    verifier: str                  # packaged model name (specpipe.packaged) or "tiny"
+    drafter: str
+    drafter_layers: int | None     # truncate the drafter to its first layers (self-speculation)
+
+
+PRESETS = {
+    "tiny": Preset("tiny", "tiny", "tiny", drafter_layers=2),
+    "smollm2": Preset("smollm2", "smollm2-135m", "smollm2-135m", drafter_layers=12),
+    "qwen-coder": Preset("qwen-coder", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", drafter_layers=None),
+}
+DEFAULT_PRESET = "qwen-coder"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What one role loads: a packaged name or a path / model id, optionally layer-truncated."""
+
+    source: str
+    num_layers: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.source if self.num_layers is None else f"{self.source}[:{self.num_layers} layers]"
+
+
+def model_specs(preset: str, verifier: str | None = None, draft_model: str | None = None) -> tuple[ModelSpec, ModelSpec]:
+    """(verifier spec, drafter spec) for a preset, with explicit paths or ids taking precedence."""
+    if preset not in PRESETS:
+        raise InvalidArgument(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    verifier_spec = ModelSpec(verifier) if verifier else ModelSpec(p.verifier)
+    if draft_model:
+        drafter_spec = ModelSpec(draft_model)
+    elif verifier:  # self-speculation on the given verifier needs a drafter; use its first layers
+        drafter_spec = ModelSpec(verifier, p.drafter_layers)
+    else:
+        drafter_spec = ModelSpec(p.drafter, p.drafter_layers)
+    return verifier_spec, drafter_spec
+
+
+# --- tiny: built in code, no files -------------------------------------------------------------
+
+TINY_SEED = 1234
+TINY_UPPER_SCALE = 0.3  # damp layers 2-3 so the 2-layer drafter agrees with the verifier ~60% of the time
+TINY_EOS = "<|endoftext|>"
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerBase:
+    """Byte-level tokenizer: 256 byte tokens + one end-of-text token (vocab 257)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab[TINY_EOS] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=TINY_EOS)
+
+
+def tiny_model(num_layers: int | None = None) -> PreTrainedModel:
+    """Random 4-layer Qwen2 (seeded, identical in every process); num_layers keeps the first layers."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.2, tie_word_embeddings=False,
+        eos_token_id=256, bos_token_id=256, pad_token_id=256,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(TINY_SEED)
+        model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers[2:]:
+            layer.self_attn.o_proj.weight.mul_(TINY_UPPER_SCALE)
+            layer.mlp.down_proj.weight.mul_(TINY_UPPER_SCALE)
+    if num_layers is not None:
+        model.model.layers = model.model.layers[:num_layers]
+        model.config.num_hidden_layers = num_layers
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    model.generation_config.eos_token_id = 256
+    model.generation_config.pad_token_id = 256
+    return model.eval()
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+def _local_dir(source: str) -> str:
+    from specpipe import packaged
+
+    return str(packaged.model_dir(source)) if source in packaged.PACKAGED else source
+
+
+def load_model(spec: ModelSpec, device: str = "cpu") -> PreTrainedModel:
+    if spec.source == "tiny":
+        return tiny_model(spec.num_layers).to(device)
+    overrides = {} if spec.num_layers is None else {"num_hidden_layers": spec.num_layers}
+    model = AutoModelForCausalLM.from_pretrained(
+        _local_dir(spec.source), dtype=torch.float32, attn_implementation="sdpa", **overrides
+    )
+    return model.to(device).eval()
+
+
+def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    if spec.source == "tiny":
+        return tiny_tokenizer()
+    return AutoTokenizer.from_pretrained(_local_dir(spec.source))
+
+
+def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def model_info(spec: ModelSpec, model: PreTrainedModel) -> ModelInfo:
+    """What a peer must know about a loaded model; the fingerprint ties drafts to one vocabulary."""
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    fingerprint = hashlib.sha256(json.dumps([vocab_size, eos_token_ids(model)]).encode()).hexdigest()[:16]
+    return ModelInfo(
+        model_name=spec.label,
+        vocab_size=vocab_size,
+        eos_token_ids=eos_token_ids(model),
+        max_context=int(getattr(model.config, "max_position_embeddings", 2048)),
+        vocab_fingerprint=fingerprint,
+    )

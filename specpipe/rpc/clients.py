@@ -1,0 +1,176 @@
+"""gRPC clients implementing the role protocols (specpipe.protocols), plus the public Generation
+client. A failed call raises the same specpipe.errors exception the in-process object would."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specpipe import errors, types
+from specpipe.rpc import convert
+from specpipe.rpc.server import MAX_MESSAGE_BYTES
+from specpipe.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specpipe.v1 import generation_pb2_grpc
+
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),         # detect a dead peer on an idle session
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.enable_http_proxy", 0),              # services talk directly, never through an HTTP proxy
+)
+
+
+def channel(target: str) -> grpc.Channel:
+    return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+def to_specpipe_error(err: grpc.RpcError) -> errors.SpecpipeError:
+    code = err.code() if callable(getattr(err, "code", None)) else None
+    details = err.details() if callable(getattr(err, "details", None)) else str(err)
+    name = code.name if code is not None else "UNKNOWN"
+    return errors.from_code(name, details or name)
+
+
+@contextlib.contextmanager
+def _errors():
+    try:
+        yield
+    except grpc.RpcError as err:
+        raise to_specpipe_error(err) from None
+
+
+class _Client:
+    """A channel to one target; timeout_s is the per-call deadline (None = none)."""
+
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
+        self.target = target
+        self.timeout_s = timeout_s
+        self.wait_for_ready = wait_for_ready  # True: calls wait for the server (startup) instead of failing fast
+        self._channel = channel(target)
+
+    def _call(self, method, request):
+        with _errors():
+            return method(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the channel connects; Unavailable after timeout_s."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise errors.Unavailable(f"{self.target} not reachable within {timeout_s:g} s") from None
+
+    def health(self, service: str = "") -> str:
+        """Health status name of a service ("" = the whole server): SERVING, NOT_SERVING, ..."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        reply = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class VerifierClient(_Client):
+    """specpipe.protocols.Verifier over gRPC."""
+
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
+        super().__init__(target, timeout_s, wait_for_ready)
+        self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
+
+    def info(self) -> types.ModelInfo:
+        return convert.model_info_from_proto(self._call(self._stub.Info, verifier_pb2.VerifierInfoRequest()))
+
+    def prefill(self, session_id: str, prompt_ids: Sequence[int]) -> int:
+        request = verifier_pb2.PrefillRequest(session_id=session_id, prompt_ids=prompt_ids)
+        return self._call(self._stub.Prefill, request).context_len
+
+    def verify(self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams) -> types.VerifyResult:
+        request = verifier_pb2.VerifyRequest(
+            session_id=session_id,
+            context_len=context_len,
+            draft=convert.draft_to_proto(draft),
+            sampling=convert.sampling_to_proto(sampling),
+        )
+        return convert.verify_result_from_proto(self._call(self._stub.Verify, request))
+
+    def release(self, session_id: str) -> bool:
+        return self._call(self._stub.Release, verifier_pb2.ReleaseRequest(session_id=session_id)).released
+
+
+class DrafterClient(_Client):
+    """specpipe.protocols.Drafter over gRPC."""
+
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
+        super().__init__(target, timeout_s, wait_for_ready)
+        self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+
+    def info(self) -> types.ModelInfo:
+        return convert.model_info_from_proto(self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest()))
+
+    def propose(
+        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: types.SamplingParams
+    ) -> types.ProposeResult:
+        request = drafter_pb2.ProposeRequest(
+            session_id=session_id,
+            context=context,
+            draft_len=draft_len,
+            width=width,
+            sampling=convert.sampling_to_proto(sampling),
+        )
+        reply = self._call(self._stub.Propose, request)
+        return types.ProposeResult(convert.draft_from_proto(reply.draft), reply.draft_ms)
+
+    def release(self, session_id: str) -> bool:
+        return self._call(self._stub.Release, verifier_pb2.ReleaseRequest(session_id=session_id)).released
+
+
+class GenerationClient(_Client):
+    """The public API: a stream of verified chunks for one prompt."""
+
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
+        super().__init__(target, timeout_s, wait_for_ready)
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[tuple[str, str]] | None = None,
+        token_ids: Sequence[int] | None = None,
+        max_new_tokens: int = 64,
+        stop: Sequence[str] = (),
+        sampling: types.SamplingParams = types.GREEDY,
+        speculation: types.SpeculationOptions | None = None,  # None = the server's defaults
+        request_id: str = "",
+    ) -> Iterator[types.GenerationChunk]:
+        """Exactly one of prompt / messages / token_ids (none: the server answers INVALID_ARGUMENT).
+        Closing the iterator early cancels the RPC, which releases the sessions on the server."""
+        source = convert.GenerateInput(
+            prompt=prompt,
+            messages=tuple(messages) if messages is not None else None,
+            token_ids=tuple(token_ids) if token_ids is not None else None,
+        )
+        if sum(x is not None for x in (prompt, messages, token_ids)) > 1:
+            raise errors.InvalidArgument("give exactly one of prompt, messages or token_ids")
+        request = convert.generate_request_to_proto(source, max_new_tokens, request_id, stop, sampling, speculation)
+        call = self._stub.Generate(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
+        return self._chunks(call)
+
+    @staticmethod
+    def _chunks(call) -> Iterator[types.GenerationChunk]:
+        try:
+            with _errors():
+                for msg in call:
+                    yield convert.chunk_from_proto(msg)
+        finally:
+            call.cancel()  # no-op once the stream has ended

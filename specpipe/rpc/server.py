@@ -1,0 +1,188 @@
+"""The one server bootstrap of every service: a gRPC server with its servicers, the standard health
+service (grpc.health.v1, what Kubernetes probes), reflection, Prometheus metrics over HTTP, and a
+graceful stop on SIGTERM / SIGINT. Also `rpc_method`, the one place where errors become statuses.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specpipe.errors import SpecpipeError, Unavailable
+
+log = logging.getLogger("specpipe.rpc")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),  # a taken port is an error, not a silently shared one
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),  # accept client keepalives (30 s)
+)
+
+
+@dataclass(frozen=True)
+class Service:
+    """One servicer and how to mount it."""
+
+    name: str                                        # full proto name, e.g. "specpipe.v1.Verifier"
+    servicer: object
+    add_to_server: Callable[[object, grpc.Server], None]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0                    # 0 = a free port
+    metrics_port: int | None = None  # Prometheus HTTP; None = off, 0 = a free port
+    max_workers: int = 16            # concurrent RPCs (a Generate stream holds one for its lifetime)
+    grace_s: float = 5.0             # in-flight RPCs get this long on stop
+
+
+def service_name(pb2_module, name: str) -> str:
+    return pb2_module.DESCRIPTOR.services_by_name[name].full_name
+
+
+# --- errors -> statuses ------------------------------------------------------------------------
+
+def _fail(context: grpc.ServicerContext, method: str, err: Exception) -> None:
+    """Abort the RPC with err's status. A bad request fails only itself, never the server."""
+    if isinstance(err, SpecpipeError):
+        log.info("rpc failed", extra={"rpc": method, "code": err.code, "error": str(err)})
+        context.abort(grpc.StatusCode[err.code], str(err))
+    log.exception("unexpected error", extra={"rpc": method})
+    context.abort(grpc.StatusCode.INTERNAL, f"{method}: internal error: {type(err).__name__}: {err}")
+
+
+def _aborted_already(context: grpc.ServicerContext) -> bool:
+    code = getattr(context, "code", None)
+    return callable(code) and code() is not None
+
+
+def rpc_method(fn):
+    """Servicer method decorator: SpecpipeError -> its status, anything else -> INTERNAL (logged)."""
+    method = fn.__qualname__
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def stream(self, request, context):
+            try:
+                yield from fn(self, request, context)
+            except Exception as err:  # GeneratorExit (client gone) is not an Exception: it passes
+                if _aborted_already(context):
+                    raise
+                _fail(context, method, err)
+
+        return stream
+
+    @functools.wraps(fn)
+    def unary(self, request, context):
+        try:
+            return fn(self, request, context)
+        except Exception as err:
+            if _aborted_already(context):
+                raise
+            _fail(context, method, err)
+
+    return unary
+
+
+# --- bootstrap ---------------------------------------------------------------------------------
+
+class ServerHandle:
+    """A started server. `port` / `address` are the bound ones (useful with port 0)."""
+
+    def __init__(self, server: grpc.Server, health_servicer: health.HealthServicer, config: ServerConfig,
+                 port: int, service_names: tuple[str, ...], metrics_http=None):
+        self.server = server
+        self.health = health_servicer
+        self.config = config
+        self.port = port
+        self.service_names = service_names
+        self._metrics_http = metrics_http
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._metrics_http.server_port if self._metrics_http is not None else None
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Health NOT_SERVING first (load balancers stop sending), then let in-flight RPCs finish."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(self.config.grace_s if grace_s is None else grace_s).wait()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+        log.info("server stopped", extra={"services": list(self.service_names), "port": self.port})
+
+    def wait(self) -> None:
+        """Block until SIGTERM / SIGINT (handlers installed when called from the main thread), then stop."""
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda signum, frame: stop.set())
+        while not stop.wait(0.5) and not self._stopped.is_set():
+            pass
+        self.stop()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop(grace_s=0)
+
+
+def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) -> ServerHandle:
+    """Start a server with the given (ready) servicers; health turns SERVING once it listens."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=SERVER_OPTIONS)
+    for service in services:
+        service.add_to_server(service.servicer, server)
+
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = tuple(s.name for s in services)
+    reflection.enable_server_reflection(names + (health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    try:
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+    except RuntimeError as err:
+        raise Unavailable(f"cannot listen on {config.host}:{config.port}: {err}") from None
+    if port == 0:
+        raise Unavailable(f"cannot listen on {config.host}:{config.port} (in use?)")
+
+    metrics_http = None
+    if config.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        try:
+            metrics_http, _ = start_http_server(config.metrics_port, addr=config.host)
+        except OSError as err:
+            raise Unavailable(f"cannot serve metrics on {config.host}:{config.metrics_port}: {err}") from None
+
+    server.start()
+    for name in names + ("",):  # "" = the whole server
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    handle = ServerHandle(server, health_servicer, config, port, names, metrics_http)
+    log.info("server started", extra={"services": list(names), "address": handle.address,
+                                      "metrics_port": handle.metrics_port})
+    return handle

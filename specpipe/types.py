@@ -1,0 +1,127 @@
+"""Value types shared by every service (vocabulary: shared/DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROOT = -1  # parent index of first-level draft nodes: the session's last confirmed token
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0        # nucleus mass in (0, 1]
+    top_k: int = 0            # 0 = off
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class SparseDist:
+    """A distribution over a few tokens (the drafter's q at one node, truncated and renormalised)."""
+
+    token_ids: tuple[int, ...]
+    probs: tuple[float, ...]
+
+    def prob(self, token: int) -> float:
+        for t, p in zip(self.token_ids, self.probs):
+            if t == token:
+                return p
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A token tree rooted at the last confirmed token; a chain has parents (-1, 0, 1, ...)."""
+
+    tokens: tuple[int, ...] = ()                 # [num_nodes]
+    parents: tuple[int, ...] = ()                # [num_nodes], parents[i] < i, ROOT for depth 1
+    q: tuple[SparseDist, ...] | None = None      # [num_nodes] drafter distribution; None = one-hot
+
+    @staticmethod
+    def chain(tokens: tuple[int, ...] | list[int], q: tuple[SparseDist, ...] | None = None) -> Draft:
+        return Draft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), q)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+
+EMPTY_DRAFT = Draft()
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The verifier's verdict on one round."""
+
+    accepted_tokens: tuple[int, ...]  # [delta]
+    accepted_nodes: tuple[int, ...]   # [delta] draft node index of each accepted token
+    correction_token: int             # emitted after the accepted path (the bonus token when all match)
+    entropy: float                    # nats, verifier distribution at the correction position
+    node_argmax: tuple[int, ...]      # [num_nodes + 1] verifier argmax after the root and each node
+    verify_ms: float
+    context_len: int                  # session length after this round
+
+    @property
+    def emitted(self) -> tuple[int, ...]:
+        return self.accepted_tokens + (self.correction_token,)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_name: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_context: int
+    vocab_fingerprint: str
+
+
+@dataclass(frozen=True)
+class ProposeResult:
+    draft: Draft
+    draft_ms: float
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    drafter: str = "model"  # "model" | "none"
+    draft_len: int = 4      # k
+    width: int = 1          # tree width at the first levels; 1 = chain
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated generation: token ids in, verified tokens out."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    request_id: str = ""
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = GREEDY
+    speculation: SpeculationOptions = field(default_factory=SpeculationOptions)
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    drafted: int      # draft nodes sent to the verifier
+    accepted: int     # delta
+    draft_ms: float
+    verify_ms: float
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    request_id: str
+    token_ids: tuple[int, ...]  # newly emitted, verified
+    text: str                   # text delta
+    finish_reason: str          # "" while running, else "eos" | "stop" | "length"
+    round: RoundStats | None = None

@@ -1,0 +1,35 @@
+from specpipe.v1 import common_pb2 as _common_pb2
+from specpipe.v1 import verifier_pb2 as _verifier_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DrafterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("session_id", "context", "draft_len", "width", "sampling")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    context: _containers.RepeatedScalarFieldContainer[int]
+    draft_len: int
+    width: int
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, session_id: _Optional[str] = ..., context: _Optional[_Iterable[int]] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class ProposeReply(_message.Message):
+    __slots__ = ("draft", "draft_ms")
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
+    draft: _common_pb2.DraftTree
+    draft_ms: float
+    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., draft_ms: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny models built in code (no files), one per test session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(1)  # two cores: leave one to the gRPC servers and the other process
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier():
+    from specpipe.models import model_specs
+    from verifier_service.verifier import ModelVerifier
+
+    return ModelVerifier.load(model_specs("tiny")[0])
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter():
+    from drafter_service.model_drafter import ModelDrafter
+    from specpipe.models import model_specs
+
+    return ModelDrafter.load(model_specs("tiny")[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from specpipe.models import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_generator(tiny_tokenizer, tiny_verifier, tiny_drafter):
+    from orchestrator.generator import Generator
+
+    return Generator(tiny_tokenizer, tiny_verifier, {"model": tiny_drafter})

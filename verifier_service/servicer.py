@@ -1,0 +1,44 @@
+"""gRPC servicer of the Verifier service: proto <-> specpipe.protocols.Verifier, nothing else."""
+
+from __future__ import annotations
+
+from specpipe.protocols import Verifier
+from specpipe.rpc import convert
+from specpipe.rpc.server import Service, rpc_method, service_name
+from specpipe.v1 import verifier_pb2, verifier_pb2_grpc
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    def __init__(self, verifier: Verifier):
+        self._verifier = verifier
+
+    @rpc_method
+    def Info(self, request, context):
+        return convert.model_info_to_proto(self._verifier.info())
+
+    @rpc_method
+    def Prefill(self, request, context):
+        context_len = self._verifier.prefill(request.session_id, tuple(request.prompt_ids))
+        return verifier_pb2.PrefillReply(context_len=context_len)
+
+    @rpc_method
+    def Verify(self, request, context):
+        result = self._verifier.verify(
+            request.session_id,
+            request.context_len,
+            convert.draft_from_proto(request.draft),
+            convert.sampling_from_proto(request.sampling),
+        )
+        return convert.verify_result_to_proto(result)
+
+    @rpc_method
+    def Release(self, request, context):
+        return verifier_pb2.ReleaseReply(released=self._verifier.release(request.session_id))
+
+
+def service(verifier: Verifier) -> Service:
+    return Service(
+        service_name(verifier_pb2, "Verifier"),
+        VerifierServicer(verifier),
+        verifier_pb2_grpc.add_VerifierServicer_to_server,
+    )
