@@ -32,7 +32,7 @@ class Preset:
 
 PRESETS = {
     "tiny": Preset("tiny", "tiny", "tiny", drafter_layers=2),
-    "smollm2": Preset("smollm2", "smollm2-135m", "smollm2-135m", drafter_layers=12),
+    "smollm2": Preset("smollm2", "smollm2-135m", "smollm2-135m", drafter_layers=16),
     "qwen-coder": Preset("qwen-coder", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", drafter_layers=None),
 }
 DEFAULT_PRESET = "qwen-coder"
@@ -122,10 +122,18 @@ def _local_dir(source: str) -> str:
 def load_model(spec: ModelSpec, device: str = "cpu") -> PreTrainedModel:
     if spec.source == "tiny":
         return tiny_model(spec.num_layers).to(device)
+    from transformers.utils import logging as hf_logging
+
     overrides = {} if spec.num_layers is None else {"num_hidden_layers": spec.num_layers}
-    model = AutoModelForCausalLM.from_pretrained(
-        _local_dir(spec.source), dtype=torch.float32, attn_implementation="sdpa", **overrides
-    )
+    verbosity = hf_logging.get_verbosity()
+    if spec.num_layers is not None:  # the dropped layers' weights are expected to be unused
+        hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            _local_dir(spec.source), dtype=torch.float32, attn_implementation="sdpa", **overrides
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return model.to(device).eval()
 
 

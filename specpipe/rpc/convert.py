@@ -203,8 +203,10 @@ def generate_request_to_proto(
     if source.prompt is not None:
         msg.prompt = source.prompt
     elif source.messages is not None:
+        msg.messages.SetInParent()  # an empty list is still this input (rejected by the server as empty)
         msg.messages.messages.extend(generation_pb2.ChatMessage(role=r, content=c) for r, c in source.messages)
     elif source.token_ids is not None:
+        msg.token_ids.SetInParent()
         msg.token_ids.ids.extend(source.token_ids)
     return msg
 

@@ -1,0 +1,36 @@
+"""gRPC servicer of the public Generation API: GenerateRequest -> Generator.encode + generate ->
+a stream of GenerateChunk. A client that goes away ends the stream after the current round, and
+closing the generation releases its verifier and drafter sessions."""
+
+from __future__ import annotations
+
+from specpipe.rpc import convert
+from specpipe.rpc.server import Service, rpc_method, service_name
+from specpipe.v1 import generation_pb2, generation_pb2_grpc
+from orchestrator.generator import Generator
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, generator: Generator):
+        self._generator = generator
+
+    @rpc_method
+    def Generate(self, request, context):
+        source, generation = convert.generate_request_from_proto(request, self._generator.defaults)
+        prompt_ids = self._generator.encode(**source.encode_kwargs())
+        chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
+        try:
+            for chunk in chunks:
+                if not context.is_active():  # client cancelled or deadline passed
+                    return
+                yield convert.chunk_to_proto(chunk)
+        finally:
+            chunks.close()
+
+
+def service(generator: Generator) -> Service:
+    return Service(
+        service_name(generation_pb2, "Generation"),
+        GenerationServicer(generator),
+        generation_pb2_grpc.add_GenerationServicer_to_server,
+    )

@@ -1,0 +1,113 @@
+"""`specpipe serve verifier|drafter|orchestrator`: one service in this process (what a container runs).
+
+Prints one line once the service is SERVING:
+    specpipe serve verifier: listening on 127.0.0.1:50052 (metrics port 50152)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from specpipe.cli import options
+from specpipe.errors import InvalidArgument
+
+DEFAULT_PORTS = {"orchestrator": 50051, "verifier": 50052, "drafter": 50053}
+READY_RE = re.compile(r"^specpipe serve (\w+): listening on (\S+):(\d+) \(metrics port (\d+|off)\)$")
+HELP = {
+    "verifier": "the large model: prefill, verify drafts (tree attention), per-session KV cache",
+    "drafter": "the small model: propose draft chains / trees",
+    "orchestrator": "the public Generation API, driving a remote verifier and drafter",
+}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="run one service over gRPC (health, reflection, metrics)",
+                                   description="Run one service over gRPC, with the standard health service, "
+                                   "reflection and Prometheus metrics. Stops gracefully on SIGTERM / SIGINT.")
+    roles = parser.add_subparsers(dest="role", required=True, metavar="ROLE")
+    for role in DEFAULT_PORTS:
+        sub = roles.add_parser(role, help=HELP[role], description=HELP[role])
+        _add_server_args(sub, DEFAULT_PORTS[role])
+        options.add_model_args(sub)
+        if role == "orchestrator":
+            group = sub.add_argument_group("peers")
+            group.add_argument("--verifier-addr", default=os.environ.get("SPECPIPE_VERIFIER_ADDR"),
+                               help="host:port of the verifier service (required; env SPECPIPE_VERIFIER_ADDR)")
+            group.add_argument("--drafter-addr", default=os.environ.get("SPECPIPE_DRAFTER_ADDR"),
+                               help="host:port of the drafter service (env SPECPIPE_DRAFTER_ADDR); "
+                               "without it only --drafter none works")
+            group.add_argument("--rpc-timeout", type=float, default=60.0, metavar="S",
+                               help="deadline of each verifier / drafter call in seconds (default: %(default)s)")
+            options.add_speculation_args(sub)
+        sub.set_defaults(func=run)
+
+
+def _add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default=os.environ.get("SPECPIPE_HOST", "127.0.0.1"),
+                       help="address to bind; 0.0.0.0 in a container (default: %(default)s; env SPECPIPE_HOST)")
+    group.add_argument("--port", type=int, default=default_port, help="gRPC port; 0 = a free one (default: %(default)s)")
+    group.add_argument("--metrics-port", type=int, default=None,
+                       help="Prometheus HTTP port; 0 = a free one (default: off)")
+    group.add_argument("--max-workers", type=int, default=16, help="concurrent RPCs (default: %(default)s)")
+    group.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                       type=str.upper, help="(default: %(default)s)")
+    group.add_argument("--log-format", default="json", choices=("json", "text"), help="(default: %(default)s)")
+
+
+def _verifier(args: argparse.Namespace):
+    from verifier_service.servicer import service
+    from verifier_service.verifier import ModelVerifier
+    from specpipe.models import model_specs
+
+    return service(ModelVerifier.load(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device))
+
+
+def _drafter(args: argparse.Namespace):
+    from drafter_service.model_drafter import ModelDrafter
+    from drafter_service.servicer import service
+    from specpipe.models import model_specs
+
+    return service(ModelDrafter.load(model_specs(args.preset, args.verifier, args.draft_model)[1], args.device))
+
+
+def _orchestrator(args: argparse.Namespace):
+    from orchestrator.servicer import service
+    from specpipe.cli.wiring import remote_generator
+    from specpipe.models import model_specs
+
+    tokenizer_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
+    generator = remote_generator(tokenizer_spec, args.verifier_addr, args.drafter_addr,
+                                 options.speculation_options(args), rpc_timeout_s=args.rpc_timeout or None)
+    return service(generator)
+
+
+BUILDERS = {"verifier": _verifier, "drafter": _drafter, "orchestrator": _orchestrator}
+
+
+def check_peers(args: argparse.Namespace) -> None:
+    if not args.verifier_addr:
+        raise InvalidArgument("--verifier-addr is required: the orchestrator needs a running verifier service "
+                              "(host:port, e.g. from `specpipe serve verifier`)")
+    if args.drafter == "model" and not args.drafter_addr:
+        raise InvalidArgument("--drafter-addr is required with --drafter model; pass --drafter none to verify "
+                              "without drafts")
+
+
+def run(args: argparse.Namespace) -> int:
+    from specpipe import logs
+    from specpipe.rpc.server import ServerConfig, serve
+
+    if args.role == "orchestrator":
+        check_peers(args)  # before anything heavy
+    logs.configure(args.log_level, json=args.log_format == "json")
+    options.set_threads(args.threads)
+    handle = serve([BUILDERS[args.role](args)], ServerConfig(
+        host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=args.max_workers,
+    ))
+    metrics = handle.metrics_port if handle.metrics_port is not None else "off"
+    print(f"specpipe serve {args.role}: listening on {handle.address} (metrics port {metrics})", flush=True)
+    handle.wait()
+    return 0

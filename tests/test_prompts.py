@@ -1,0 +1,85 @@
+"""Prompt suites from their packages (installed privately on first use) and user prompt files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specpipe.errors import InvalidArgument
+from specpipe.prompts import Prompt, load_prompts_file, load_suite
+
+
+@pytest.mark.parametrize("suite, size, first_id", [
+    ("humaneval", 164, "HumanEval/0"),
+    ("mtbench", 80, "mtbench/81"),
+    ("gsm8k", 100, "gsm8k-test-0013"),
+])
+def test_suites_load_with_and_without_limit(suite, size, first_id):
+    prompts = load_suite(suite)
+    assert len(prompts) == size
+    assert len({p.id for p in prompts}) == size
+    assert prompts[0].id == first_id
+    assert all(p.messages and p.messages[0][0] == "user" and p.messages[0][1].strip() for p in prompts)
+    assert load_suite(suite, limit=3) == prompts[:3]
+
+
+def test_humaneval_asks_to_complete_the_function():
+    (role, content), = load_suite("humaneval", limit=1)[0].messages
+    assert role == "user"
+    assert content.startswith("Complete the following Python function:\n```python\n")
+    assert "def has_close_elements(" in content and content.endswith("```")
+
+
+def test_mtbench_keeps_the_first_turn_and_category():
+    prompts = load_suite("mtbench")
+    assert {p.category for p in prompts} == {"writing", "roleplay", "reasoning", "math", "coding",
+                                             "extraction", "stem", "humanities"}
+    assert all(len(p.messages) == 1 for p in prompts)
+    assert prompts[0].messages[0][1].startswith("Compose an engaging travel blog post")
+
+
+@pytest.mark.parametrize("name, limit", [("squad", None), ("gsm8k", 0)])
+def test_bad_suite_arguments(name, limit):
+    with pytest.raises(InvalidArgument):
+        load_suite(name, limit=limit)
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_prompts_file_accepts_both_shapes(tmp_path):
+    path = write_lines(tmp_path / "mine.jsonl", [
+        json.dumps({"id": "q1", "prompt": "Hello"}),
+        "",
+        json.dumps({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}),
+    ])
+    assert load_prompts_file(path) == [
+        Prompt("q1", (("user", "Hello"),)),
+        Prompt("mine/3", (("system", "Be brief."), ("user", "Hi"))),
+    ]
+    assert load_prompts_file(path, limit=1) == [Prompt("q1", (("user", "Hello"),))]
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ('{"prompt": "unterminated', "not valid JSON"),
+    ('["a list"]', "expected a JSON object"),
+    ('{"id": "x"}', 'needs a string "prompt"'),
+    ('{"prompt": 3}', 'needs a string "prompt"'),
+    ('{"messages": []}', "non-empty list"),
+    ('{"messages": [{"role": "robot", "content": "hi"}]}', "role"),
+])
+def test_malformed_line_names_its_line_number(tmp_path, bad_line, message):
+    path = write_lines(tmp_path / "bad.jsonl", [json.dumps({"prompt": "ok"}), "", bad_line])
+    with pytest.raises(InvalidArgument, match=message) as err:
+        load_prompts_file(path)
+    assert f"{path}:3:" in str(err.value)
+
+
+def test_missing_or_empty_prompt_file(tmp_path):
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        load_prompts_file(tmp_path / "nope.jsonl")
+    with pytest.raises(InvalidArgument, match="no prompts"):
+        load_prompts_file(write_lines(tmp_path / "empty.jsonl", [""]))
