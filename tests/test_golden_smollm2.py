@@ -29,6 +29,24 @@ def smollm2():
     return generator, verifier
 
 
+@pytest.fixture(scope="module")
+def smollm2_grpc(smollm2):
+    """The same verifier and drafter behind real gRPC servers on loopback, driven through clients."""
+    from drafter_service import servicer as drafter_servicer
+    from orchestrator.generator import Generator
+    from specpipe.rpc.clients import DrafterClient, VerifierClient
+    from specpipe.rpc.server import ServerConfig, serve
+    from verifier_service import servicer as verifier_servicer
+
+    generator, verifier = smollm2
+    config = ServerConfig(grace_s=1.0)
+    with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
+            serve([drafter_servicer.service(generator.drafters["model"])], config) as drafter_server, \
+            VerifierClient(verifier_server.address) as verifier_client, \
+            DrafterClient(drafter_server.address) as drafter_client:
+        yield Generator(generator.tokenizer, verifier_client, {"model": drafter_client}), verifier
+
+
 @pytest.mark.parametrize("speculation", [SpeculationOptions(draft_len=4), SpeculationOptions(draft_len=3, width=3)],
                          ids=["chain k=4", "tree k=3 width=3"])
 def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation):
@@ -41,3 +59,11 @@ def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation):
         drafted += sum(c.round.drafted for c in chunks)
         accepted += sum(c.round.accepted for c in chunks)
     assert 0 < accepted < drafted
+
+
+def test_smollm2_over_grpc_equals_verifier_greedy(smollm2_grpc):
+    generator, verifier = smollm2_grpc
+    for chat in CHATS[:2]:
+        ids = generator.encode(messages=[("user", chat)])
+        tokens, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4)))
+        assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
