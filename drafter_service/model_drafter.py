@@ -17,7 +17,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpipe import metrics, runner
 from specpipe.errors import InvalidArgument
-from specpipe.models import ModelSpec, load_model, model_info
+from specpipe.models import load_model, model_info
+from specpipe.presets import ModelSpec
 from specpipe.sampling import STREAM_DRAFT, check_sampling, sample_sparse, truncate, uniform, warp
 from specpipe.types import ROOT, Draft, ModelInfo, ProposeResult, SamplingParams, SparseDist
 from specpipe.verification import check_token_ids

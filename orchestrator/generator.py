@@ -16,7 +16,7 @@ from specpipe import metrics
 from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.protocols import Drafter, Verifier
 from specpipe.sampling import check_sampling
-from specpipe.types import EMPTY_DRAFT, GenerationChunk, GenerationRequest, ProposeResult, RoundStats, SpeculationOptions
+from specpipe.types import DRAFTER_KINDS, EMPTY_DRAFT, GenerationChunk, GenerationRequest, ProposeResult, RoundStats, SpeculationOptions
 from specpipe.verification import check_token_ids
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
 
@@ -74,6 +74,8 @@ class Generator:
                 f"the context window of {self.info.max_context} tokens"
             )
         spec = request.speculation
+        if spec.drafter not in DRAFTER_KINDS:
+            raise InvalidArgument(f"unknown drafter {spec.drafter!r}; choose from {', '.join(DRAFTER_KINDS)}")
         if spec.drafter != "none" and spec.drafter not in self.drafters:
             raise FailedPrecondition(
                 f"drafter {spec.drafter!r} is not available here; available: {', '.join(['none', *self.drafters])}"
@@ -86,7 +88,8 @@ class Generator:
     def generate(self, request: GenerationRequest) -> Iterator[GenerationChunk]:
         """Validate now, then stream chunks; closing the iterator releases the sessions."""
         self.validate(request)
-        session_id = request.request_id or uuid.uuid4().hex
+        # Sessions are per generation: two requests that share a request_id must not share a KV cache.
+        session_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}"
         return self._rounds(request, session_id)
 
     def _rounds(self, request: GenerationRequest, session_id: str) -> Iterator[GenerationChunk]:
@@ -121,7 +124,7 @@ class Generator:
                 metrics.EMITTED_TOKENS.labels(**labels).inc(len(new_tokens))
                 metrics.ROUND_MS.labels(**labels).observe((time.perf_counter() - round_start) * 1e3)
                 yield GenerationChunk(
-                    request_id=session_id,
+                    request_id=request.request_id or session_id,
                     token_ids=tuple(new_tokens),
                     text=delta,
                     finish_reason=finish,

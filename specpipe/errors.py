@@ -7,6 +7,11 @@ from __future__ import annotations
 class SpecpipeError(Exception):
     code = "INTERNAL"  # name of a grpc.StatusCode
 
+    def __init__(self, message: str = "", code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
 
 class InvalidArgument(SpecpipeError):
     code = "INVALID_ARGUMENT"
@@ -30,8 +35,15 @@ class Unavailable(SpecpipeError):
     code = "UNAVAILABLE"
 
 
-BY_CODE = {cls.code: cls for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Aborted, Unavailable)}
+class DeadlineExceeded(SpecpipeError):
+    code = "DEADLINE_EXCEEDED"
+
+
+BY_CODE = {cls.code: cls for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Aborted, Unavailable,
+                                     DeadlineExceeded)}
 
 
 def from_code(code: str, message: str) -> SpecpipeError:
-    return BY_CODE.get(code, SpecpipeError)(message)
+    """The exception for a status; codes without a class of their own keep their name in .code."""
+    cls = BY_CODE.get(code)
+    return cls(message) if cls is not None else SpecpipeError(message, code=code)

@@ -91,9 +91,12 @@ class ProposeResult:
     draft_ms: float
 
 
+DRAFTER_KINDS = ("model", "none")  # "none" = the verifier alone
+
+
 @dataclass(frozen=True)
 class SpeculationOptions:
-    drafter: str = "model"  # "model" | "none"
+    drafter: str = "model"  # one of DRAFTER_KINDS
     draft_len: int = 4      # k
     width: int = 1          # tree width at the first levels; 1 = chain
 

@@ -10,7 +10,7 @@ torch.set_num_threads(1)  # two cores: leave one to the gRPC servers and the oth
 
 @pytest.fixture(scope="session")
 def tiny_verifier():
-    from specpipe.models import model_specs
+    from specpipe.presets import model_specs
     from verifier_service.verifier import ModelVerifier
 
     return ModelVerifier.load(model_specs("tiny")[0])
@@ -19,7 +19,7 @@ def tiny_verifier():
 @pytest.fixture(scope="session")
 def tiny_drafter():
     from drafter_service.model_drafter import ModelDrafter
-    from specpipe.models import model_specs
+    from specpipe.presets import model_specs
 
     return ModelDrafter.load(model_specs("tiny")[1])
 

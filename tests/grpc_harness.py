@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import socket
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
 from specpipe.errors import SpecpipeError
-from specpipe.models import ModelSpec, model_info, tiny_model, tiny_tokenizer
+from specpipe.models import model_info, tiny_model, tiny_tokenizer
+from specpipe.presets import ModelSpec
 from specpipe.rpc.clients import DrafterClient, GenerationClient, VerifierClient
 from specpipe.rpc.server import ServerConfig, ServerHandle, serve
 from specpipe.types import SpeculationOptions
@@ -94,12 +94,6 @@ def assert_serving(client, service: str = "") -> None:
     """The server still answers its health check with SERVING (after a bad request, say)."""
     status = client.health(service)
     assert status == "SERVING", f"{client.target} health({service!r}) = {status}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:

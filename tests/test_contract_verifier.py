@@ -98,6 +98,8 @@ BAD_PREFILLS = [
     ("empty prompt", lambda v: v.prefill(session(), []), InvalidArgument, "prompt is empty"),
     ("token id >= vocab", lambda v: v.prefill(session(), [1, VOCAB]), InvalidArgument, "outside the vocabulary"),
     ("negative token id", lambda v: v.prefill(session(), [1, -3]), InvalidArgument, "outside the vocabulary"),
+    ("token id beyond int32", lambda v: v.prefill(session(), [1, 2**40]), InvalidArgument,
+     "outside the vocabulary|cannot be sent"),
     ("prompt beyond the context window", lambda v: v.prefill(session(), [1] * 4096), InvalidArgument, "context window"),
     ("empty session id", lambda v: v.prefill("", PROMPT), InvalidArgument, "session_id"),
 ]

@@ -14,7 +14,7 @@ BAD = {
     "temperature < 0": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=-1)), InvalidArgument, "temperature"),
     "top_p 0": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=0)), InvalidArgument, "top_p"),
     "top_p > 1": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=2)), InvalidArgument, "top_p"),
-    "unknown drafter": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(drafter="ngram")), FailedPrecondition, "not available"),
+    "unknown drafter": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(drafter="magic")), InvalidArgument, "unknown drafter"),
     "width 0": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(width=0)), InvalidArgument, "width"),
 }
 
@@ -44,3 +44,18 @@ def test_verifier_rejects_unknown_session_and_stale_context(tiny_verifier):
         tiny_verifier.verify("stale", 3, Draft((1, 2), (-1, 5)), GREEDY)
     assert len(tiny_verifier.verify("stale", 3, Draft.chain([4]), GREEDY).emitted) >= 1  # still usable
     assert tiny_verifier.release("stale")
+
+
+def test_drafter_not_wired_is_failed_precondition(tiny_tokenizer, tiny_verifier):
+    from orchestrator.generator import Generator
+
+    verifier_only = Generator(tiny_tokenizer, tiny_verifier, {})
+    with pytest.raises(FailedPrecondition, match="not available"):
+        verifier_only.generate(GenerationRequest(PROMPT, 8))
+
+
+def test_prefill_refuses_an_open_session(tiny_verifier):
+    tiny_verifier.prefill("twice", [1, 2])
+    with pytest.raises(FailedPrecondition, match="already open"):
+        tiny_verifier.prefill("twice", [3, 4])
+    assert tiny_verifier.release("twice")

@@ -19,7 +19,8 @@ def smollm2():
     from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
     from specpipe import packaged
-    from specpipe.models import load_tokenizer, model_specs
+    from specpipe.models import load_tokenizer
+    from specpipe.presets import model_specs
     from verifier_service.verifier import ModelVerifier
 
     packaged.prepare("smollm2-135m", progress=False)  # idempotent; .ci/run prepares it up front

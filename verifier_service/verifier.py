@@ -18,7 +18,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpipe import metrics, runner
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from specpipe.models import ModelSpec, load_model, model_info
+from specpipe.models import load_model, model_info
+from specpipe.presets import ModelSpec
 from specpipe.sampling import check_sampling, rejection_sample_chain, warp
 from specpipe.types import Draft, ModelInfo, SamplingParams, VerifyResult
 from specpipe.verification import (
@@ -82,7 +83,9 @@ class ModelVerifier:
         metrics.PREFILL_MS.observe((time.perf_counter() - start) * 1e3)
         with self._sessions_lock:
             self._evict_idle()
-            if session_id not in self._sessions and len(self._sessions) >= self._max_sessions:
+            if session_id in self._sessions:
+                raise FailedPrecondition(f"session {session_id!r} is already open; release it or use a new id")
+            if len(self._sessions) >= self._max_sessions:
                 raise ResourceExhausted(f"verifier has {len(self._sessions)} open sessions (max {self._max_sessions})")
             self._sessions[session_id] = session
         return len(session.context)

@@ -9,10 +9,8 @@ from pathlib import Path
 
 from specpipe.errors import InvalidArgument
 from specpipe.packaged import PACKAGED
+from specpipe.presets import PRESETS
 
-# Presets that need packaged models; "tiny" is built in code. Read from specpipe.packaged rather than
-# specpipe.models so `--help` does not import torch.
-PRESETS = ("tiny", *dict.fromkeys(model.preset for model in PACKAGED.values()))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,7 +78,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def _default_preset() -> str:
-    from specpipe.models import DEFAULT_PRESET
+    from specpipe.presets import DEFAULT_PRESET
 
     return DEFAULT_PRESET
 

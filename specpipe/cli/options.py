@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from specpipe.models import DEFAULT_PRESET, PRESETS
-from specpipe.types import SamplingParams, SpeculationOptions
-
-DRAFTERS = ("model", "none")
+from specpipe.presets import DEFAULT_PRESET, PRESETS
+from specpipe.types import DRAFTER_KINDS, SamplingParams, SpeculationOptions
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +21,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculation")
-    group.add_argument("--drafter", default="model", choices=DRAFTERS, help="draft source; none = verifier only (default: %(default)s)")
+    group.add_argument("--drafter", default="model", choices=DRAFTER_KINDS, help="draft source; none = verifier only (default: %(default)s)")
     group.add_argument("--draft-len", type=int, default=4, metavar="K", help="draft depth per round (default: %(default)s)")
     group.add_argument("--width", type=int, default=1, help="tree width at the first draft levels; 1 = chain (default: %(default)s)")
 

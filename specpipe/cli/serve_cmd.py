@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 
 from specpipe.cli import options
 from specpipe.errors import InvalidArgument
@@ -40,6 +41,9 @@ def register(subparsers) -> None:
                                "without it only --drafter none works")
             group.add_argument("--rpc-timeout", type=float, default=60.0, metavar="S",
                                help="deadline of each verifier / drafter call in seconds (default: %(default)s)")
+            group.add_argument("--connect-timeout", type=float, default=600.0, metavar="S",
+                               help="how long to wait at start for the verifier (loading its model) "
+                               "(default: %(default)s)")
             options.add_speculation_args(sub)
         sub.set_defaults(func=run)
 
@@ -51,7 +55,7 @@ def _add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None
     group.add_argument("--port", type=int, default=default_port, help="gRPC port; 0 = a free one (default: %(default)s)")
     group.add_argument("--metrics-port", type=int, default=None,
                        help="Prometheus HTTP port; 0 = a free one (default: off)")
-    group.add_argument("--max-workers", type=int, default=16, help="concurrent RPCs (default: %(default)s)")
+    group.add_argument("--max-workers", type=int, default=64, help="concurrent RPCs; each Generate stream holds one (default: %(default)s)")
     group.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                        type=str.upper, help="(default: %(default)s)")
     group.add_argument("--log-format", default="json", choices=("json", "text"), help="(default: %(default)s)")
@@ -60,7 +64,7 @@ def _add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None
 def _verifier(args: argparse.Namespace):
     from verifier_service.servicer import service
     from verifier_service.verifier import ModelVerifier
-    from specpipe.models import model_specs
+    from specpipe.presets import model_specs
 
     return service(ModelVerifier.load(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device))
 
@@ -68,7 +72,7 @@ def _verifier(args: argparse.Namespace):
 def _drafter(args: argparse.Namespace):
     from drafter_service.model_drafter import ModelDrafter
     from drafter_service.servicer import service
-    from specpipe.models import model_specs
+    from specpipe.presets import model_specs
 
     return service(ModelDrafter.load(model_specs(args.preset, args.verifier, args.draft_model)[1], args.device))
 
@@ -76,11 +80,12 @@ def _drafter(args: argparse.Namespace):
 def _orchestrator(args: argparse.Namespace):
     from orchestrator.servicer import service
     from specpipe.cli.wiring import remote_generator
-    from specpipe.models import model_specs
+    from specpipe.presets import model_specs
 
     tokenizer_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
     generator = remote_generator(tokenizer_spec, args.verifier_addr, args.drafter_addr,
-                                 options.speculation_options(args), rpc_timeout_s=args.rpc_timeout or None)
+                                 options.speculation_options(args), rpc_timeout_s=args.rpc_timeout or None,
+                                 connect_timeout_s=args.connect_timeout)
     return service(generator)
 
 
@@ -110,4 +115,15 @@ def run(args: argparse.Namespace) -> int:
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(f"specpipe serve {args.role}: listening on {handle.address} (metrics port {metrics})", flush=True)
     handle.wait()
-    return 0
+    exit_now(0)
+
+
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown: after a graceful stop nothing is left to clean up,
+    and tearing down torch / transformers modules takes seconds that a terminating pod waits for."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from specpipe.cli import options
 from specpipe.errors import SpecpipeError, Unavailable
-from specpipe.models import DEFAULT_PRESET, PRESETS
+from specpipe.presets import DEFAULT_PRESET, PRESETS
 
 ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
 PORT_OFFSET = {"orchestrator": 0, "verifier": 1, "drafter": 2}
@@ -79,6 +79,12 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specpipe.cli.serve_cmd import exit_now
+
+    exit_now(_up(args))  # the children are stopped; skip the interpreter's slow teardown
+
+
+def _up(args: argparse.Namespace) -> int:
     config = UpConfig(
         preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
         base_port=args.base_port, threads_per_service=args.threads_per_service, pin=args.pin,
@@ -105,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         if stop.is_set():
             return 0
         _print_table(children, config)
-        while not stop.wait(0.5):
+        while not stop.wait(0.1):
             for child in children.values():
                 if child.proc.poll() is not None:
                     raise Unavailable(_died(child))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from specpipe.cli.options import set_threads, speculation_options
-from specpipe.models import load_tokenizer, model_specs
+from specpipe.models import load_tokenizer
+from specpipe.presets import model_specs
 
 
 def embedded_generator(args: argparse.Namespace):

@@ -45,6 +45,15 @@ def _errors():
         raise to_specpipe_error(err) from None
 
 
+@contextlib.contextmanager
+def _encoding(what: str):
+    """A value the wire cannot carry (a token id beyond int32, a negative seed) is a bad argument."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:
+        raise errors.InvalidArgument(f"{what} cannot be sent: {err}") from None
+
+
 class _Client:
     """A channel to one target; timeout_s is the per-call deadline (None = none)."""
 
@@ -92,16 +101,18 @@ class VerifierClient(_Client):
         return convert.model_info_from_proto(self._call(self._stub.Info, verifier_pb2.VerifierInfoRequest()))
 
     def prefill(self, session_id: str, prompt_ids: Sequence[int]) -> int:
-        request = verifier_pb2.PrefillRequest(session_id=session_id, prompt_ids=prompt_ids)
+        with _encoding("prefill request"):
+            request = verifier_pb2.PrefillRequest(session_id=session_id, prompt_ids=prompt_ids)
         return self._call(self._stub.Prefill, request).context_len
 
     def verify(self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams) -> types.VerifyResult:
-        request = verifier_pb2.VerifyRequest(
-            session_id=session_id,
-            context_len=context_len,
-            draft=convert.draft_to_proto(draft),
-            sampling=convert.sampling_to_proto(sampling),
-        )
+        with _encoding("verify request"):
+            request = verifier_pb2.VerifyRequest(
+                session_id=session_id,
+                context_len=context_len,
+                draft=convert.draft_to_proto(draft),
+                sampling=convert.sampling_to_proto(sampling),
+            )
         return convert.verify_result_from_proto(self._call(self._stub.Verify, request))
 
     def release(self, session_id: str) -> bool:
@@ -121,13 +132,14 @@ class DrafterClient(_Client):
     def propose(
         self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: types.SamplingParams
     ) -> types.ProposeResult:
-        request = drafter_pb2.ProposeRequest(
-            session_id=session_id,
-            context=context,
-            draft_len=draft_len,
-            width=width,
-            sampling=convert.sampling_to_proto(sampling),
-        )
+        with _encoding("propose request"):
+            request = drafter_pb2.ProposeRequest(
+                session_id=session_id,
+                context=context,
+                draft_len=draft_len,
+                width=width,
+                sampling=convert.sampling_to_proto(sampling),
+            )
         reply = self._call(self._stub.Propose, request)
         return types.ProposeResult(convert.draft_from_proto(reply.draft), reply.draft_ms)
 
@@ -162,7 +174,8 @@ class GenerationClient(_Client):
         )
         if sum(x is not None for x in (prompt, messages, token_ids)) > 1:
             raise errors.InvalidArgument("give exactly one of prompt, messages or token_ids")
-        request = convert.generate_request_to_proto(source, max_new_tokens, request_id, stop, sampling, speculation)
+        with _encoding("generate request"):
+            request = convert.generate_request_to_proto(source, max_new_tokens, request_id, stop, sampling, speculation)
         call = self._stub.Generate(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
         return self._chunks(call)
 

@@ -48,7 +48,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0                    # 0 = a free port
     metrics_port: int | None = None  # Prometheus HTTP; None = off, 0 = a free port
-    max_workers: int = 16            # concurrent RPCs (a Generate stream holds one for its lifetime)
+    max_workers: int = 64            # concurrent RPCs (a Generate stream holds one for its lifetime)
     grace_s: float = 5.0             # in-flight RPCs get this long on stop
 
 
@@ -141,7 +141,7 @@ class ServerHandle:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda signum, frame: stop.set())
-        while not stop.wait(0.5) and not self._stopped.is_set():
+        while not stop.wait(0.1) and not self._stopped.is_set():
             pass
         self.stop()
 
