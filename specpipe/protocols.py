@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from specpipe.ngram import NgramDraft
 from specpipe.types import Draft, ModelInfo, ProposeResult, SamplingParams, VerifyResult
 
 
@@ -29,3 +30,22 @@ class Drafter(Protocol):
         """Draft up to draft_len tokens (a chain, or a tree of top-width alternatives) after context."""
 
     def release(self, session_id: str) -> bool: ...
+
+
+class NgramCache(Protocol):
+    """The n-gram store (specpipe.ngram semantics): per-session context tables and one global
+    (corpus) table. A lookup tries the session's tables first (n = N..2), then the global table
+    (n = N..2), at every chain step. Session tables expire session_ttl_s after their last update."""
+
+    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
+        """Multi-Level N-gram draft of up to k tokens after context_suffix (only its last N-1 matter)."""
+
+    def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
+        """Record the confirmed tokens[start:]; tokens[:start] is context that only forms prefixes
+        (send at least N-1 tokens of it). Returns the number of (prefix, next) pairs recorded."""
+
+    def update_global(self, tokens: Sequence[int]) -> int:
+        """Record all of tokens in the global table, shared by every session (no TTL)."""
+
+    def release(self, session_id: str) -> bool:
+        """Drop a session's tables; False if it had none (never updated, released or expired)."""

@@ -1,0 +1,123 @@
+"""Redis n-gram store: every replica of every service shares one store (DESIGN section 4).
+
+Layout: one hash per table. A session's tables (all levels n = 2..N) are the hash `{s:<id>}:ngram`,
+the global (corpus) table is `{g}:ngram`; field = prefix "t1,...,t_{n-1}", value = continuations
+"c1,c2,..." most recent first, at most max_continuations (LRU per prefix, Self-Draft). One key per
+session means the hash tag keeps a session on one Redis Cluster shard, a TTL refresh is one PEXPIRE
+and a release is one DEL. A whole K-token lookup and a whole update are each ONE EVALSHA of a Lua
+script in cache_service/lua/ (one round trip), with the semantics of specpipe.ngram.
+
+Limits: a lookup with the global fallback touches two hash slots, which Redis Cluster refuses
+(CROSSSLOT); on a cluster run with NgramConfig(use_global=False). The global hash grows with the
+corpus (bounded per prefix, not in prefixes): give Redis a maxmemory, or update it from a curated corpus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+from typing import Sequence
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from specpipe import ngram
+from specpipe.errors import SpecpipeError, Unavailable
+from specpipe.ngram import NgramConfig, NgramDraft
+from specpipe.types import Draft
+
+GLOBAL_KEY = "{g}:ngram"
+
+
+def _lua(name: str) -> str:
+    return importlib.resources.files("cache_service").joinpath("lua", name).read_text()
+
+
+LOOKUP_LUA = _lua("lookup.lua")
+UPDATE_LUA = _lua("update.lua")
+
+
+def session_key(session_id: str) -> str:
+    """All of a session's keys carry the hash tag {s:<id>} (one Cluster slot per session)."""
+    return f"{{s:{session_id}}}:ngram"
+
+
+def connect(url: str, timeout_s: float = 1.0) -> redis.Redis:
+    """A client from redis://[user:password@]host:port/db or rediss:// (TLS). Socket timeouts and no
+    retries: a Redis that is down costs one timeout, then Unavailable (the caller drafts without it)."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        # no health_check_interval: its PING would add a round trip before some lookups
+    )
+
+
+@contextlib.contextmanager
+def _errors(url: str):
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as err:
+        raise Unavailable(f"redis at {url}: {type(err).__name__}: {err}") from None
+    except redis.RedisError as err:
+        raise SpecpipeError(f"redis at {url}: {type(err).__name__}: {err}") from None
+
+
+class RedisNgramCache:
+    """specpipe.protocols.NgramCache on Redis (standalone, Sentinel or Cluster-compatible keys)."""
+
+    def __init__(self, client: redis.Redis, config: NgramConfig = NgramConfig(), url: str = ""):
+        self.config = config
+        self._redis = client
+        self._url = url or repr(client)
+        self._lookup = client.register_script(LOOKUP_LUA)
+        self._update = client.register_script(UPDATE_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0) -> RedisNgramCache:
+        return cls(connect(url, timeout_s), config, _redacted(url))
+
+    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
+        ngram.check_lookup(session_id, context_suffix, k, width)
+        k = min(k, self.config.max_draft_len)
+        if k == 0:
+            return ngram.EMPTY_NGRAM_DRAFT
+        keys = [session_key(session_id)] + ([GLOBAL_KEY] if self.config.use_global else [])
+        suffix = list(context_suffix)[max(0, len(context_suffix) - (self.config.max_n - 1)):]
+        with _errors(self._url):
+            tokens, parents, levels = self._lookup(keys=keys, args=[self.config.max_n, k, width, *suffix])
+        return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels))
+
+    def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
+        ngram.check_session_id(session_id)
+        ngram.check_update(tokens, start)
+        ttl_ms = max(1, round(self.config.session_ttl_s * 1000))
+        return self._record(session_key(session_id), tokens, start, ttl_ms)
+
+    def update_global(self, tokens: Sequence[int]) -> int:
+        ngram.check_tokens(tokens, "tokens")
+        return self._record(GLOBAL_KEY, tokens, 0, 0)
+
+    def release(self, session_id: str) -> bool:
+        ngram.check_session_id(session_id)
+        with _errors(self._url):
+            return self._redis.delete(session_key(session_id)) > 0
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def _record(self, key: str, tokens: Sequence[int], start: int, ttl_ms: int) -> int:
+        # Only the max_n-1 tokens before start form prefixes of new tokens: send no more context.
+        first = max(0, start - (self.config.max_n - 1))
+        args = [self.config.max_n, self.config.max_continuations, ttl_ms, start - first, *tokens[first:]]
+        with _errors(self._url):
+            return int(self._update(keys=[key], args=args))
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for error messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{credentials.split(':')[0]}:***@{host}" if at else url

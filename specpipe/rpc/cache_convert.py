@@ -1,0 +1,26 @@
+"""Pure conversions between cache.proto messages and the n-gram value types (specpipe.ngram).
+Validation is not done here: the in-process stores validate, so both sides raise the same errors."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specpipe.ngram import NgramDraft
+from specpipe.rpc.convert import draft_from_proto, draft_to_proto
+from specpipe.v1 import cache_pb2
+
+
+def lookup_request_to_proto(session_id: str, context_suffix: Sequence[int], k: int, width: int) -> cache_pb2.LookupRequest:
+    return cache_pb2.LookupRequest(session_id=session_id, context_suffix=context_suffix, k=k, width=width)
+
+
+def ngram_draft_to_proto(result: NgramDraft) -> cache_pb2.LookupReply:
+    return cache_pb2.LookupReply(draft=draft_to_proto(result.draft), levels=result.levels)
+
+
+def ngram_draft_from_proto(msg: cache_pb2.LookupReply) -> NgramDraft:
+    return NgramDraft(draft_from_proto(msg.draft), tuple(msg.levels))
+
+
+def update_request_to_proto(session_id: str, tokens: Sequence[int], start: int) -> cache_pb2.UpdateRequest:
+    return cache_pb2.UpdateRequest(session_id=session_id, tokens=tokens, start=start)

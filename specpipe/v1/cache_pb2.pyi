@@ -1,0 +1,51 @@
+from specpipe.v1 import common_pb2 as _common_pb2
+from specpipe.v1 import verifier_pb2 as _verifier_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LookupRequest(_message.Message):
+    __slots__ = ("session_id", "context_suffix", "k", "width")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_SUFFIX_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    context_suffix: _containers.RepeatedScalarFieldContainer[int]
+    k: int
+    width: int
+    def __init__(self, session_id: _Optional[str] = ..., context_suffix: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
+
+class LookupReply(_message.Message):
+    __slots__ = ("draft", "levels")
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    draft: _common_pb2.DraftTree
+    levels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., levels: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UpdateRequest(_message.Message):
+    __slots__ = ("session_id", "tokens", "start")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    start: int
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ...) -> None: ...
+
+class UpdateGlobalRequest(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class UpdateReply(_message.Message):
+    __slots__ = ("recorded",)
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    recorded: int
+    def __init__(self, recorded: _Optional[int] = ...) -> None: ...
