@@ -14,13 +14,15 @@ from typing import Iterator, Mapping, Sequence
 
 from specpipe import metrics
 from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
-from specpipe.protocols import Drafter, Verifier
+from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
 from specpipe.types import DRAFTER_KINDS, EMPTY_DRAFT, GenerationChunk, GenerationRequest, ProposeResult, RoundStats, SpeculationOptions
 from specpipe.verification import check_token_ids
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
 
 log = logging.getLogger("specpipe.orchestrator")
+
+CACHE_PREFIX_TOKENS = 16  # confirmed tokens sent before the new ones, to form n-gram prefixes (n <= 17)
 
 
 class Generator:
@@ -30,11 +32,13 @@ class Generator:
         verifier: Verifier,
         drafters: Mapping[str, Drafter],
         defaults: SpeculationOptions = SpeculationOptions(),
+        cache: NgramCache | None = None,
     ):
         self.tokenizer = tokenizer
         self.verifier = verifier
         self.drafters = dict(drafters)
         self.defaults = defaults
+        self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
         self.info = verifier.info()
         for kind, drafter in self.drafters.items():
             check_same_vocab(kind, drafter, self.info.vocab_fingerprint)
@@ -97,6 +101,7 @@ class Generator:
         drafter = self.drafters.get(spec.drafter)
         self.verifier.prefill(session_id, request.prompt_ids)
         context = list(request.prompt_ids)
+        self._cache_call("update", session_id, context, 0)
         output: list[int] = []
         sent_text = ""
         finish = ""
@@ -108,6 +113,8 @@ class Generator:
                 proposal = self._propose(drafter, spec, session_id, context, draft_len, request)
                 result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
                 context.extend(result.emitted)
+                start = max(0, len(context) - len(result.emitted) - CACHE_PREFIX_TOKENS)
+                self._cache_call("update", session_id, context[start:], len(context) - len(result.emitted) - start)
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
                 new_tokens = list(result.emitted[:count])
@@ -156,7 +163,18 @@ class Generator:
                 return text[:at], new_tokens[:n], True
         raise AssertionError("unreachable: the stop string was in the full text")
 
+    def _cache_call(self, call: str, session_id: str, *args) -> None:
+        """A store that is down or slow costs drafts, never the generation."""
+        if self.cache is None:
+            return
+        try:
+            getattr(self.cache, call)(session_id, *args)
+        except Exception as err:
+            metrics.CACHE_FAILURES.labels(call=call).inc()
+            log.warning("n-gram store call failed", extra={"session_id": session_id, "call": call, "error": str(err)})
+
     def _release(self, session_id: str, drafter: Drafter | None) -> None:
+        self._cache_call("release", session_id)
         for peer in (self.verifier, drafter):
             if peer is None:
                 continue

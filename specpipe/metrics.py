@@ -18,3 +18,7 @@ VERIFY_MS = Histogram("specpipe_verify_forward_ms", "Verifier forward time per r
 PREFILL_MS = Histogram("specpipe_prefill_ms", "Verifier prefill time", buckets=_MS_BUCKETS)
 DRAFT_MS = Histogram("specpipe_draft_ms", "Drafter time per proposal", ["drafter"], buckets=_MS_BUCKETS)
 ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + verify + transport)", ["drafter"], buckets=_MS_BUCKETS)
+
+NGRAM_LOOKUPS = Counter("specpipe_ngram_lookups_total", "N-gram store lookups by the n-gram drafter")
+NGRAM_DRAFT_TOKENS = Counter("specpipe_ngram_draft_tokens_total", "N-gram draft tokens, by the n of the matching n-gram", ["level"])
+CACHE_FAILURES = Counter("specpipe_cache_failures_total", "N-gram store calls that failed (generation went on without them)", ["call"])

@@ -91,7 +91,7 @@ class ProposeResult:
     draft_ms: float
 
 
-DRAFTER_KINDS = ("model", "none")  # "none" = the verifier alone
+DRAFTER_KINDS = ("model", "ngram", "hybrid", "none")  # "none" = the verifier alone
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,11 @@ import json
 import os
 import platform
 
+from dataclasses import replace
+
 from specpipe.cli import options
+from specpipe.errors import InvalidArgument
+from specpipe.types import DRAFTER_KINDS
 
 SUITES = ("humaneval", "mtbench", "gsm8k")
 
@@ -24,6 +28,9 @@ def register(subparsers) -> None:
     parser.add_argument("--limit", type=int, default=10, help="prompts from the suite (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
     parser.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--drafters", default=None, metavar="LIST",
+                        help="comma-separated drafters to compare in this run, e.g. model,ngram,hybrid "
+                        "(default: the one --drafter names)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="do not pin the process to one CPU core (pinned by default)")
     options.add_model_args(parser)
@@ -38,11 +45,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    generator = embedded_generator(args)
+    kinds = tuple(args.drafters.split(",")) if args.drafters else (args.drafter,)
+    unknown = [k for k in kinds if k not in DRAFTER_KINDS]
+    if unknown:
+        raise InvalidArgument(f"unknown drafters {unknown}; choose from {', '.join(DRAFTER_KINDS)}")
+    generator = embedded_generator(args, kinds)
     prompts = [(p.id, generator.encode(messages=p.messages)) for p in load_suite(args.suite, args.limit)]
-    speculation = options.speculation_options(args)
-    method = f"specpipe {speculation.drafter} k={speculation.draft_len} width={speculation.width}"
-    summaries = benchmark(generator, generator.verifier.model, prompts, args.max_new_tokens, {method: speculation})
+    methods = {}
+    for kind in kinds:
+        speculation = replace(options.speculation_options(args), drafter=kind)
+        methods[f"specpipe {kind} k={speculation.draft_len} width={speculation.width}"] = speculation
+    summaries = benchmark(generator, generator.verifier.model, prompts, args.max_new_tokens, methods)
     print(markdown_table(summaries))
     ok = all(s.identical == s.prompts for s in summaries)
     print("lossless check: every output is identical to the verifier-only output" if ok else
@@ -52,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
         meta = {"preset": args.preset, "suite": args.suite, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
                 "threads": torch.get_num_threads(), "pinned": args.pin, "machine": platform.processor() or platform.machine(),
-                "cpu_count": os.cpu_count(), "models": generator.info.model_name}
+                "cpu_count": os.cpu_count(), "models": generator.info.model_name, "cache": args.cache}
         with open(args.json_file, "w") as f:
             json.dump(to_json(summaries, meta), f, indent=1)
     return 0 if ok else 1

@@ -21,7 +21,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculation")
-    group.add_argument("--drafter", default="model", choices=DRAFTER_KINDS, help="draft source; none = verifier only (default: %(default)s)")
+    group.add_argument("--drafter", default="model", choices=DRAFTER_KINDS,
+                       help="draft source: the small model, the n-gram store, both merged into one tree, or none "
+                       "(the verifier alone) (default: %(default)s)")
+    group.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE", "memory"), metavar="memory|redis://...",
+                       help="n-gram store: in this process, or a Redis URL (redis://[:password@]host:port/db, "
+                       "rediss:// for TLS) shared by every replica (default: %(default)s; env SPECPIPE_CACHE)")
     group.add_argument("--draft-len", type=int, default=4, metavar="K", help="draft depth per round (default: %(default)s)")
     group.add_argument("--width", type=int, default=1, help="tree width at the first draft levels; 1 = chain (default: %(default)s)")
 

@@ -84,8 +84,8 @@ def _orchestrator(args: argparse.Namespace):
 
     tokenizer_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
     generator = remote_generator(tokenizer_spec, args.verifier_addr, args.drafter_addr,
-                                 options.speculation_options(args), rpc_timeout_s=args.rpc_timeout or None,
-                                 connect_timeout_s=args.connect_timeout)
+                                 options.speculation_options(args), cache_url=args.cache,
+                                 rpc_timeout_s=args.rpc_timeout or None, connect_timeout_s=args.connect_timeout)
     return service(generator)
 
 
@@ -96,9 +96,9 @@ def check_peers(args: argparse.Namespace) -> None:
     if not args.verifier_addr:
         raise InvalidArgument("--verifier-addr is required: the orchestrator needs a running verifier service "
                               "(host:port, e.g. from `specpipe serve verifier`)")
-    if args.drafter == "model" and not args.drafter_addr:
-        raise InvalidArgument("--drafter-addr is required with --drafter model; pass --drafter none to verify "
-                              "without drafts")
+    if args.drafter in ("model", "hybrid") and not args.drafter_addr:
+        raise InvalidArgument(f"--drafter-addr is required with --drafter {args.drafter}; pass --drafter ngram "
+                              "or none to draft without the small model")
 
 
 def run(args: argparse.Namespace) -> int:

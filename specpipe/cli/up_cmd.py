@@ -91,7 +91,8 @@ def _up(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
         log_level=args.log_level,
-        speculation=("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width)),
+        speculation=("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width),
+                     "--cache", args.cache),
     )
     config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()

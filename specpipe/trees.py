@@ -1,0 +1,35 @@
+"""Draft tree construction (pure functions)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specpipe.types import ROOT, Draft
+
+
+def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[int]]:
+    """Merge deterministic drafts into one token tree (a trie: shared prefixes become one path),
+    earlier drafts first, at most max_nodes nodes; a node that does not fit drops its subtree.
+    Returns the tree and, per node, the index of the draft that first contributed it."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    sources: list[int] = []
+    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    for source, draft in enumerate(drafts):
+        mapped: dict[int, int | None] = {ROOT: ROOT}
+        for node, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+            merged_parent = mapped.get(parent)
+            if merged_parent is None:  # its parent did not fit
+                mapped[node] = None
+                continue
+            key = (merged_parent, token)
+            if key not in index:
+                if len(tokens) >= max_nodes:
+                    mapped[node] = None
+                    continue
+                index[key] = len(tokens)
+                tokens.append(token)
+                parents.append(merged_parent)
+                sources.append(source)
+            mapped[node] = index[key]
+    return Draft(tuple(tokens), tuple(parents)), sources

@@ -1,0 +1,108 @@
+"""Golden tests for n-gram and hybrid drafting, with both n-gram store backends (tiny preset):
+speculative greedy output == verifier-only greedy generate(); a store that dies mid-generation
+changes nothing; two drafter replicas sharing one Redis draft the same from the same context."""
+
+import pytest
+
+from cache_service.memory import InMemoryNgramCache
+from cache_service.redis_store import RedisNgramCache
+from drafter_service.hybrid import HybridDrafter
+from drafter_service.ngram_drafter import NgramDrafter
+from orchestrator.generator import Generator
+from specpipe.types import GREEDY, GenerationRequest, SpeculationOptions
+from tests.golden import GOLDEN_PROMPTS, reference_greedy, run
+from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
+
+MAX_NEW_TOKENS = 48
+
+
+def generator_with(cache, tokenizer, verifier, model_drafter) -> Generator:
+    ngram = NgramDrafter(cache, verifier.info())
+    drafters = {"ngram": ngram, "model": model_drafter, "hybrid": HybridDrafter(model_drafter, ngram)}
+    return Generator(tokenizer, verifier, drafters, cache=cache)
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def generator(request, tiny_tokenizer, tiny_verifier, tiny_drafter):
+    if request.param == "memory":
+        yield generator_with(InMemoryNgramCache(), tiny_tokenizer, tiny_verifier, tiny_drafter)
+    else:
+        url = request.getfixturevalue("redis_url")
+        cache = RedisNgramCache.from_url(url)
+        yield generator_with(cache, tiny_tokenizer, tiny_verifier, tiny_drafter)
+        cache.close()
+
+
+@pytest.fixture(scope="module")
+def references(tiny_tokenizer, tiny_verifier):
+    out = {}
+    for prompt in GOLDEN_PROMPTS:
+        ids = tuple(tiny_tokenizer(prompt)["input_ids"])
+        out[prompt] = (ids, reference_greedy(tiny_verifier.model, ids, MAX_NEW_TOKENS))
+    return out
+
+
+@pytest.mark.parametrize("speculation", [
+    SpeculationOptions(drafter="ngram", draft_len=7),
+    SpeculationOptions(drafter="ngram", draft_len=5, width=3),
+    SpeculationOptions(drafter="hybrid", draft_len=4),
+    SpeculationOptions(drafter="hybrid", draft_len=4, width=2),
+], ids=["ngram chain k=7", "ngram tree k=5 width=3", "hybrid k=4", "hybrid tree k=4 width=2"])
+def test_ngram_and_hybrid_equal_verifier_greedy(generator, references, speculation):
+    drafted = accepted = 0
+    for prompt, (ids, expected) in references.items():
+        tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
+        assert tokens == expected, prompt
+        drafted += sum(c.round.drafted for c in chunks)
+        accepted += sum(c.round.accepted for c in chunks)
+    assert 0 < accepted < drafted  # drafts were made, some accepted, some rejected
+
+
+def test_hybrid_accepts_at_least_as_much_as_model_per_round(generator, references):
+    per_round = {}
+    for kind in ("model", "hybrid"):
+        tokens = rounds = 0
+        for ids, _ in references.values():
+            out, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(kind, 4)))
+            tokens, rounds = tokens + len(out), rounds + len(chunks)
+        per_round[kind] = tokens / rounds
+    assert per_round["hybrid"] >= per_round["model"]
+
+
+def test_redis_down_mid_generation_changes_nothing_and_recovers(tiny_tokenizer, tiny_verifier, tiny_drafter, references):
+    ids, expected = references[GOLDEN_PROMPTS[1]]  # a prompt whose n-gram drafts get accepted
+    with redis_server() as server:
+        cache = RedisNgramCache.from_url(server.url, timeout_s=0.2)
+        generator = generator_with(cache, tiny_tokenizer, tiny_verifier, tiny_drafter)
+        request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("hybrid", 4))
+        tokens = []
+        for i, chunk in enumerate(generator.generate(request)):
+            tokens.extend(chunk.token_ids)
+            if i == 2:
+                server.stop()  # the store dies mid-generation
+        assert tokens == expected
+        port = server.port
+    with redis_server(port=port):  # the store is back on the same address
+        ngram_request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("ngram", 7))
+        tokens, chunks = run(generator, ngram_request)
+        assert tokens == expected
+        assert sum(c.round.accepted for c in chunks) > 0  # drafting from the store again
+        cache.close()
+
+
+def test_two_drafter_replicas_share_one_redis(redis_url, tiny_verifier):  # noqa: F811
+    """Replicas alternate on one session: each drafts from what the other's rounds put in the store."""
+    stores = [RedisNgramCache.from_url(redis_url) for _ in range(2)]
+    replicas = [NgramDrafter(store, tiny_verifier.info()) for store in stores]
+    context = [1, 2, 3, 4, 5, 1, 2, 3]
+    stores[0].update("shared", context, 0)  # what the orchestrator forwards after a round
+    first = replicas[0].propose("shared", context, 4, 1, GREEDY).draft
+    context += [4, 9, 1, 2, 3]
+    stores[1].update("shared", context, len(context) - 5)
+    second = replicas[1].propose("shared", context, 4, 1, GREEDY).draft
+    assert first.tokens == (4, 5, 1, 2)
+    assert second.tokens == (4, 9, 1, 2)  # replica 1 sees replica 0's session, most recent first
+    assert replicas[0].propose("shared", context, 4, 1, GREEDY).draft == second
+    for store in stores:
+        store.release("shared")
+        store.close()
