@@ -112,9 +112,10 @@ class Generator:
                 draft_len = min(spec.draft_len, request.max_new_tokens - len(output) - 1)
                 proposal = self._propose(drafter, spec, session_id, context, draft_len, request)
                 result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
+                first_new = len(context)
                 context.extend(result.emitted)
-                start = max(0, len(context) - len(result.emitted) - CACHE_PREFIX_TOKENS)
-                self._cache_call("update", session_id, context[start:], len(context) - len(result.emitted) - start)
+                start = max(0, first_new - CACHE_PREFIX_TOKENS)
+                self._cache_call("update", session_id, context[start:], first_new - start)
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
                 new_tokens = list(result.emitted[:count])

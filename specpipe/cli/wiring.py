@@ -37,7 +37,7 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     kinds = set(drafter_kinds or (args.drafter,))
     verifier_spec, drafter_spec = model_specs(args.preset, args.verifier, args.draft_model)
     verifier = ModelVerifier.load(verifier_spec, args.device)
-    cache = ngram_cache(args.cache)
+    cache = ngram_cache(args.cache) if kinds & {"ngram", "hybrid"} else None  # fed only if drafted from
     drafters = {}
     if kinds & {"ngram", "hybrid"}:
         drafters["ngram"] = NgramDrafter(cache, verifier.info())
