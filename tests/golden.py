@@ -36,3 +36,16 @@ def run(generator, request) -> tuple[list[int], list]:
         token_ids.extend(chunk.token_ids)
         chunks.append(chunk)
     return token_ids, chunks
+
+
+def assert_golden(generator, references: dict, max_new_tokens: int, speculation) -> tuple[int, int]:
+    """Every prompt's speculative output equals its reference; returns (drafted, accepted) over all."""
+    from specpipe.types import GenerationRequest
+
+    drafted = accepted = 0
+    for prompt, (ids, expected) in references.items():
+        tokens, chunks = run(generator, GenerationRequest(ids, max_new_tokens, speculation=speculation))
+        assert tokens == expected, prompt
+        drafted += sum(c.round.drafted for c in chunks)
+        accepted += sum(c.round.accepted for c in chunks)
+    return drafted, accepted

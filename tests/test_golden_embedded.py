@@ -3,7 +3,7 @@
 import pytest
 
 from specpipe.types import GenerationRequest, SamplingParams, SpeculationOptions
-from tests.golden import GOLDEN_PROMPTS, reference_greedy, run
+from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
 
 MAX_NEW_TOKENS = 48
 SHAPES = {
@@ -26,12 +26,7 @@ def references(tiny_generator, tiny_verifier):
 
 @pytest.mark.parametrize("speculation", SHAPES.values(), ids=SHAPES.keys())
 def test_speculative_greedy_equals_verifier_greedy(tiny_generator, references, speculation):
-    drafted = accepted = 0
-    for prompt, (ids, expected) in references.items():
-        tokens, chunks = run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
-        assert tokens == expected, prompt
-        drafted += sum(c.round.drafted for c in chunks)
-        accepted += sum(c.round.accepted for c in chunks)
+    drafted, accepted = assert_golden(tiny_generator, references, MAX_NEW_TOKENS, speculation)
     if speculation.drafter != "none":  # the test must exercise both accepted and rejected drafts
         assert 0 < accepted < drafted
 

@@ -10,7 +10,7 @@ from drafter_service.hybrid import HybridDrafter
 from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
 from specpipe.types import GREEDY, GenerationRequest, SpeculationOptions
-from tests.golden import GOLDEN_PROMPTS, reference_greedy, run
+from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 
 MAX_NEW_TOKENS = 48
@@ -49,12 +49,7 @@ def references(tiny_tokenizer, tiny_verifier):
     SpeculationOptions(drafter="hybrid", draft_len=4, width=2),
 ], ids=["ngram chain k=7", "ngram tree k=5 width=3", "hybrid k=4", "hybrid tree k=4 width=2"])
 def test_ngram_and_hybrid_equal_verifier_greedy(generator, references, speculation):
-    drafted = accepted = 0
-    for prompt, (ids, expected) in references.items():
-        tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
-        assert tokens == expected, prompt
-        drafted += sum(c.round.drafted for c in chunks)
-        accepted += sum(c.round.accepted for c in chunks)
+    drafted, accepted = assert_golden(generator, references, MAX_NEW_TOKENS, speculation)
     assert 0 < accepted < drafted  # drafts were made, some accepted, some rejected
 
 
