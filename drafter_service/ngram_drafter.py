@@ -8,15 +8,15 @@ import time
 from typing import Sequence
 
 from specpipe import metrics
+from specpipe.ngram import SUFFIX_TOKENS
 from specpipe.protocols import NgramCache
 from specpipe.types import Draft, ModelInfo, ProposeResult, SamplingParams
 
 
 class NgramDrafter:
-    def __init__(self, cache: NgramCache, info: ModelInfo, max_n: int = 5):
+    def __init__(self, cache: NgramCache, info: ModelInfo):
         self._cache = cache
         self._info = info  # the verifier's: the store holds the verifier's own tokens
-        self._max_n = max_n
 
     def info(self) -> ModelInfo:
         return self._info
@@ -25,7 +25,7 @@ class NgramDrafter:
         self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams
     ) -> ProposeResult:
         start = time.perf_counter()
-        found = self._cache.lookup(session_id, list(context[-(self._max_n - 1):]), draft_len,
+        found = self._cache.lookup(session_id, list(context[-SUFFIX_TOKENS:]), draft_len,
                                    width if sampling.greedy else 1)
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.NGRAM_LOOKUPS.inc()

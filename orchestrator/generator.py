@@ -13,6 +13,7 @@ import uuid
 from typing import Iterator, Mapping, Sequence
 
 from specpipe import metrics
+from specpipe.ngram import SUFFIX_TOKENS
 from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
@@ -21,8 +22,6 @@ from specpipe.verification import check_token_ids
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
 
 log = logging.getLogger("specpipe.orchestrator")
-
-CACHE_PREFIX_TOKENS = 16  # confirmed tokens sent before the new ones, to form n-gram prefixes (n <= 17)
 
 
 class Generator:
@@ -114,7 +113,7 @@ class Generator:
                 result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
                 first_new = len(context)
                 context.extend(result.emitted)
-                start = max(0, first_new - CACHE_PREFIX_TOKENS)
+                start = max(0, first_new - SUFFIX_TOKENS)  # the prefixes of the new tokens
                 self._cache_call("update", session_id, context[start:], first_new - start)
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)

@@ -21,6 +21,7 @@ Prefix = tuple[int, ...]
 Table = dict[Prefix, list[int]]  # prefix [n-1] -> continuations, most recent first
 
 MAX_TOKEN_ID = 2**31 - 1  # token ids are int32 on the wire (protos/specpipe/v1)
+SUFFIX_TOKENS = 16  # context tokens callers send with a lookup or before an update; stores keep their own N-1 (N <= 17)
 
 
 @dataclass(frozen=True)

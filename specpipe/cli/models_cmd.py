@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 from specpipe.errors import InvalidArgument
-from specpipe.packaged import PACKAGED
 from specpipe.presets import PRESETS
 
 
