@@ -1,3 +1,5 @@
 """The cache service: the n-gram store (specpipe.ngram semantics) with two backends, in-memory
-(memory.InMemoryNgramCache) and Redis via server-side Lua (redis_store.RedisNgramCache), and its
-gRPC servicer. Backends must never block a generation: callers treat any error as "no draft"."""
+(memory.InMemoryNgramCache) and Redis via server-side Lua (redis_store.RedisNgramCache), its gRPC
+servicer, stores.open_store (the store a --cache URL names) and local_redis (a private redis-server
+for `specpipe up --cache redis` and the tests). Backends must never block a generation: callers treat
+any error as "no draft"."""

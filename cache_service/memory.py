@@ -1,5 +1,6 @@
 """In-memory n-gram store: the embedded default. Same semantics as the Redis backend (the contract
-tests run one suite over both): session tables with a TTL refreshed on update, and a global table."""
+tests run one suite over both): per session a context and a verifier table sharing one TTL, refreshed
+by an update of either, and a global table bounded in prefixes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from specpipe.ngram import NgramConfig, NgramDraft, Table
 
 @dataclass
 class _Session:
-    table: Table = field(default_factory=dict)
+    context: Table = field(default_factory=dict)   # confirmed tokens (update)
+    verifier: Table = field(default_factory=dict)  # the verifier's argmax off the accepted path (record_branches)
     expires_at: float = 0.0  # clock() seconds
 
 
@@ -33,8 +35,8 @@ class InMemoryNgramCache:
         ngram.check_lookup(session_id, context_suffix, k, width)
         k = min(k, self.config.max_draft_len)
         with self._lock:
-            session = self._live(session_id)
-            tables = [session.table] if session is not None else []
+            session = self._live(session_id) or _Session()
+            tables = [session.context, session.verifier]  # TABLES order
             if self.config.use_global:
                 tables.append(self._global)
             return ngram.mln_lookup(tables, list(context_suffix), k, width, self.config.max_n)
@@ -42,26 +44,44 @@ class InMemoryNgramCache:
     def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
         ngram.check_session_id(session_id)
         ngram.check_update(tokens, start)
+        updates = ngram.ngram_updates(tokens, start, self.config.max_n)
         with self._lock:
-            now = self._clock()
-            self._sweep(now)
-            session = self._live(session_id)
+            session = self._touch(session_id, bool(updates))
             if session is None:
-                if not ngram.ngram_updates(tokens, start, self.config.max_n):
-                    return 0  # nothing to record: do not open a session (as Redis, which has no key)
-                session = self._sessions[session_id] = _Session()
-            session.expires_at = now + self.config.session_ttl_s
-            return ngram.apply_updates(session.table, list(tokens), start, self.config)
+                return 0
+            return ngram.record_all(session.context, updates, self.config.max_continuations)
+
+    def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
+        ngram.check_session_id(session_id)
+        ngram.check_branches(branches)
+        if not branches:
+            return 0  # as Redis, which is not even called: no TTL refresh
+        with self._lock:
+            session = self._touch(session_id, True)
+            return ngram.apply_branches(session.verifier, branches, self.config)
 
     def update_global(self, tokens: Sequence[int]) -> int:
         ngram.check_tokens(tokens, "tokens")
         with self._lock:
-            return ngram.apply_updates(self._global, list(tokens), 0, self.config)
+            return ngram.apply_updates(self._global, list(tokens), 0, self.config, self.config.max_global_prefixes)
 
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)
         with self._lock:
             return self._live(session_id) is not None and self._sessions.pop(session_id) is not None
+
+    def _touch(self, session_id: str, create: bool) -> _Session | None:
+        """The live session with its TTL refreshed; a missing one is opened only if create (as Redis,
+        where a session with nothing recorded has no key)."""
+        now = self._clock()
+        self._sweep(now)
+        session = self._live(session_id)
+        if session is None:
+            if not create:
+                return None
+            session = self._sessions[session_id] = _Session()
+        session.expires_at = now + self.config.session_ttl_s
+        return session
 
     def _live(self, session_id: str) -> _Session | None:
         """The session unless it expired (an expired one is dropped, as Redis drops the key)."""

@@ -1,15 +1,18 @@
 """Redis n-gram store: every replica of every service shares one store (DESIGN section 4).
 
-Layout: one hash per table. A session's tables (all levels n = 2..N) are the hash `{s:<id>}:ngram`,
-the global (corpus) table is `{g}:ngram`; field = prefix "t1,...,t_{n-1}", value = continuations
-"c1,c2,..." most recent first, at most max_continuations (LRU per prefix, Self-Draft). One key per
-session means the hash tag keeps a session on one Redis Cluster shard, a TTL refresh is one PEXPIRE
-and a release is one DEL. A whole K-token lookup and a whole update are each ONE EVALSHA of a Lua
-script in cache_service/lua/ (one round trip), with the semantics of specpipe.ngram.
+Layout: one hash per table (specpipe.ngram.TABLES). A session's context table (all levels n = 2..N) is
+the hash `{s:<id>}:ngram`, its verifier table `{s:<id>}:verifier`, the global (corpus) table is
+`{g}:ngram`; field = prefix "t1,...,t_{n-1}", value = continuations "c1,c2,..." most recent first, at
+most max_continuations (LRU per prefix, Self-Draft). A session's keys share the hash tag {s:<id>}, so
+they live on one Redis Cluster slot; every session update PEXPIREs both (one TTL per session) and a
+release is one DEL of both. A whole K-token lookup is ONE EVALSHA of lua/lookup.lua; an update, a
+record_branches and an update_global are each ONE EVALSHA of lua/update.lua (one round trip each),
+with the semantics of specpipe.ngram.
 
-Limits: a lookup with the global fallback touches two hash slots, which Redis Cluster refuses
-(CROSSSLOT); on a cluster run with NgramConfig(use_global=False). The global hash grows with the
-corpus (bounded per prefix, not in prefixes): give Redis a maxmemory, or update it from a curated corpus.
+Limits: a lookup with the global fallback touches two hash slots (the session's and {g}), which Redis
+Cluster refuses (CROSSSLOT); on a cluster run with NgramConfig(use_global=False). The global hash is
+bounded in prefixes (NgramConfig.max_global_prefixes, checked with HLEN) and per prefix, and never
+expires: size Redis's maxmemory for it, or seed it from a curated corpus (`specpipe cache seed`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from redis.retry import Retry
 
 from specpipe import ngram
 from specpipe.errors import SpecpipeError, Unavailable
-from specpipe.ngram import NgramConfig, NgramDraft
+from specpipe.ngram import TABLES, NgramConfig, NgramDraft
 from specpipe.types import Draft
 
 GLOBAL_KEY = "{g}:ngram"
@@ -39,8 +42,13 @@ UPDATE_LUA = _lua("update.lua")
 
 
 def session_key(session_id: str) -> str:
-    """All of a session's keys carry the hash tag {s:<id>} (one Cluster slot per session)."""
+    """The session's context table. All of a session's keys carry the hash tag {s:<id>} (one Cluster slot)."""
     return f"{{s:{session_id}}}:ngram"
+
+
+def verifier_key(session_id: str) -> str:
+    """The session's verifier table, in the same hash slot as session_key."""
+    return f"{{s:{session_id}}}:verifier"
 
 
 def connect(url: str, timeout_s: float = 1.0) -> redis.Redis:
@@ -77,46 +85,65 @@ class RedisNgramCache:
 
     @classmethod
     def from_url(cls, url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0) -> RedisNgramCache:
-        return cls(connect(url, timeout_s), config, _redacted(url))
+        return cls(connect(url, timeout_s), config, redacted(url))
 
     def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
         ngram.check_lookup(session_id, context_suffix, k, width)
         k = min(k, self.config.max_draft_len)
         if k == 0:
             return ngram.EMPTY_NGRAM_DRAFT
-        keys = [session_key(session_id)] + ([GLOBAL_KEY] if self.config.use_global else [])
+        keys = [session_key(session_id), verifier_key(session_id)]  # TABLES order
+        if self.config.use_global:
+            keys.append(GLOBAL_KEY)
         suffix = list(context_suffix)[max(0, len(context_suffix) - (self.config.max_n - 1)):]
         with _errors(self._url):
-            tokens, parents, levels = self._lookup(keys=keys, args=[self.config.max_n, k, width, *suffix])
-        return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels))
+            tokens, parents, levels, sources = self._lookup(keys=keys, args=[self.config.max_n, k, width, *suffix])
+        return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(TABLES[i] for i in sources))
 
     def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
         ngram.check_session_id(session_id)
         ngram.check_update(tokens, start)
-        ttl_ms = max(1, round(self.config.session_ttl_s * 1000))
-        return self._record(session_key(session_id), tokens, start, ttl_ms)
+        # Only the max_n-1 tokens before start form prefixes of new tokens: send no more context.
+        first = max(0, start - (self.config.max_n - 1))
+        return self._record([session_key(session_id), verifier_key(session_id)],
+                            [(start - first, tokens[first:])], self._ttl_ms())
+
+    def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
+        ngram.check_session_id(session_id)
+        ngram.check_branches(branches)
+        if not branches:
+            return 0
+        # A branch records only its last token after at most max_n-1 tokens: send no more.
+        segments = [(len(b[-self.config.max_n:]) - 1, b[-self.config.max_n:]) for b in branches]
+        return self._record([verifier_key(session_id), session_key(session_id)], segments, self._ttl_ms())
 
     def update_global(self, tokens: Sequence[int]) -> int:
         ngram.check_tokens(tokens, "tokens")
-        return self._record(GLOBAL_KEY, tokens, 0, 0)
+        return self._record([GLOBAL_KEY], [(0, tokens)], 0, self.config.max_global_prefixes)
 
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)
         with _errors(self._url):
-            return self._redis.delete(session_key(session_id)) > 0
+            return self._redis.delete(session_key(session_id), verifier_key(session_id)) > 0
 
     def close(self) -> None:
         self._redis.close()
 
-    def _record(self, key: str, tokens: Sequence[int], start: int, ttl_ms: int) -> int:
-        # Only the max_n-1 tokens before start form prefixes of new tokens: send no more context.
-        first = max(0, start - (self.config.max_n - 1))
-        args = [self.config.max_n, self.config.max_continuations, ttl_ms, start - first, *tokens[first:]]
+    def _ttl_ms(self) -> int:
+        return max(1, round(self.config.session_ttl_s * 1000))
+
+    def _record(self, keys: list[str], segments: Sequence[tuple[int, Sequence[int]]], ttl_ms: int,
+                max_prefixes: int = 0) -> int:
+        """ONE update.lua call: record tokens[start:] of every (start, tokens) segment in keys[0] and
+        refresh the TTL of all keys (ttl_ms 0 = none); max_prefixes 0 = unbounded."""
+        args = [self.config.max_n, self.config.max_continuations, ttl_ms, max_prefixes]
+        for start, tokens in segments:
+            args += [start, len(tokens), *tokens]
         with _errors(self._url):
-            return int(self._update(keys=[key], args=args))
+            return int(self._update(keys=keys, args=args))
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """The URL without its password, for error messages and logs."""
     scheme, sep, rest = url.partition("://")
     credentials, at, host = rest.rpartition("@")

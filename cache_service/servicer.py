@@ -23,6 +23,11 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         return cache_pb2.UpdateReply(recorded=recorded)
 
     @rpc_method
+    def RecordBranches(self, request, context):
+        recorded = self._cache.record_branches(request.session_id, cache_convert.branches_from_proto(request))
+        return cache_pb2.UpdateReply(recorded=recorded)
+
+    @rpc_method
     def UpdateGlobal(self, request, context):
         return cache_pb2.UpdateReply(recorded=self._cache.update_global(tuple(request.tokens)))
 

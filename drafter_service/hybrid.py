@@ -1,7 +1,13 @@
-"""Hybrid drafter: the small model's chain/tree and the n-gram continuations merged into one token
-tree (shared prefixes merged), at most max_nodes nodes (DESIGN section 4). The n-gram store failing
-costs only its part of the tree. Sampling needs the model's q for every node, so with temperature > 0
-the hybrid proposes the model's chain alone."""
+"""Hybrid drafter: one token tree from the small model and the n-gram store (shared prefixes merged),
+at most nodes_per_level * draft_len nodes (DESIGN section 4), in this priority:
+
+  1. the model's chain / tree;
+  2. the n-gram continuation of the model's main chain: drafts past the model's depth at no forward
+     cost, accepted when the chain is and the text goes on as it did before;
+  3. the n-gram continuation of the context: an alternative to the model's first token.
+
+The n-gram store failing costs only its part of the tree. Sampling needs the model's q for every
+node, so with temperature > 0 the hybrid proposes the model's draft alone."""
 
 from __future__ import annotations
 
@@ -11,8 +17,8 @@ from typing import Sequence
 
 from specpipe import metrics
 from specpipe.protocols import Drafter
-from specpipe.trees import merge_drafts
-from specpipe.types import ModelInfo, ProposeResult, SamplingParams
+from specpipe.trees import first_path, merge_drafts
+from specpipe.types import Draft, ModelInfo, ProposeResult, SamplingParams
 
 log = logging.getLogger("specpipe.drafter")
 
@@ -21,7 +27,7 @@ class HybridDrafter:
     def __init__(self, model: Drafter, ngram: Drafter, nodes_per_level: int = 2):
         self._model = model
         self._ngram = ngram
-        self._nodes_per_level = nodes_per_level  # tree budget: max_nodes = nodes_per_level * draft_len
+        self._nodes_per_level = nodes_per_level
 
     def info(self) -> ModelInfo:
         return self._model.info()
@@ -31,18 +37,25 @@ class HybridDrafter:
     ) -> ProposeResult:
         start = time.perf_counter()
         model = self._model.propose(session_id, context, draft_len, width, sampling)
-        if not sampling.greedy:
+        if not sampling.greedy or draft_len <= 0:
             return model
+        chain = first_path(model.draft)
         try:
-            ngram = self._ngram.propose(session_id, context, draft_len, width, sampling)
-        except Exception as err:  # a failing store costs the n-gram branch, not the round
+            extension = self._ngram.propose(session_id, [*context, *chain], draft_len, 1, sampling)
+            alternative = self._ngram.propose(session_id, context, draft_len, width, sampling)
+        except Exception as err:  # a failing store costs the n-gram branches, not the round
             log.warning("n-gram lookup failed, drafting from the model only",
                         extra={"session_id": session_id, "error": str(err)})
             return model
-        draft, _ = merge_drafts([model.draft, ngram.draft], self._nodes_per_level * draft_len)
+        extended = Draft.chain([*chain, *extension.draft.tokens])  # a chain lookup: its nodes are a chain
+        parts = [(model.draft, model.sources or ("model",) * len(model.draft)),
+                 (extended, ("model",) * len(chain) + extension.sources),
+                 (alternative.draft, alternative.sources)]
+        draft, origins = merge_drafts([d for d, _ in parts], self._nodes_per_level * draft_len)
+        sources = tuple(parts[part][1][node] for part, node in origins)
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.DRAFT_MS.labels(drafter="hybrid").observe(draft_ms)
-        return ProposeResult(draft, draft_ms)
+        return ProposeResult(draft, draft_ms, sources)
 
     def release(self, session_id: str) -> bool:
         return self._model.release(session_id)

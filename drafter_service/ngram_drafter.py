@@ -32,7 +32,7 @@ class NgramDrafter:
         for level in found.levels:
             metrics.NGRAM_DRAFT_TOKENS.labels(level=str(level)).inc()
         metrics.DRAFT_MS.labels(drafter="ngram").observe(draft_ms)
-        return ProposeResult(Draft(found.draft.tokens, found.draft.parents), draft_ms)
+        return ProposeResult(Draft(found.draft.tokens, found.draft.parents), draft_ms, found.sources)
 
     def release(self, session_id: str) -> bool:
         return False  # the store's session tables belong to the orchestrator's session lifecycle

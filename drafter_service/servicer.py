@@ -1,7 +1,12 @@
-"""gRPC servicer of the Drafter service: proto <-> specpipe.protocols.Drafter, nothing else."""
+"""gRPC servicer of the Drafter service: proto <-> specpipe.protocols.Drafter, nothing else. One
+service serves one or more draft methods (model, ngram, hybrid), chosen per request."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Mapping
+
+from specpipe.errors import FailedPrecondition
 from specpipe.protocols import Drafter
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
@@ -9,32 +14,43 @@ from specpipe.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, drafter: Drafter):
-        self._drafter = drafter
+    def __init__(self, drafters: Mapping[str, Drafter]):
+        if not drafters:
+            raise ValueError("a drafter service needs at least one draft method")
+        self._drafters = dict(drafters)  # method -> drafter; the first is the default
+
+    def _drafter(self, method: str) -> Drafter:
+        drafter = self._drafters.get(method or next(iter(self._drafters)))
+        if drafter is None:
+            raise FailedPrecondition(f"draft method {method!r} is not served here; served: {', '.join(self._drafters)}")
+        return drafter
 
     @rpc_method
     def Info(self, request, context):
-        return convert.model_info_to_proto(self._drafter.info())
+        info = self._drafter("").info()
+        return convert.model_info_to_proto(replace(info, methods=tuple(self._drafters)))
 
     @rpc_method
     def Propose(self, request, context):
-        result = self._drafter.propose(
+        result = self._drafter(request.method).propose(
             request.session_id,
             tuple(request.context),
             request.draft_len,
             request.width,
             convert.sampling_from_proto(request.sampling),
         )
-        return drafter_pb2.ProposeReply(draft=convert.draft_to_proto(result.draft), draft_ms=result.draft_ms)
+        return drafter_pb2.ProposeReply(draft=convert.draft_to_proto(result.draft), draft_ms=result.draft_ms,
+                                        sources=convert.sources_to_proto(result.sources))
 
     @rpc_method
     def Release(self, request, context):
-        return verifier_pb2.ReleaseReply(released=self._drafter.release(request.session_id))
+        released = [drafter.release(request.session_id) for drafter in self._drafters.values()]
+        return verifier_pb2.ReleaseReply(released=any(released))
 
 
-def service(drafter: Drafter) -> Service:
+def service(drafters: Mapping[str, Drafter]) -> Service:
     return Service(
         service_name(drafter_pb2, "Drafter"),
-        DrafterServicer(drafter),
+        DrafterServicer(drafters),
         drafter_pb2_grpc.add_DrafterServicer_to_server,
     )

@@ -13,7 +13,7 @@ import uuid
 from typing import Iterator, Mapping, Sequence
 
 from specpipe import metrics
-from specpipe.ngram import SUFFIX_TOKENS
+from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
@@ -32,12 +32,14 @@ class Generator:
         drafters: Mapping[str, Drafter],
         defaults: SpeculationOptions = SpeculationOptions(),
         cache: NgramCache | None = None,
+        learn_global: bool = True,
     ):
         self.tokenizer = tokenizer
         self.verifier = verifier
         self.drafters = dict(drafters)
         self.defaults = defaults
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
+        self.learn_global = learn_global  # finished outputs go to the store's global (corpus) table
         self.info = verifier.info()
         for kind, drafter in self.drafters.items():
             check_same_vocab(kind, drafter, self.info.vocab_fingerprint)
@@ -111,10 +113,8 @@ class Generator:
                 draft_len = min(spec.draft_len, request.max_new_tokens - len(output) - 1)
                 proposal = self._propose(drafter, spec, session_id, context, draft_len, request)
                 result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
-                first_new = len(context)
+                self._record(session_id, context, proposal, result)
                 context.extend(result.emitted)
-                start = max(0, first_new - SUFFIX_TOKENS)  # the prefixes of the new tokens
-                self._cache_call("update", session_id, context[start:], first_new - start)
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
                 new_tokens = list(result.emitted[:count])
@@ -125,6 +125,7 @@ class Generator:
                 sent_text += delta
 
                 labels = {"drafter": spec.drafter}
+                count_sources(spec.drafter, proposal, result.accepted_nodes)
                 metrics.ROUNDS.labels(**labels).inc()
                 metrics.DRAFTED_TOKENS.labels(**labels).inc(len(proposal.draft))
                 metrics.ACCEPTED_TOKENS.labels(**labels).inc(len(result.accepted_tokens))
@@ -137,6 +138,8 @@ class Generator:
                     finish_reason=finish,
                     round=RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms, result.verify_ms),
                 )
+            if self.learn_global and output:
+                self._cache_call("update_global", output)
             metrics.GENERATIONS.labels(finish_reason=finish).inc()
         finally:
             self._release(session_id, drafter)
@@ -163,15 +166,25 @@ class Generator:
                 return text[:at], new_tokens[:n], True
         raise AssertionError("unreachable: the stop string was in the full text")
 
-    def _cache_call(self, call: str, session_id: str, *args) -> None:
+    def _record(self, session_id: str, context: list[int], proposal: ProposeResult, result) -> None:
+        """Forward a round to the n-gram store: the confirmed tokens to the session's context table,
+        the verifier's argmax after each rejected draft node to its verifier table."""
+        start = max(0, len(context) - SUFFIX_TOKENS)  # the prefixes of the new tokens
+        self._cache_call("update", session_id, [*context[start:], *result.emitted], len(context) - start)
+        if len(proposal.draft):
+            branches = verifier_branches(context[start:], proposal.draft, result.accepted_nodes, result.node_argmax)
+            if branches:
+                self._cache_call("record_branches", session_id, branches)
+
+    def _cache_call(self, call: str, *args) -> None:
         """A store that is down or slow costs drafts, never the generation."""
         if self.cache is None:
             return
         try:
-            getattr(self.cache, call)(session_id, *args)
+            getattr(self.cache, call)(*args)
         except Exception as err:
             metrics.CACHE_FAILURES.labels(call=call).inc()
-            log.warning("n-gram store call failed", extra={"session_id": session_id, "call": call, "error": str(err)})
+            log.warning("n-gram store call failed", extra={"call": call, "error": str(err)})
 
     def _release(self, session_id: str, drafter: Drafter | None) -> None:
         self._cache_call("release", session_id)
@@ -182,6 +195,14 @@ class Generator:
                 peer.release(session_id)
             except Exception as err:  # the session expires by TTL / LRU on the peer anyway
                 log.warning("release failed", extra={"session_id": session_id, "error": str(err)})
+
+
+def count_sources(drafter: str, proposal: ProposeResult, accepted_nodes: Sequence[int]) -> None:
+    sources = proposal.sources or ("model",) * len(proposal.draft)
+    for source in sources:
+        metrics.SOURCE_DRAFTED.labels(drafter=drafter, source=source).inc()
+    for node in accepted_nodes:
+        metrics.SOURCE_ACCEPTED.labels(drafter=drafter, source=sources[node]).inc()
 
 
 def check_same_vocab(kind: str, drafter: Drafter, fingerprint: str) -> None:

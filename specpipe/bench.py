@@ -91,20 +91,20 @@ def summarize(method: str, runs: list[PromptRun], baseline: list[PromptRun] | No
     )
 
 
-def benchmark(generator, verifier_model, prompts, max_new_tokens: int, methods: dict[str, SpeculationOptions],
-              progress: bool = True) -> list[MethodSummary]:
-    """prompts: [(prompt_id, prompt_ids)]. Runs the baseline, then each method, on every prompt."""
-    eos = generator.info.eos_token_ids
-    baseline = []
-    for prompt_id, ids in tqdm(prompts, desc=BASELINE, disable=not progress):
+def benchmark(verifier_model, eos: Sequence[int], prompts, max_new_tokens: int,
+              methods: dict[str, tuple[object, SpeculationOptions]], progress: bool = True) -> list[MethodSummary]:
+    """prompts: [(prompt_id, prompt_ids)]; methods: name -> (generator, speculation options). Each
+    prompt runs the baseline and then every method back to back, so a change in machine load during
+    the run falls on every method alike."""
+    runs: dict[str, list[PromptRun]] = {BASELINE: [], **{method: [] for method in methods}}
+    for prompt_id, ids in tqdm(prompts, desc=f"{len(methods) + 1} methods per prompt", disable=not progress):
         tokens, seconds = run_baseline(verifier_model, ids, max_new_tokens, eos)
-        baseline.append(PromptRun(prompt_id, len(ids), tokens, seconds, rounds=len(tokens)))
-    summaries = [summarize(BASELINE, baseline, None)]
-    for method, speculation in methods.items():
-        runs = [run_speculative(generator, pid, ids, max_new_tokens, speculation)
-                for pid, ids in tqdm(prompts, desc=method, disable=not progress)]
-        summaries.append(summarize(method, runs, baseline))
-    return summaries
+        runs[BASELINE].append(PromptRun(prompt_id, len(ids), tokens, seconds, rounds=len(tokens)))
+        for method, (generator, speculation) in methods.items():
+            runs[method].append(run_speculative(generator, prompt_id, ids, max_new_tokens, speculation))
+    return [summarize(BASELINE, runs[BASELINE], None)] + [
+        summarize(method, runs[method], runs[BASELINE]) for method in methods
+    ]
 
 
 def markdown_table(summaries: list[MethodSummary]) -> str:

@@ -12,6 +12,9 @@ DRAFTED_TOKENS = Counter("specpipe_drafted_tokens_total", "Draft nodes sent to t
 ACCEPTED_TOKENS = Counter("specpipe_accepted_tokens_total", "Draft tokens accepted by the verifier", ["drafter"])
 EMITTED_TOKENS = Counter("specpipe_emitted_tokens_total", "Verified tokens emitted to clients", ["drafter"])
 DRAFT_FAILURES = Counter("specpipe_draft_failures_total", "Rounds that went on without a draft because the drafter failed", ["drafter"])
+SOURCE_DRAFTED = Counter("specpipe_drafted_tokens_by_source_total", "Draft nodes sent to the verifier, by source "
+                         "(model, or the n-gram store's context / verifier / global table)", ["drafter", "source"])
+SOURCE_ACCEPTED = Counter("specpipe_accepted_tokens_by_source_total", "Draft tokens accepted, by source", ["drafter", "source"])
 GENERATIONS = Counter("specpipe_generations_total", "Finished generations", ["finish_reason"])
 
 VERIFY_MS = Histogram("specpipe_verify_forward_ms", "Verifier forward time per round", ["draft_nodes"], buckets=_MS_BUCKETS)

@@ -7,6 +7,11 @@ len(prefix) + 1) to its continuations, most recently seen first, at most `max_co
 an LRU queue per prefix (Self-Draft, "context cache"). Lookup follows ANPD Algorithm 2 (Multi-Level
 N-gram): try the longest suffix (n = max_n) first and fall back to shorter ones; chain K steps as in
 ANPD Algorithm 1 (each step queries the context plus the tokens drafted so far).
+
+Three tables (TABLES), looked up in that order: a session's context table (its confirmed tokens), its
+verifier table (the verifier's argmax after draft nodes it did not accept: n-grams the verifier
+would have continued with, the Self-Draft idea at zero extra forward passes; verifier_branches) and
+the global (corpus) table shared by all sessions, bounded in prefixes (max_global_prefixes).
 """
 
 from __future__ import annotations
@@ -31,19 +36,25 @@ class NgramConfig:
     session_ttl_s: float = 3600.0  # a session's tables expire this long after its last update
     max_draft_len: int = 64       # lookups clip k to this (a repeating context would chain forever)
     use_global: bool = True       # lookups fall back to the global (corpus) table
+    max_global_prefixes: int = 1 << 20  # the global table stops adding prefixes at this many (known ones still learn)
 
     def __post_init__(self):
-        if self.max_n < 2 or self.max_continuations < 1 or self.session_ttl_s <= 0 or self.max_draft_len < 0:
+        if (self.max_n < 2 or self.max_continuations < 1 or self.session_ttl_s <= 0 or self.max_draft_len < 0
+                or self.max_global_prefixes < 1):
             raise ValueError(f"bad NgramConfig: {self}")
+
+
+TABLES = ("context", "verifier", "global")  # lookup priority; names are draft sources (types.DRAFT_SOURCES)
 
 
 @dataclass(frozen=True)
 class NgramDraft:
     draft: Draft                # deterministic (q = None)
     levels: tuple[int, ...]     # [num_nodes] the n of the n-gram that produced each node
+    sources: tuple[str, ...]    # [num_nodes] the table (TABLES) that produced each node
 
 
-EMPTY_NGRAM_DRAFT = NgramDraft(Draft(), ())
+EMPTY_NGRAM_DRAFT = NgramDraft(Draft(), (), ())
 
 
 def ngram_updates(tokens: Sequence[int], start: int, max_n: int) -> list[tuple[Prefix, int]]:
@@ -68,23 +79,63 @@ def record(table: Table, prefix: Prefix, next_token: int, max_continuations: int
     del continuations[max_continuations:]
 
 
-def apply_updates(table: Table, tokens: Sequence[int], start: int, config: NgramConfig) -> int:
-    """Record tokens[start:] in table; returns the number of (prefix, next) pairs recorded."""
-    updates = ngram_updates(tokens, start, config.max_n)
+def record_all(table: Table, updates: Sequence[tuple[Prefix, int]], max_continuations: int,
+               max_prefixes: int | None = None) -> int:
+    """record() every (prefix, next) pair; a prefix new to a table that already holds max_prefixes
+    prefixes is skipped (None = unbounded). Returns the number of pairs recorded."""
+    recorded = 0
     for prefix, next_token in updates:
-        record(table, prefix, next_token, config.max_continuations)
-    return len(updates)
+        if max_prefixes is not None and prefix not in table and len(table) >= max_prefixes:
+            continue
+        record(table, prefix, next_token, max_continuations)
+        recorded += 1
+    return recorded
 
 
-def longest_match(tables: Sequence[Table], suffix: Sequence[int], max_n: int) -> tuple[list[int], int] | None:
-    """(continuations, n) of the first hit: tables in order, and within a table n = max_n down to 2
-    (ANPD Algorithm 2). So a session's own 2-gram beats a global 5-gram: context drafts are worth
-    more than corpus drafts (Self-Draft ablation)."""
-    for table in tables:
+def apply_updates(table: Table, tokens: Sequence[int], start: int, config: NgramConfig,
+                  max_prefixes: int | None = None) -> int:
+    """Record tokens[start:] in table; returns the number of (prefix, next) pairs recorded."""
+    return record_all(table, ngram_updates(tokens, start, config.max_n), config.max_continuations, max_prefixes)
+
+
+def branch_updates(branches: Sequence[Sequence[int]], max_n: int) -> list[tuple[Prefix, int]]:
+    """The (prefix, next) pairs of record_branches: each branch's last token after each of its last
+    1..max_n-1 tokens before it (ngram_updates of the branch with start = its last token)."""
+    return [update for branch in branches for update in ngram_updates(branch, len(branch) - 1, max_n)]
+
+
+def apply_branches(table: Table, branches: Sequence[Sequence[int]], config: NgramConfig) -> int:
+    """Record branches (verifier_branches) in a session's verifier table; returns pairs recorded."""
+    return record_all(table, branch_updates(branches, config.max_n), config.max_continuations)
+
+
+def verifier_branches(context_tail: Sequence[int], draft: Draft, accepted_nodes: Sequence[int],
+                      node_argmax: Sequence[int], max_n: int = 5) -> list[tuple[int, ...]]:
+    """The verifier's free n-grams of one round: for every draft node i off the accepted path, the
+    tokens up to and including i (context_tail, ending with the root, then the path root -> i) followed
+    by the verifier's argmax after i, node_argmax[i + 1]; each branch is its last max_n tokens.
+
+    node_argmax: [num_nodes + 1], the argmax after the root (index 0) and after each node (VerifyResult).
+    Accepted nodes (and the root) are skipped: their argmax is the next confirmed token, which the
+    context table records anyway. Branches come in node order."""
+    keep = max_n - 1
+    root_tail = tuple(context_tail[max(0, len(context_tail) - keep):])
+    tails: list[tuple[int, ...]] = []  # [num_nodes] the last max_n-1 tokens up to and including node i
+    for token, parent in zip(draft.tokens, draft.parents):
+        tails.append(((root_tail if parent == ROOT else tails[parent]) + (token,))[-keep:])
+    accepted = set(accepted_nodes)
+    return [tails[i] + (node_argmax[i + 1],) for i in range(len(draft.tokens)) if i not in accepted]
+
+
+def longest_match(tables: Sequence[Table], suffix: Sequence[int], max_n: int) -> tuple[list[int], int, int] | None:
+    """(continuations, n, table index) of the first hit: tables in order, and within a table n = max_n
+    down to 2 (ANPD Algorithm 2). So a session's own 2-gram beats a global 5-gram: context drafts are
+    worth more than corpus drafts (Self-Draft ablation)."""
+    for index, table in enumerate(tables):
         for n in range(min(max_n, len(suffix) + 1), 1, -1):
             continuations = table.get(tuple(suffix[len(suffix) - (n - 1):]))
             if continuations:
-                return continuations, n
+                return continuations, n, index
     return None
 
 
@@ -92,27 +143,34 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
     """Draft up to k tokens after context: a greedy chain of the most recent continuation of the
     longest matching suffix, plus at the first step up to width-1 other continuations of that same
     prefix as leaves. Node layout as drafter_service/model_drafter.py: each chain node is followed by
-    its sibling alternatives; parents[i] < i, ROOT = the last context token."""
+    its sibling alternatives; parents[i] < i, ROOT = the last context token.
+
+    tables: in TABLES order (context, verifier, global), at most three; pass an empty table for a
+    missing one so that the positions, hence the sources, stay right."""
+    if len(tables) > len(TABLES):
+        raise ValueError(f"at most {len(TABLES)} tables ({', '.join(TABLES)}), got {len(tables)}")
     suffix = list(context[max(0, len(context) - (max_n - 1)):])
     tokens: list[int] = []
     parents: list[int] = []
     levels: list[int] = []
+    sources: list[str] = []
     parent = ROOT
     for depth in range(k):
         match = longest_match(tables, suffix, max_n)
         if match is None:
             break
-        continuations, n = match
+        continuations, n, index = match
         branch = continuations[:width] if depth == 0 else continuations[:1]
         chain_parent = parent
         for position, token in enumerate(branch):
             tokens.append(token)
             parents.append(chain_parent)
             levels.append(n)
+            sources.append(TABLES[index])
             if position == 0:
                 parent = len(tokens) - 1
         suffix = (suffix + [branch[0]])[-(max_n - 1):]
-    return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels))
+    return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(sources))
 
 
 # --- validation shared by every implementation (same errors embedded and over gRPC) ---------------
@@ -139,3 +197,10 @@ def check_update(tokens: Sequence[int], start: int) -> None:
     if not 0 <= start <= len(tokens):
         raise InvalidArgument(f"start must be in [0, {len(tokens)}], got {start}")
     check_tokens(tokens, "tokens")
+
+
+def check_branches(branches: Sequence[Sequence[int]]) -> None:
+    for i, branch in enumerate(branches):
+        if len(branch) < 2:
+            raise InvalidArgument(f"branches[{i}] has {len(branch)} tokens; a branch needs at least 2")
+        check_tokens(branch, f"branches[{i}]")

@@ -7,13 +7,14 @@ from typing import Sequence
 from specpipe.types import ROOT, Draft
 
 
-def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[int]]:
+def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[tuple[int, int]]]:
     """Merge deterministic drafts into one token tree (a trie: shared prefixes become one path),
     earlier drafts first, at most max_nodes nodes; a node that does not fit drops its subtree.
-    Returns the tree and, per node, the index of the draft that first contributed it."""
+    Returns the tree and, per node, its origin: (index of the draft that first contributed it,
+    node index in that draft)."""
     tokens: list[int] = []
     parents: list[int] = []
-    sources: list[int] = []
+    origins: list[tuple[int, int]] = []
     index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
     for source, draft in enumerate(drafts):
         mapped: dict[int, int | None] = {ROOT: ROOT}
@@ -30,6 +31,18 @@ def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[i
                 index[key] = len(tokens)
                 tokens.append(token)
                 parents.append(merged_parent)
-                sources.append(source)
+                origins.append((source, node))
             mapped[node] = index[key]
-    return Draft(tuple(tokens), tuple(parents)), sources
+    return Draft(tuple(tokens), tuple(parents)), origins
+
+
+def first_path(draft: Draft) -> list[int]:
+    """The tokens of the path that follows each node's first child from the root: the chain of a
+    chain draft, the main (most likely) chain of a drafter's tree."""
+    path: list[int] = []
+    parent = ROOT
+    for node, (token, node_parent) in enumerate(zip(draft.tokens, draft.parents)):
+        if node_parent == parent:
+            path.append(token)
+            parent = node
+    return path

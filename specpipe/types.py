@@ -83,12 +83,17 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     max_context: int
     vocab_fingerprint: str
+    methods: tuple[str, ...] = ()  # a drafter's draft methods (DRAFTER_KINDS); () for a verifier
+
+
+DRAFT_SOURCES = ("model", "context", "verifier", "global")  # the small model, then the n-gram store's tables
 
 
 @dataclass(frozen=True)
 class ProposeResult:
     draft: Draft
     draft_ms: float
+    sources: tuple[str, ...] = ()  # [num_nodes] one of DRAFT_SOURCES per node; () = all from the model
 
 
 DRAFTER_KINDS = ("model", "ngram", "hybrid", "none")  # "none" = the verifier alone

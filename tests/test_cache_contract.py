@@ -1,7 +1,8 @@
 """Contract of the NgramCache role: the in-memory store, the Redis store and the gRPC client (over a
-loopback server serving an in-memory store) give identical lookups after identical updates, equal to
-the pure functions of specpipe.ngram, and the same errors. Then what only Redis has to prove: one
-hash tag per session, one round trip per lookup / update, and Unavailable (not a hang) when it is down."""
+loopback server serving an in-memory store) give identical lookups (tokens, levels and sources) after
+identical updates, branch records and global updates, equal to the pure functions of specpipe.ngram,
+and the same errors. Then what only Redis has to prove: one hash tag per session, one round trip per
+lookup / update / record_branches, and Unavailable (not a hang) when it is down."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from redis.crc import key_slot
 
 from cache_service import servicer
 from cache_service.memory import InMemoryNgramCache
-from cache_service.redis_store import RedisNgramCache, connect, session_key
+from cache_service.redis_store import RedisNgramCache, connect, session_key, verifier_key
 from specpipe.errors import InvalidArgument, Unavailable
-from specpipe.ngram import NgramConfig, apply_updates, mln_lookup
+from specpipe.ngram import NgramConfig, apply_branches, apply_updates, mln_lookup
 from specpipe.rpc.cache_client import CacheClient
 from specpipe.rpc.server import ServerConfig, serve
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
@@ -56,30 +57,37 @@ def cache(make_cache):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_lookups_equal_the_pure_functions(make_cache, seed):
-    """Random token streams over a small vocabulary (many hits, many LRU evictions), two sessions and
-    global updates; every lookup equals mln_lookup over the reference tables."""
-    config = NgramConfig(max_n=4 + seed % 2, max_continuations=2 + seed)
+    """Random token streams over a small vocabulary (many hits, many LRU evictions), two sessions,
+    verifier branches and global updates (a full global table for seeds 1 and 2); every lookup
+    equals mln_lookup over the reference tables."""
+    config = NgramConfig(max_n=4 + seed % 2, max_continuations=2 + seed, max_global_prefixes=(1 << 20, 12, 4)[seed])
     cache, rng = make_cache(config), random.Random(seed)
-    sessions = {session(): ([], {}) for _ in range(2)}  # id -> (context, reference table)
+    sessions = {session(): ([], {}, {}) for _ in range(2)}  # id -> (context, context table, verifier table)
     global_table: dict = {}
-    for _ in range(60):
+    for _ in range(80):
         sid = rng.choice(list(sessions))
-        context, table = sessions[sid]
+        context, table, verifier_table = sessions[sid]
         action = rng.random()
-        if action < 0.4:
+        if action < 0.35:
             new = [rng.randrange(6) for _ in range(rng.randint(0, 5))]
             tokens = context[len(context) - min(len(context), rng.randint(0, 6)):] + new
             start = len(tokens) - len(new)
             assert cache.update(sid, tokens, start) == apply_updates(table, tokens, start, config)
             context.extend(new)
-        elif action < 0.5:
+        elif action < 0.45:
+            branches = [[rng.randrange(6) for _ in range(rng.randint(2, 7))] for _ in range(rng.randint(0, 3))]
+            assert cache.record_branches(sid, branches) == apply_branches(verifier_table, branches, config)
+        elif action < 0.55:
             tokens = [rng.randrange(6) for _ in range(rng.randint(0, 8))]
-            assert cache.update_global(tokens) == apply_updates(global_table, tokens, 0, config)
+            expected = apply_updates(global_table, tokens, 0, config, config.max_global_prefixes)
+            assert cache.update_global(tokens) == expected
         else:
             k, width = rng.randint(0, 8), rng.randint(1, 3)
-            expected = mln_lookup([table, global_table], context, k, width, config.max_n)
+            expected = mln_lookup([table, verifier_table, global_table], context, k, width, config.max_n)
             assert cache.lookup(sid, context, k, width) == expected
-    assert any(len(cache.lookup(sid, ctx, 8, 2).draft) for sid, (ctx, _) in sessions.items())
+    assert len(global_table) <= config.max_global_prefixes
+    lookups = [cache.lookup(sid, ctx, 8, 2) for sid, (ctx, _, _) in sessions.items()]
+    assert any(len(result.draft) for result in lookups)
 
 
 def test_sessions_are_isolated(cache):
@@ -93,20 +101,49 @@ def test_release(cache):
     sid = session()
     assert cache.release(sid) is False
     assert cache.update(sid, [1, 2], 2) == 0 and cache.release(sid) is False  # nothing recorded: no session
+    assert cache.record_branches(sid, []) == 0 and cache.release(sid) is False
     assert cache.update(sid, [1, 2, 3], 0) == 3
-    assert cache.release(sid) is True
-    assert cache.lookup(sid, [1, 2], 2, 1).draft.tokens == ()
+    assert cache.record_branches(sid, [[5, 6]]) == 1
+    assert cache.release(sid) is True  # both tables
+    assert cache.lookup(sid, [1, 2], 2, 1).draft.tokens == () and cache.lookup(sid, [5], 1, 1).draft.tokens == ()
     assert cache.release(sid) is False
+    assert cache.record_branches(sid, [[5, 6]]) == 1 and cache.release(sid) is True  # a verifier table alone
 
 
-def test_global_table_is_the_fallback(cache):
-    a, b = session(), session()
-    assert cache.update_global([1, 2, 3, 5]) == 6
-    assert cache.lookup(b, [1, 2], 2, 1).draft.tokens == (3, 5)
-    cache.update(a, [2, 9], 0)
-    result = cache.lookup(a, [1, 2], 2, 1)
-    assert result.draft.tokens == (9,) and result.levels == (2,)  # the session's bigram beats a global trigram
-    assert cache.lookup(b, [1, 2], 1, 1).levels == (3,)
+def test_record_branches(cache):
+    sid = session()
+    # With N = 5: 9 after (4,), (3, 4), (2, 3, 4), (1, 2, 3, 4) (the leading 0 is beyond N-1); 7 after (4,).
+    assert cache.record_branches(sid, [[0, 1, 2, 3, 4, 9], [4, 7]]) == 5
+    result = cache.lookup(sid, [1, 2, 3, 4], 1, 1)
+    assert (result.draft.tokens, result.levels, result.sources) == ((9,), (5,), ("verifier",))
+    result = cache.lookup(sid, [8, 4], 1, 2)  # LRU: the later branch's 7 first
+    assert (result.draft.tokens, result.levels, result.sources) == ((7, 9), (2, 2), ("verifier", "verifier"))
+    assert cache.lookup(session(), [1, 2, 3, 4], 1, 1).draft.tokens == ()  # the verifier table is per session
+
+
+def test_tables_in_priority_order_with_sources(cache):
+    sid, other = session(), session()
+    cache.update_global([1, 2, 3, 5])
+    cache.update(sid, [3, 4], 0)
+    cache.record_branches(sid, [[4, 8], [2, 3, 6]])
+    result = cache.lookup(sid, [1, 2], 3, 1)
+    # (1, 2) only in the global table; then the context's (3,) beats the verifier's (2, 3); then (4,) in
+    # the verifier table only.
+    assert result.draft.tokens == (3, 4, 8) and result.levels == (3, 2, 2)
+    assert result.sources == ("global", "context", "verifier")
+    cache.record_branches(other, [[7, 3, 6]])
+    result = cache.lookup(other, [2, 3], 1, 1)  # the verifier's bigram beats a global trigram
+    assert (result.draft.tokens, result.levels, result.sources) == ((6,), (2,), ("verifier",))
+
+
+def test_global_table_is_bounded_in_prefixes(make_cache):
+    cache, sid = make_cache(NgramConfig(max_n=3, max_global_prefixes=3)), session()
+    assert cache.update_global([1, 2, 3]) == 3  # (1,), (2,), (1, 2): full
+    assert cache.update_global([1, 5, 4]) == 1  # (1,) -> 5 learns; (5,) and (1, 5) are new: dropped
+    result = cache.lookup(sid, [1], 2, 2)
+    assert (result.draft.tokens, result.sources) == ((5, 2), ("global",) * 2)  # nothing after (1, 5) or (5,)
+    assert cache.lookup(sid, [2], 1, 1).draft.tokens == (3,)
+    assert cache.update(sid, [5, 4, 6, 7], 0) == 5  # session tables are not bounded
 
 
 def test_draft_len_is_clipped(cache):
@@ -116,15 +153,22 @@ def test_draft_len_is_clipped(cache):
 
 
 def test_sessions_expire_after_their_ttl(make_cache):
-    cache, sid = make_cache(NgramConfig(session_ttl_s=1.5)), session()  # margins of >= 0.6 s either way
+    """Both session tables share one TTL, refreshed by an update of either (margins of >= 0.6 s)."""
+    cache, sid = make_cache(NgramConfig(session_ttl_s=1.5)), session()
     cache.update(sid, [1, 2, 3], 0)
+    cache.record_branches(sid, [[5, 6]])
     cache.update_global([1, 2, 4])
     time.sleep(0.9)
-    cache.update(sid, [2, 3], 2)  # nothing new, but refreshes the TTL
-    time.sleep(0.9)  # 1.8 s after the first update: alive thanks to the refresh
+    cache.update(sid, [2, 3], 2)  # nothing new, but refreshes the TTL of both tables
+    time.sleep(0.9)  # 1.8 s after the first updates: alive thanks to the refresh
     assert cache.lookup(sid, [1, 2], 1, 1).draft.tokens == (3,)
-    time.sleep(2.1)
+    assert cache.lookup(sid, [5], 1, 1).draft.tokens == (6,)
+    cache.record_branches(sid, [[5, 6]])  # refreshes the context table too
+    time.sleep(0.9)
+    assert cache.lookup(sid, [1, 2], 1, 1).draft.tokens == (3,)
+    time.sleep(1.2)
     assert cache.lookup(sid, [1, 2], 1, 1).draft.tokens == (4,)  # the global table does not expire
+    assert cache.lookup(sid, [5], 1, 1).draft.tokens == ()
     assert cache.release(sid) is False
 
 
@@ -137,6 +181,11 @@ BAD_CALLS = [
     ("update: negative token", "update", ("s", [1, -5], 0), "token id -5"),
     ("update: start < 0", "update", ("s", [1, 2], -1), "start"),
     ("update: start > len", "update", ("s", [1, 2], 3), "start"),
+    ("record_branches: empty session id", "record_branches", ("", [[1, 2]]), "session_id"),
+    ("record_branches: no branches, empty session id", "record_branches", ("", []), "session_id"),
+    ("record_branches: a 1-token branch", "record_branches", ("s", [[1, 2], [3]]), r"branches\[1\] has 1 token"),
+    ("record_branches: an empty branch", "record_branches", ("s", [[]]), r"branches\[0\] has 0 tokens"),
+    ("record_branches: negative token", "record_branches", ("s", [[1, -7]]), "token id -7"),
     ("update_global: negative token", "update_global", ([3, -1],), "token id -1"),
     ("release: empty session id", "release", ("",), "session_id"),
 ]
@@ -155,17 +204,18 @@ def test_a_session_lives_under_one_hash_tag(redis_url):  # noqa: F811
     cache = RedisNgramCache.from_url(redis_url)
     for sid in ("alpha", "beta"):
         cache.update(sid, [1, 2, 3, 4, 5, 6], 0)
+    cache.record_branches("alpha", [[1, 2, 7]])
     cache.update_global([1, 2, 3])
     keys = sorted(k.decode() for k in connect(redis_url).keys("*"))
-    assert keys == ["{g}:ngram", "{s:alpha}:ngram", "{s:beta}:ngram"]
-    assert key_slot(session_key("alpha").encode()) == key_slot(b"{s:alpha}")
+    assert keys == ["{g}:ngram", "{s:alpha}:ngram", "{s:alpha}:verifier", "{s:beta}:ngram"]
+    assert key_slot(session_key("alpha").encode()) == key_slot(verifier_key("alpha").encode()) == key_slot(b"{s:alpha}")
 
 
 def _evalsha_calls(client) -> int:
     return client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
 
 
-def test_one_round_trip_per_lookup_and_update(redis_url):  # noqa: F811
+def test_one_round_trip_per_lookup_update_and_record_branches(redis_url):  # noqa: F811
     cache, stats = RedisNgramCache.from_url(redis_url), connect(redis_url)
     sid = session()
     tokens = [random.Random(3).randrange(4) for _ in range(200)]
@@ -179,6 +229,11 @@ def test_one_round_trip_per_lookup_and_update(redis_url):  # noqa: F811
     assert len(result.draft) >= 7 and sent == ["EVALSHA"] and _evalsha_calls(stats) == before + 1
     assert cache.update(sid, tokens + [1, 2, 3], 200) == 12
     assert sent == ["EVALSHA"] * 2 and _evalsha_calls(stats) == before + 2
+    branches = [tokens[i:i + 5] + [9] for i in range(0, 40, 4)]  # 10 branches of 6 tokens, 4 pairs each
+    assert cache.record_branches(sid, branches) == 40
+    assert sent == ["EVALSHA"] * 3 and _evalsha_calls(stats) == before + 3
+    assert cache.record_branches(sid, []) == 0  # nothing to record: no round trip
+    assert sent == ["EVALSHA"] * 3
 
 
 def test_redis_down_is_unavailable_not_a_hang():

@@ -4,6 +4,7 @@ requests; cancelling a stream releases its sessions; `specpipe up` runs and stop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import queue
@@ -180,14 +181,25 @@ def read_until(proc, pattern: str, timeout_s: float) -> list[str]:
     raise AssertionError(f"no {pattern!r} from `specpipe up` (rc {proc.poll()}); stdout so far: {seen}")
 
 
-def test_specpipe_up_serves_and_stops_on_sigint(tmp_path):
+@contextlib.contextmanager
+def specpipe_up(tmp_path, *flags: str):
+    """`specpipe up --preset tiny` on free ports in a child process; yields (process, its output up to
+    the "ready" line); kills it if the test left it running."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "specpipe.cli.main", "up", "--preset", "tiny", "--base-port", "0",
-         "--log-dir", str(tmp_path), "--log-level", "WARNING"],
+         "--log-dir", str(tmp_path), "--log-level", "WARNING", *flags],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        lines = read_until(proc, r"specpipe up: ready", timeout_s=240)
+        yield proc, read_until(proc, r"specpipe up: ready", timeout_s=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_specpipe_up_serves_and_stops_on_sigint(tmp_path):
+    with specpipe_up(tmp_path) as (proc, lines):
         table = {line.split()[0]: line.split()[1] for line in lines if line.split()[:1] and
                  line.split()[0] in ("orchestrator", "verifier", "drafter")}
         assert set(table) == {"orchestrator", "verifier", "drafter"}
@@ -198,9 +210,5 @@ def test_specpipe_up_serves_and_stops_on_sigint(tmp_path):
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0, proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     for role in ("verifier", "drafter", "orchestrator"):  # the children are gone too
         assert "listening on" in (tmp_path / f"{role}.out").read_text()

@@ -1,6 +1,10 @@
-"""Golden tests for n-gram and hybrid drafting, with both n-gram store backends (tiny preset):
-speculative greedy output == verifier-only greedy generate(); a store that dies mid-generation
-changes nothing; two drafter replicas sharing one Redis draft the same from the same context."""
+"""Golden tests for n-gram and hybrid drafting (tiny preset): embedded with the in-memory and the
+Redis store, and distributed (verifier and drafter services over gRPC, the drafter service drafting
+from Redis, the orchestrator wired by the CLI's remote_generator): speculative greedy output ==
+verifier-only greedy generate(). A store that dies mid-generation changes nothing; two drafter
+replicas sharing one Redis draft the same from the same context."""
+
+import contextlib
 
 import pytest
 
@@ -9,6 +13,8 @@ from cache_service.redis_store import RedisNgramCache
 from drafter_service.hybrid import HybridDrafter
 from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
+from specpipe.presets import model_specs
+from specpipe.rpc.server import ServerConfig, serve
 from specpipe.types import GREEDY, GenerationRequest, SpeculationOptions
 from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
@@ -22,15 +28,36 @@ def generator_with(cache, tokenizer, verifier, model_drafter) -> Generator:
     return Generator(tokenizer, verifier, drafters, cache=cache)
 
 
-@pytest.fixture(scope="module", params=["memory", "redis"])
+@contextlib.contextmanager
+def distributed_generator(redis_url, verifier, model_drafter):
+    """Verifier and drafter services on loopback; the drafter serves model, ngram and hybrid from Redis."""
+    from drafter_service import servicer as drafter_servicer
+    from specpipe.cli.wiring import build_drafters, remote_generator
+    from verifier_service import servicer as verifier_servicer
+
+    config = ServerConfig(host="127.0.0.1", port=0, grace_s=1.0)
+    drafter_store = RedisNgramCache.from_url(redis_url)
+    drafters = build_drafters(("model", "ngram", "hybrid"), drafter_store, model_drafter, model_drafter.info())
+    with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
+            serve([drafter_servicer.service(drafters)], config) as drafter_server:
+        generator = remote_generator(model_specs("tiny")[0], verifier_server.address, drafter_server.address,
+                                     SpeculationOptions(), cache_url=redis_url)
+        assert all(type(generator.drafters[kind]).__name__ == "DrafterClient" for kind in ("model", "ngram", "hybrid"))
+        yield generator
+    drafter_store.close()
+
+
+@pytest.fixture(scope="module", params=["memory", "redis", "grpc+redis"])
 def generator(request, tiny_tokenizer, tiny_verifier, tiny_drafter):
     if request.param == "memory":
         yield generator_with(InMemoryNgramCache(), tiny_tokenizer, tiny_verifier, tiny_drafter)
-    else:
-        url = request.getfixturevalue("redis_url")
-        cache = RedisNgramCache.from_url(url)
+    elif request.param == "redis":
+        cache = RedisNgramCache.from_url(request.getfixturevalue("redis_url"))
         yield generator_with(cache, tiny_tokenizer, tiny_verifier, tiny_drafter)
         cache.close()
+    else:
+        with distributed_generator(request.getfixturevalue("redis_url"), tiny_verifier, tiny_drafter) as generator:
+            yield generator
 
 
 @pytest.fixture(scope="module")

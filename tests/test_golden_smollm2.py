@@ -42,7 +42,7 @@ def smollm2_grpc(smollm2):
     generator, verifier = smollm2
     config = ServerConfig(grace_s=1.0)
     with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
-            serve([drafter_servicer.service(generator.drafters["model"])], config) as drafter_server, \
+            serve([drafter_servicer.service({"model": generator.drafters["model"]})], config) as drafter_server, \
             VerifierClient(verifier_server.address) as verifier_client, \
             DrafterClient(drafter_server.address) as drafter_client:
         yield Generator(generator.tokenizer, verifier_client, {"model": drafter_client}), verifier

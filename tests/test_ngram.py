@@ -1,11 +1,23 @@
-"""The n-gram semantics (specpipe.ngram) on literal tiny cases: updates, LRU per prefix, and the
-Multi-Level N-gram lookup (ANPD Algorithm 2: longest suffix first, fall back to shorter)."""
+"""The n-gram semantics (specpipe.ngram) on literal tiny cases: updates, LRU per prefix, the prefix
+bound of the global table, the verifier's branches, and the Multi-Level N-gram lookup (ANPD
+Algorithm 2: longest suffix first, fall back to shorter; tables in priority order, with sources)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specpipe.ngram import NgramConfig, apply_updates, mln_lookup, ngram_updates, record
+from specpipe.ngram import (
+    NgramConfig,
+    apply_branches,
+    apply_updates,
+    branch_updates,
+    mln_lookup,
+    ngram_updates,
+    record,
+    record_all,
+    verifier_branches,
+)
+from specpipe.types import Draft
 
 
 @pytest.mark.parametrize("tokens, start, max_n, expected", [
@@ -33,6 +45,57 @@ def test_apply_updates_counts_pairs():
     assert table[(1,)] == [3, 2] and table[(2, 1)] == [3] and table[(1, 2)] == [1]
 
 
+def test_record_all_bounds_new_prefixes_only():
+    table = {(1,): [2]}
+    updates = [((1,), 3), ((4,), 5), ((1,), 6), ((7,), 8)]
+    assert record_all(table, updates, max_continuations=4, max_prefixes=2) == 3
+    assert table == {(1,): [6, 3, 2], (4,): [5]}  # (7,) came when the table was full: dropped
+    assert record_all(table, [((7,), 8)], max_continuations=4) == 1  # None = unbounded
+
+
+def test_apply_updates_with_a_prefix_bound():
+    table = {}
+    assert apply_updates(table, [1, 2, 3], 0, NgramConfig(max_n=3), max_prefixes=2) == 2
+    assert table == {(1,): [2], (2,): [3]}
+
+
+@pytest.mark.parametrize("branches, max_n, expected", [
+    ([(1, 2, 3)], 5, [((2,), 3), ((1, 2), 3)]),
+    ([(0, 1, 2, 3, 4, 9)], 3, [((4,), 9), ((3, 4), 9)]),   # only the last N-1 tokens before it
+    ([(4, 7), (6, 8)], 5, [((4,), 7), ((6,), 8)]),
+    ([], 5, []),
+], ids=["one branch", "N bounds the prefix", "two branches", "none"])
+def test_branch_updates(branches, max_n, expected):
+    assert branch_updates(branches, max_n) == expected
+
+
+def test_apply_branches_is_lru_per_prefix():
+    table = {}
+    assert apply_branches(table, [(1, 4, 5), (4, 6)], NgramConfig(max_continuations=1)) == 3
+    assert table == {(4,): [6], (1, 4): [5]}
+
+
+CHAIN = Draft.chain((5, 6, 7))
+TREE = Draft((5, 6, 8), (-1, -1, 0))  # 5 and 6 at depth 1, 8 after 5
+
+
+@pytest.mark.parametrize("draft, accepted, node_argmax, max_n, expected", [
+    (CHAIN, (0, 1, 2), (5, 6, 7, 8), 5, []),
+    (CHAIN, (), (9, 6, 3, 4), 5, [(1, 2, 5, 6), (1, 2, 5, 6, 3), (2, 5, 6, 7, 4)]),
+    (CHAIN, (0,), (5, 6, 4, 8), 5, [(1, 2, 5, 6, 4), (2, 5, 6, 7, 8)]),
+    (TREE, (1,), (6, 7, 9, 2), 5, [(1, 2, 5, 7), (1, 2, 5, 8, 2)]),
+    (TREE, (), (3, 7, 9, 2), 2, [(5, 7), (6, 9), (8, 2)]),
+    (Draft(), (), (3,), 5, []),
+], ids=["all accepted", "first-token mismatch", "one accepted", "tree, the other sibling won",
+        "N = 2", "empty draft"])
+def test_verifier_branches(draft, accepted, node_argmax, max_n, expected):
+    assert verifier_branches([1, 2], draft, accepted, node_argmax, max_n) == expected
+
+
+def test_verifier_branches_with_a_short_context():
+    assert verifier_branches([], CHAIN, (), (9, 6, 3, 4)) == [(5, 6), (5, 6, 3), (5, 6, 7, 4)]
+
+
 LEVELS_TABLE = {(1,): [9], (2,): [8], (1, 2): [7]}
 
 
@@ -46,6 +109,7 @@ LEVELS_TABLE = {(1,): [9], (2,): [8], (1, 2): [7]}
 def test_mln_lookup_levels(context, tokens, levels):
     result = mln_lookup([LEVELS_TABLE], context, k=1, width=1)
     assert (result.draft.tokens, result.levels) == (tokens, levels)
+    assert result.sources == ("context",) * len(tokens)
     assert result.draft.q is None and result.draft.is_chain
 
 
@@ -71,11 +135,16 @@ def test_tree_width_at_the_first_step_only():
     assert wide.draft.tokens == (5, 6, 7) and wide.draft.parents == (-1, -1, -1)
 
 
-def test_session_tables_before_the_global_table():
-    session, global_table = {(2,): [8]}, {(1, 2): [7], (8,): [6]}
-    both = mln_lookup([session, global_table], [1, 2], k=2, width=1)
-    assert both.draft.tokens == (8, 6) and both.levels == (2, 2)  # the session's bigram beats a global trigram
-    assert mln_lookup([{}, global_table], [1, 2], k=1, width=1).draft.tokens == (7,)
+def test_tables_in_priority_order():
+    context, verifier, global_table = {(2,): [8]}, {(8,): [6], (1, 2): [5]}, {(1, 2): [7], (6,): [4], (8,): [3]}
+    result = mln_lookup([context, verifier, global_table], [1, 2], k=3, width=1)
+    # The context's bigram beats a verifier and a global trigram; the verifier's (8,) beats the global one.
+    assert result.draft.tokens == (8, 6, 4) and result.levels == (2, 2, 2)
+    assert result.sources == ("context", "verifier", "global")
+    result = mln_lookup([{}, {}, global_table], [1, 2], k=1, width=1)
+    assert (result.draft.tokens, result.sources) == ((7,), ("global",))
+    with pytest.raises(ValueError):
+        mln_lookup([{}, {}, {}, {}], [1], k=1, width=1)
 
 
 def test_max_n_bounds_the_suffix():
@@ -83,6 +152,7 @@ def test_max_n_bounds_the_suffix():
     assert mln_lookup([table], [1, 2], k=1, width=1, max_n=2).draft.tokens == (8,)
 
 
-def test_config_is_validated():
+@pytest.mark.parametrize("bad", [{"max_n": 1}, {"max_global_prefixes": 0}])
+def test_config_is_validated(bad):
     with pytest.raises(ValueError):
-        NgramConfig(max_n=1)
+        NgramConfig(**bad)

@@ -49,13 +49,17 @@ def run(args: argparse.Namespace) -> int:
     unknown = [k for k in kinds if k not in DRAFTER_KINDS]
     if unknown:
         raise InvalidArgument(f"unknown drafters {unknown}; choose from {', '.join(DRAFTER_KINDS)}")
+    if args.cache != "memory":
+        raise InvalidArgument("bench gives each method a fresh in-memory n-gram store (so no method drafts from "
+                              "outputs another learned); leave --cache at memory")
     generator = embedded_generator(args, kinds)
     prompts = [(p.id, generator.encode(messages=p.messages)) for p in load_suite(args.suite, args.limit)]
     methods = {}
     for kind in kinds:
         speculation = replace(options.speculation_options(args), drafter=kind)
-        methods[f"specpipe {kind} k={speculation.draft_len} width={speculation.width}"] = speculation
-    summaries = benchmark(generator, generator.verifier.model, prompts, args.max_new_tokens, methods)
+        methods[f"specpipe {kind} k={speculation.draft_len} width={speculation.width}"] = \
+            (with_fresh_store(generator, kind), speculation)
+    summaries = benchmark(generator.verifier.model, generator.info.eos_token_ids, prompts, args.max_new_tokens, methods)
     print(markdown_table(summaries))
     ok = all(s.identical == s.prompts for s in summaries)
     print("lossless check: every output is identical to the verifier-only output" if ok else
@@ -69,3 +73,16 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json_file, "w") as f:
             json.dump(to_json(summaries, meta), f, indent=1)
     return 0 if ok else 1
+
+
+def with_fresh_store(generator, kind: str):
+    """The generator's models with the drafters of kind over a new, empty in-memory n-gram store."""
+    from cache_service.memory import InMemoryNgramCache
+    from orchestrator.generator import Generator
+    from specpipe.cli.wiring import build_drafters
+
+    if kind not in ("ngram", "hybrid"):
+        return generator
+    store = InMemoryNgramCache()
+    drafters = build_drafters((kind,), store, generator.drafters.get("model"), generator.info)
+    return Generator(generator.tokenizer, generator.verifier, drafters, generator.defaults, store)

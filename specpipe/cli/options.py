@@ -24,9 +24,11 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drafter", default="model", choices=DRAFTER_KINDS,
                        help="draft source: the small model, the n-gram store, both merged into one tree, or none "
                        "(the verifier alone) (default: %(default)s)")
-    group.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE", "memory"), metavar="memory|redis://...",
-                       help="n-gram store: in this process, or a Redis URL (redis://[:password@]host:port/db, "
-                       "rediss:// for TLS) shared by every replica (default: %(default)s; env SPECPIPE_CACHE)")
+    group.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE", "memory"), metavar="URL",
+                       help="n-gram store: memory (this process), redis (`specpipe up` only: starts a local "
+                       "redis-server), redis://[:password@]host:port/db, rediss://... (TLS) or grpc://host:port "
+                       "(a cache service); all but memory are shared by every replica (default: %(default)s; "
+                       "env SPECPIPE_CACHE)")
     group.add_argument("--draft-len", type=int, default=4, metavar="K", help="draft depth per round (default: %(default)s)")
     group.add_argument("--width", type=int, default=1, help="tree width at the first draft levels; 1 = chain (default: %(default)s)")
 

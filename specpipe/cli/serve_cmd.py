@@ -1,4 +1,4 @@
-"""`specpipe serve verifier|drafter|orchestrator`: one service in this process (what a container runs).
+"""`specpipe serve verifier|drafter|orchestrator|cache`: one service in this process (what a container runs).
 
 Prints one line once the service is SERVING:
     specpipe serve verifier: listening on 127.0.0.1:50052 (metrics port 50152)
@@ -14,12 +14,13 @@ import sys
 from specpipe.cli import options
 from specpipe.errors import InvalidArgument
 
-DEFAULT_PORTS = {"orchestrator": 50051, "verifier": 50052, "drafter": 50053}
+DEFAULT_PORTS = {"orchestrator": 50051, "verifier": 50052, "drafter": 50053, "cache": 50054}
 READY_RE = re.compile(r"^specpipe serve (\w+): listening on (\S+):(\d+) \(metrics port (\d+|off)\)$")
 HELP = {
     "verifier": "the large model: prefill, verify drafts (tree attention), per-session KV cache",
     "drafter": "the small model: propose draft chains / trees",
     "orchestrator": "the public Generation API, driving a remote verifier and drafter",
+    "cache": "the n-gram store over gRPC (in this process's memory, or fronting Redis)",
 }
 
 
@@ -31,7 +32,14 @@ def register(subparsers) -> None:
     for role in DEFAULT_PORTS:
         sub = roles.add_parser(role, help=HELP[role], description=HELP[role])
         _add_server_args(sub, DEFAULT_PORTS[role])
-        options.add_model_args(sub)
+        if role != "cache":
+            options.add_model_args(sub)
+        if role in ("drafter", "cache"):
+            sub.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE") if role == "drafter" else "memory",
+                             metavar="URL", help="n-gram store: memory, redis://..., rediss://... or grpc://host:port. "
+                             "A drafter given one also serves the ngram and hybrid draft methods; it must be the "
+                             "store the orchestrator feeds (default: %(default)s; env SPECPIPE_CACHE)"
+                             if role == "drafter" else "the store to serve (default: %(default)s)")
         if role == "orchestrator":
             group = sub.add_argument_group("peers")
             group.add_argument("--verifier-addr", default=os.environ.get("SPECPIPE_VERIFIER_ADDR"),
@@ -72,9 +80,20 @@ def _verifier(args: argparse.Namespace):
 def _drafter(args: argparse.Namespace):
     from drafter_service.model_drafter import ModelDrafter
     from drafter_service.servicer import service
+    from specpipe.cli.wiring import build_drafters, ngram_cache
     from specpipe.presets import model_specs
 
-    return service(ModelDrafter.load(model_specs(args.preset, args.verifier, args.draft_model)[1], args.device))
+    model = ModelDrafter.load(model_specs(args.preset, args.verifier, args.draft_model)[1], args.device)
+    if not args.cache:
+        return service({"model": model})
+    return service(build_drafters(("model", "ngram", "hybrid"), ngram_cache(args.cache), model, model.info()))
+
+
+def _cache(args: argparse.Namespace):
+    from cache_service.servicer import service
+    from specpipe.cli.wiring import ngram_cache
+
+    return service(ngram_cache(args.cache))
 
 
 def _orchestrator(args: argparse.Namespace):
@@ -89,7 +108,7 @@ def _orchestrator(args: argparse.Namespace):
     return service(generator)
 
 
-BUILDERS = {"verifier": _verifier, "drafter": _drafter, "orchestrator": _orchestrator}
+BUILDERS = {"verifier": _verifier, "drafter": _drafter, "orchestrator": _orchestrator, "cache": _cache}
 
 
 def check_peers(args: argparse.Namespace) -> None:
@@ -108,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if args.role == "orchestrator":
         check_peers(args)  # before anything heavy
     logs.configure(args.log_level, json=args.log_format == "json")
-    options.set_threads(args.threads)
+    options.set_threads(getattr(args, "threads", 0))
     handle = serve([BUILDERS[args.role](args)], ServerConfig(
         host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=args.max_workers,
     ))

@@ -1,6 +1,8 @@
 """`specpipe up`: verifier, drafter and orchestrator, each its own process on loopback (DESIGN
 section 7, shape 2). With --pin each gets its own CPU core, the stand-in for one accelerator per
-service (DESIGN section 10). Ctrl-C / SIGTERM stops all of them: SIGTERM, then SIGKILL after a grace.
+service (DESIGN section 10). With --cache redis a private redis-server (no persistence) is started
+first and is the n-gram store of the orchestrator and the drafter. Ctrl-C / SIGTERM stops all of
+them: SIGTERM, then SIGKILL after a grace; the redis-server last.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from cache_service import local_redis
 from specpipe.cli import options
 from specpipe.errors import SpecpipeError, Unavailable
 from specpipe.presets import DEFAULT_PRESET, PRESETS
@@ -26,6 +29,7 @@ METRICS_OFFSET = 100
 HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 TAIL_LINES = 20
+LOCAL_REDIS = "redis"  # --cache redis: start a local redis-server (cache_service.local_redis)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class UpConfig:
     log_dir: pathlib.Path
     log_level: str
     speculation: tuple[str, ...]  # orchestrator flags: --drafter ... --draft-len ... --width ...
+    cache: str                    # --cache: memory, redis (a local redis-server) or a store URL
 
 
 @dataclass
@@ -91,8 +96,8 @@ def _up(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
         log_level=args.log_level,
-        speculation=("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width),
-                     "--cache", args.cache),
+        speculation=("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width)),
+        cache=args.cache,
     )
     config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
@@ -101,21 +106,32 @@ def _up(args: argparse.Namespace) -> int:
 
     cores = _cores(config)
     children: dict[str, Child] = {}
+    redis: local_redis.LocalRedis | None = None
     try:
+        cache_url = config.cache
+        if cache_url == LOCAL_REDIS:
+            redis = local_redis.start()
+            cache_url = redis.url
+        # The drafter serves the ngram / hybrid methods from the store the orchestrator feeds; with the
+        # orchestrator's private memory store there is none to share, so the drafter gets no --cache.
+        store = () if cache_url == "memory" else ("--cache", cache_url)
         for role in ("verifier", "drafter"):
-            children[role] = _start(role, config, cores.get(role), ())
+            children[role] = _start(role, config, cores.get(role), store if role == "drafter" else ())
         for role in ("verifier", "drafter"):
             _wait_serving(children[role], config.startup_timeout_s, stop)
         peers = ("--verifier-addr", children["verifier"].address, "--drafter-addr", children["drafter"].address)
-        children["orchestrator"] = _start("orchestrator", config, cores.get("orchestrator"), peers + config.speculation)
+        children["orchestrator"] = _start("orchestrator", config, cores.get("orchestrator"),
+                                          peers + config.speculation + ("--cache", cache_url))
         _wait_serving(children["orchestrator"], config.startup_timeout_s, stop)
         if stop.is_set():
             return 0
-        _print_table(children, config)
+        _print_table(children, config, redis)
         while not stop.wait(0.1):
             for child in children.values():
                 if child.proc.poll() is not None:
                     raise Unavailable(_died(child))
+            if redis is not None and redis.process.poll() is not None:
+                raise Unavailable(f"redis-server on {redis.address} exited with status {redis.process.returncode}")
         print("specpipe up: stopping", file=sys.stderr, flush=True)
         return 0
     except _Stopped:
@@ -125,6 +141,8 @@ def _up(args: argparse.Namespace) -> int:
         return 1
     finally:
         _stop_all(list(children.values())[::-1])
+        if redis is not None:
+            redis.stop()  # last: the services may still write to it while they stop
 
 
 class _Stopped(Exception):
@@ -154,6 +172,7 @@ def _start(role: str, config: UpConfig, core: int | None, extra: tuple[str, ...]
         cmd += ["--draft-model", config.draft_model]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.threads_per_service),
                MKL_NUM_THREADS=str(config.threads_per_service))
+    env.pop("SPECPIPE_CACHE", None)  # the store is the flags': a drafter must not pick one up on its own
     root = str(pathlib.Path(__file__).resolve().parents[2])  # so the children import this checkout
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     stdout_path, stderr_path = config.log_dir / f"{role}.out", config.log_dir / f"{role}.err"
@@ -216,11 +235,13 @@ def _died(child: Child) -> str:
     return f"{child.role} exited with status {child.proc.returncode}; last lines of {child.stderr_path}:\n{tail}"
 
 
-def _print_table(children: dict[str, Child], config: UpConfig) -> None:
-    rows = [("service", "grpc", "metrics", "pid", "core")]
+def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redis.LocalRedis | None) -> None:
+    rows = [("service", "address", "metrics", "pid", "core")]
     for role in ("orchestrator", "verifier", "drafter"):
         c = children[role]
         rows.append((role, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core)))
+    if redis is not None:
+        rows.append(("redis", redis.address, "-", str(redis.process.pid), "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

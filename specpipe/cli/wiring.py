@@ -1,35 +1,47 @@
-"""Builds generators from CLI flags: which implementation each role gets is decided here only."""
+"""Builds generators and drafters from CLI flags: which implementation each role gets is decided here only."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 from specpipe.cli.options import set_threads, speculation_options
-from specpipe.errors import InvalidArgument
+from specpipe.errors import SpecpipeError
 from specpipe.models import load_tokenizer
 from specpipe.presets import model_specs
 
+log = logging.getLogger("specpipe.cli")
+
 
 def ngram_cache(url: str):
-    """The n-gram store named by --cache: "memory" (this process) or a Redis URL (shared)."""
-    if url == "memory":
-        from cache_service.memory import InMemoryNgramCache
+    """The n-gram store named by --cache: memory (this process), redis://... (shared) or grpc://..."""
+    from cache_service.stores import open_store
 
-        return InMemoryNgramCache()
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from cache_service.redis_store import RedisNgramCache
-
-        return RedisNgramCache.from_url(url)
-    raise InvalidArgument(f"--cache must be 'memory' or a redis:// / rediss:// URL, got {url!r}")
+    return open_store(url)
 
 
-def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] | None = None):
-    """Everything in this process: the verifier, the n-gram store and the drafters that
-    drafter_kinds (default: the one --drafter names) need; the small model is loaded only for
-    the model and hybrid drafters."""
+def build_drafters(kinds, store, model_drafter, info) -> dict:
+    """The drafters of kinds over one n-gram store and one model drafter (either may be None when
+    no kind needs it); hybrid = model + n-gram."""
     from drafter_service.hybrid import HybridDrafter
-    from drafter_service.model_drafter import ModelDrafter
     from drafter_service.ngram_drafter import NgramDrafter
+
+    kinds = set(kinds)
+    drafters = {}
+    if kinds & {"model", "hybrid"}:
+        drafters["model"] = model_drafter
+    if kinds & {"ngram", "hybrid"}:
+        drafters["ngram"] = NgramDrafter(store, info)
+    if "hybrid" in kinds:
+        drafters["hybrid"] = HybridDrafter(model_drafter, drafters["ngram"])
+    return drafters
+
+
+def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] | None = None, store=None):
+    """Everything in this process: the verifier, the n-gram store (--cache, or store) and the drafters
+    that drafter_kinds (default: the one --drafter names) need; the small model is loaded only for the
+    model and hybrid drafters."""
+    from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
     from verifier_service.verifier import ModelVerifier
 
@@ -37,32 +49,37 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     kinds = set(drafter_kinds or (args.drafter,))
     verifier_spec, drafter_spec = model_specs(args.preset, args.verifier, args.draft_model)
     verifier = ModelVerifier.load(verifier_spec, args.device)
-    cache = ngram_cache(args.cache) if kinds & {"ngram", "hybrid"} else None  # fed only if drafted from
-    drafters = {}
-    if kinds & {"ngram", "hybrid"}:
-        drafters["ngram"] = NgramDrafter(cache, verifier.info())
-    if kinds & {"model", "hybrid"}:
-        drafters["model"] = ModelDrafter.load(drafter_spec, args.device)
-    if "hybrid" in kinds:
-        drafters["hybrid"] = HybridDrafter(drafters["model"], drafters["ngram"])
-    return Generator(load_tokenizer(verifier_spec), verifier, drafters, speculation_options(args), cache)
+    uses_store = bool(kinds & {"ngram", "hybrid"})
+    if uses_store and store is None:
+        store = ngram_cache(args.cache)
+    model = ModelDrafter.load(drafter_spec, args.device) if kinds & {"model", "hybrid"} else None
+    drafters = build_drafters(kinds, store, model, verifier.info())
+    return Generator(load_tokenizer(verifier_spec), verifier, drafters, speculation_options(args),
+                     store if uses_store else None)  # the store is fed only if drafted from
 
 
 def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
                      cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0):
-    """The orchestrator of a distributed deployment: verifier and model drafter are gRPC clients; the
-    n-gram drafter is a client of the n-gram store (shared when cache_url is Redis).
-    Waits up to connect_timeout_s for the verifier (it may still be loading its model)."""
-    from drafter_service.hybrid import HybridDrafter
-    from drafter_service.ngram_drafter import NgramDrafter
+    """The orchestrator of a distributed deployment: the verifier and the drafter service are gRPC
+    clients. Each draft method the drafter service serves (ModelInfo.methods) goes through it; the
+    n-gram and hybrid methods it does not serve run here, over the n-gram store cache_url, which this
+    orchestrator feeds with every confirmed token (a drafter service drafting n-grams must use the
+    same store). Waits up to connect_timeout_s for the verifier (it may still be loading its model)."""
     from orchestrator.generator import Generator
     from specpipe.rpc.clients import DrafterClient, VerifierClient
 
     verifier = VerifierClient(verifier_addr, timeout_s=rpc_timeout_s)
     verifier.wait_ready(connect_timeout_s)
-    cache = ngram_cache(cache_url)
-    drafters = {"ngram": NgramDrafter(cache, verifier.info())}
+    store = ngram_cache(cache_url)
+    served: dict = {}
     if drafter_addr is not None:
-        drafters["model"] = DrafterClient(drafter_addr, timeout_s=rpc_timeout_s)
-        drafters["hybrid"] = HybridDrafter(drafters["model"], drafters["ngram"])
-    return Generator(load_tokenizer(tokenizer_spec), verifier, drafters, defaults, cache)
+        methods = ("model",)
+        try:
+            with DrafterClient(drafter_addr, timeout_s=rpc_timeout_s) as probe:
+                methods = probe.info().methods or methods
+        except SpecpipeError as err:  # not up yet: assume the small model alone
+            log.warning("drafter service unreachable at start", extra={"error": str(err)})
+        served = {method: DrafterClient(drafter_addr, timeout_s=rpc_timeout_s, method=method) for method in methods}
+    local = build_drafters(("ngram", "hybrid") if "model" in served else ("ngram",), store, served.get("model"),
+                           verifier.info())
+    return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store)

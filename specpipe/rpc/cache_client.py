@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from specpipe import ngram
 from specpipe.ngram import NgramDraft
 from specpipe.rpc import cache_convert
 from specpipe.rpc.clients import _Client, _encoding
@@ -25,6 +26,14 @@ class CacheClient(_Client):
         with _encoding("update request"):
             request = cache_convert.update_request_to_proto(session_id, tokens, start)
         return self._call(self._stub.Update, request).recorded
+
+    def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
+        if not branches:  # the common fully-accepted round: no call, as the stores (same errors)
+            ngram.check_session_id(session_id)
+            return 0
+        with _encoding("record_branches request"):
+            request = cache_convert.record_branches_request_to_proto(session_id, branches)
+        return self._call(self._stub.RecordBranches, request).recorded
 
     def update_global(self, tokens: Sequence[int]) -> int:
         with _encoding("update_global request"):

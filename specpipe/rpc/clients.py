@@ -120,11 +120,12 @@ class VerifierClient(_Client):
 
 
 class DrafterClient(_Client):
-    """specpipe.protocols.Drafter over gRPC."""
+    """specpipe.protocols.Drafter over gRPC: one draft method (ModelInfo.methods) of a drafter service."""
 
-    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False, method: str = ""):
         super().__init__(target, timeout_s, wait_for_ready)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+        self.method = method  # "" = the service's first method
 
     def info(self) -> types.ModelInfo:
         return convert.model_info_from_proto(self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest()))
@@ -139,9 +140,11 @@ class DrafterClient(_Client):
                 draft_len=draft_len,
                 width=width,
                 sampling=convert.sampling_to_proto(sampling),
+                method=self.method,
             )
         reply = self._call(self._stub.Propose, request)
-        return types.ProposeResult(convert.draft_from_proto(reply.draft), reply.draft_ms)
+        return types.ProposeResult(convert.draft_from_proto(reply.draft), reply.draft_ms,
+                                   convert.sources_from_proto(reply.sources))
 
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, verifier_pb2.ReleaseRequest(session_id=session_id)).released

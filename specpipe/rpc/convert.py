@@ -75,6 +75,15 @@ def draft_from_proto(msg: common_pb2.DraftTree) -> types.Draft:
 
 # --- verifier.proto ----------------------------------------------------------------------------
 
+def sources_to_proto(sources: Sequence[str]) -> list[int]:
+    return [types.DRAFT_SOURCES.index(source) + 1 for source in sources]
+
+
+def sources_from_proto(values: Sequence[int]) -> tuple[str, ...]:
+    return tuple(types.DRAFT_SOURCES[value - 1] if 1 <= value <= len(types.DRAFT_SOURCES) else "model"
+                 for value in values)
+
+
 def model_info_to_proto(info: types.ModelInfo) -> verifier_pb2.ModelInfo:
     return verifier_pb2.ModelInfo(
         model_name=info.model_name,
@@ -82,6 +91,7 @@ def model_info_to_proto(info: types.ModelInfo) -> verifier_pb2.ModelInfo:
         eos_token_ids=info.eos_token_ids,
         max_context=info.max_context,
         vocab_fingerprint=info.vocab_fingerprint,
+        methods=info.methods,
     )
 
 
@@ -92,6 +102,7 @@ def model_info_from_proto(msg: verifier_pb2.ModelInfo) -> types.ModelInfo:
         eos_token_ids=tuple(msg.eos_token_ids),
         max_context=msg.max_context,
         vocab_fingerprint=msg.vocab_fingerprint,
+        methods=tuple(msg.methods),
     )
 
 

@@ -21,12 +21,14 @@ class LookupRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., context_suffix: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
 
 class LookupReply(_message.Message):
-    __slots__ = ("draft", "levels")
+    __slots__ = ("draft", "levels", "sources")
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     LEVELS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     draft: _common_pb2.DraftTree
     levels: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., levels: _Optional[_Iterable[int]] = ...) -> None: ...
+    sources: _containers.RepeatedScalarFieldContainer[_common_pb2.DraftSource]
+    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., levels: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.DraftSource, str]]] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "start")
@@ -37,6 +39,20 @@ class UpdateRequest(_message.Message):
     tokens: _containers.RepeatedScalarFieldContainer[int]
     start: int
     def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ...) -> None: ...
+
+class Branch(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RecordBranchesRequest(_message.Message):
+    __slots__ = ("session_id", "branches")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    branches: _containers.RepeatedCompositeFieldContainer[Branch]
+    def __init__(self, session_id: _Optional[str] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ...) -> None: ...
 
 class UpdateGlobalRequest(_message.Message):
     __slots__ = ("tokens",)

@@ -28,8 +28,9 @@ if _version_not_supported:
 
 class CacheStub:
     """The n-gram store (ANPD Multi-Level N-gram, Self-Draft context + corpus caches), shared by every
-    drafter replica. Per-session tables expire a while after their last update; the global (corpus)
-    table is shared by all sessions and is the fallback after a session's own tables.
+    drafter replica. Three tables, looked up in this order: the session's context table (confirmed
+    tokens), its verifier table (the verifier's argmax after draft nodes it did not accept) and the
+    global (corpus) table shared by all sessions. Session tables expire a while after their last update.
     """
 
     def __init__(self, channel):
@@ -48,6 +49,11 @@ class CacheStub:
                 request_serializer=specpipe_dot_v1_dot_cache__pb2.UpdateRequest.SerializeToString,
                 response_deserializer=specpipe_dot_v1_dot_cache__pb2.UpdateReply.FromString,
                 _registered_method=True)
+        self.RecordBranches = channel.unary_unary(
+                '/specpipe.v1.Cache/RecordBranches',
+                request_serializer=specpipe_dot_v1_dot_cache__pb2.RecordBranchesRequest.SerializeToString,
+                response_deserializer=specpipe_dot_v1_dot_cache__pb2.UpdateReply.FromString,
+                _registered_method=True)
         self.UpdateGlobal = channel.unary_unary(
                 '/specpipe.v1.Cache/UpdateGlobal',
                 request_serializer=specpipe_dot_v1_dot_cache__pb2.UpdateGlobalRequest.SerializeToString,
@@ -62,8 +68,9 @@ class CacheStub:
 
 class CacheServicer:
     """The n-gram store (ANPD Multi-Level N-gram, Self-Draft context + corpus caches), shared by every
-    drafter replica. Per-session tables expire a while after their last update; the global (corpus)
-    table is shared by all sessions and is the fallback after a session's own tables.
+    drafter replica. Three tables, looked up in this order: the session's context table (confirmed
+    tokens), its verifier table (the verifier's argmax after draft nodes it did not accept) and the
+    global (corpus) table shared by all sessions. Session tables expire a while after their last update.
     """
 
     def Lookup(self, request, context):
@@ -74,7 +81,14 @@ class CacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Update(self, request, context):
-        """Records confirmed tokens in a session's tables.
+        """Records confirmed tokens in a session's context table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordBranches(self, request, context):
+        """Records branches (each one's last token after the tokens before it) in a session's verifier table.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,6 +120,11 @@ def add_CacheServicer_to_server(servicer, server):
                     request_deserializer=specpipe_dot_v1_dot_cache__pb2.UpdateRequest.FromString,
                     response_serializer=specpipe_dot_v1_dot_cache__pb2.UpdateReply.SerializeToString,
             ),
+            'RecordBranches': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordBranches,
+                    request_deserializer=specpipe_dot_v1_dot_cache__pb2.RecordBranchesRequest.FromString,
+                    response_serializer=specpipe_dot_v1_dot_cache__pb2.UpdateReply.SerializeToString,
+            ),
             'UpdateGlobal': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateGlobal,
                     request_deserializer=specpipe_dot_v1_dot_cache__pb2.UpdateGlobalRequest.FromString,
@@ -126,8 +145,9 @@ def add_CacheServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Cache:
     """The n-gram store (ANPD Multi-Level N-gram, Self-Draft context + corpus caches), shared by every
-    drafter replica. Per-session tables expire a while after their last update; the global (corpus)
-    table is shared by all sessions and is the fallback after a session's own tables.
+    drafter replica. Three tables, looked up in this order: the session's context table (confirmed
+    tokens), its verifier table (the verifier's argmax after draft nodes it did not accept) and the
+    global (corpus) table shared by all sessions. Session tables expire a while after their last update.
     """
 
     @staticmethod
@@ -173,6 +193,33 @@ class Cache:
             target,
             '/specpipe.v1.Cache/Update',
             specpipe_dot_v1_dot_cache__pb2.UpdateRequest.SerializeToString,
+            specpipe_dot_v1_dot_cache__pb2.UpdateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordBranches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specpipe.v1.Cache/RecordBranches',
+            specpipe_dot_v1_dot_cache__pb2.RecordBranchesRequest.SerializeToString,
             specpipe_dot_v1_dot_cache__pb2.UpdateReply.FromString,
             options,
             channel_credentials,

@@ -1,10 +1,24 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class DraftSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DRAFT_SOURCE_UNSPECIFIED: _ClassVar[DraftSource]
+    DRAFT_SOURCE_MODEL: _ClassVar[DraftSource]
+    DRAFT_SOURCE_CONTEXT: _ClassVar[DraftSource]
+    DRAFT_SOURCE_VERIFIER: _ClassVar[DraftSource]
+    DRAFT_SOURCE_GLOBAL: _ClassVar[DraftSource]
+DRAFT_SOURCE_UNSPECIFIED: DraftSource
+DRAFT_SOURCE_MODEL: DraftSource
+DRAFT_SOURCE_CONTEXT: DraftSource
+DRAFT_SOURCE_VERIFIER: DraftSource
+DRAFT_SOURCE_GLOBAL: DraftSource
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed")

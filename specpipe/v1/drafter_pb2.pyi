@@ -13,23 +13,27 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "context", "draft_len", "width", "sampling")
+    __slots__ = ("session_id", "context", "draft_len", "width", "sampling", "method")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     context: _containers.RepeatedScalarFieldContainer[int]
     draft_len: int
     width: int
     sampling: _common_pb2.SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., context: _Optional[_Iterable[int]] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    method: str
+    def __init__(self, session_id: _Optional[str] = ..., context: _Optional[_Iterable[int]] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., method: _Optional[str] = ...) -> None: ...
 
 class ProposeReply(_message.Message):
-    __slots__ = ("draft", "draft_ms")
+    __slots__ = ("draft", "draft_ms", "sources")
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     draft: _common_pb2.DraftTree
     draft_ms: float
-    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., draft_ms: _Optional[float] = ...) -> None: ...
+    sources: _containers.RepeatedScalarFieldContainer[_common_pb2.DraftSource]
+    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., draft_ms: _Optional[float] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.DraftSource, str]]] = ...) -> None: ...

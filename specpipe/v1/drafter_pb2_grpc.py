@@ -28,7 +28,8 @@ if _version_not_supported:
 
 class DrafterStub:
     """Proposes drafts. Keeps soft per-session state (a KV cache) that it re-syncs to the context it is
-    given, so any replica can serve any session.
+    given, so any replica can serve any session. One service may serve several draft methods: the
+    small model, the shared n-gram store, or their hybrid (ModelInfo.methods lists them).
     """
 
     def __init__(self, channel):
@@ -56,7 +57,8 @@ class DrafterStub:
 
 class DrafterServicer:
     """Proposes drafts. Keeps soft per-session state (a KV cache) that it re-syncs to the context it is
-    given, so any replica can serve any session.
+    given, so any replica can serve any session. One service may serve several draft methods: the
+    small model, the shared n-gram store, or their hybrid (ModelInfo.methods lists them).
     """
 
     def Info(self, request, context):
@@ -105,7 +107,8 @@ def add_DrafterServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Drafter:
     """Proposes drafts. Keeps soft per-session state (a KV cache) that it re-syncs to the context it is
-    given, so any replica can serve any session.
+    given, so any replica can serve any session. One service may serve several draft methods: the
+    small model, the shared n-gram store, or their hybrid (ModelInfo.methods lists them).
     """
 
     @staticmethod

@@ -12,18 +12,20 @@ class VerifierInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "eos_token_ids", "max_context", "vocab_fingerprint")
+    __slots__ = ("model_name", "vocab_size", "eos_token_ids", "max_context", "vocab_fingerprint", "methods")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    METHODS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_context: int
     vocab_fingerprint: str
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
+    methods: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("session_id", "prompt_ids")

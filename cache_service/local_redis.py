@@ -1,0 +1,119 @@
+"""A private redis-server on a free loopback port, without persistence, in a temp dir: the n-gram store
+of `specpipe up --cache redis` and of the tests (never the machine's own Redis).
+
+    with local_redis() as server:   # or: server = start(); ...; server.stop()
+        cache = RedisNgramCache.from_url(server.url)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from specpipe.errors import FailedPrecondition, Unavailable
+
+HOST = "127.0.0.1"
+NOT_FOUND = "redis-server not found; install it (apt-get install redis-server) or pass --cache redis://HOST:PORT"
+LOG_TAIL_LINES = 10
+
+
+def find_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LocalRedis:
+    process: subprocess.Popen
+    port: int
+    workdir: str  # its --dir and log file; removed by stop()
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.address}"
+
+    def stop(self) -> None:
+        """SIGTERM (redis shuts down at once: nothing to save), SIGKILL after 5 s; idempotent."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start(port: int | None = None, timeout_s: float = 10.0) -> LocalRedis:
+    """Start redis-server on port (default: a free one) and wait until it answers PING.
+    FailedPrecondition when the binary is missing, Unavailable when it does not come up."""
+    binary = find_binary()
+    if binary is None:
+        raise FailedPrecondition(NOT_FOUND)
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="specpipe-redis-")
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--logfile", f"{workdir}/redis.log"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a terminal's Ctrl-C goes to our process, which stops it last
+        preexec_fn=_die_with_parent,
+    )
+    server = LocalRedis(process, port, workdir)
+    deadline = time.monotonic() + timeout_s
+    while not _ping(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            log = _log_tail(workdir)
+            server.stop()
+            raise Unavailable(f"redis-server on port {port} did not start (exit {process.poll()}){log}")
+        time.sleep(0.05)
+    return server
+
+
+@contextlib.contextmanager
+def local_redis(port: int | None = None, timeout_s: float = 10.0) -> Iterator[LocalRedis]:
+    server = start(port, timeout_s)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _ping(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2) as sock:
+        sock.sendall(b"PING\r\n")
+        return sock.recv(16).startswith(b"+PONG")
+    return False
+
+
+def _log_tail(workdir: str) -> str:
+    try:
+        with open(f"{workdir}/redis.log", errors="replace") as log:
+            lines = log.read().splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return ""
+    return "".join(f"\n    {line}" for line in lines)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: a crashed parent must not leave a redis-server behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -1,0 +1,33 @@
+"""The n-gram store a URL names (the --cache flag): the one place that maps URL forms to backends."""
+
+from __future__ import annotations
+
+from specpipe.errors import InvalidArgument
+from specpipe.ngram import NgramConfig
+from specpipe.protocols import NgramCache
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+GRPC_SCHEME = "grpc://"
+FORMS = ("memory (this process)", "redis://[user:password@]host:port[/db]", "rediss://... (TLS)",
+         "unix:///path/to/redis.sock", "grpc://host:port (a cache service)")
+
+
+def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0) -> NgramCache:
+    """The store named by url: "memory" -> InMemoryNgramCache, a Redis URL -> RedisNgramCache (shared
+    by every replica), "grpc://host:port" -> a client of a cache service. timeout_s bounds each call
+    (Redis socket timeouts, the gRPC deadline); config applies to the stores in this process only (a
+    cache service has its own)."""
+    if url == "memory":
+        from cache_service.memory import InMemoryNgramCache
+
+        return InMemoryNgramCache(config)
+    if url.startswith(REDIS_SCHEMES):
+        from cache_service.redis_store import RedisNgramCache
+
+        return RedisNgramCache.from_url(url, config, timeout_s)
+    if url.startswith(GRPC_SCHEME) and url[len(GRPC_SCHEME):]:
+        from specpipe.rpc.cache_client import CacheClient
+
+        return CacheClient(url[len(GRPC_SCHEME):], timeout_s=timeout_s)
+    hint = " (the bare word redis, a local redis-server, is for `specpipe up` only)" if url == "redis" else ""
+    raise InvalidArgument(f"unknown n-gram store {url!r}{hint}; use one of: {', '.join(FORMS)}")

@@ -1,0 +1,166 @@
+"""`specpipe cache seed`: text and .jsonl files land in the global table of a real redis-server (or a
+cache service over gRPC) exactly as one pass of update_global over each document would leave it,
+and a fresh session then drafts from them (source "global"). Plus the store URL forms (open_store)
+and `specpipe up --cache redis` (a local redis-server shared by the orchestrator and the drafter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from cache_service import servicer
+from cache_service.memory import InMemoryNgramCache
+from cache_service.redis_store import GLOBAL_KEY, RedisNgramCache, connect
+from cache_service.stores import open_store
+from specpipe.cli.cache_cmd import chunks, jsonl_text
+from specpipe.cli.main import main
+from specpipe.errors import InvalidArgument
+from specpipe.ngram import NgramConfig, apply_updates
+from specpipe.rpc.cache_client import CacheClient
+from specpipe.rpc.clients import GenerationClient
+from specpipe.rpc.server import ServerConfig, serve
+from tests.redis_harness import redis_url  # noqa: F401  (fixture)
+
+CODE = "def add(a, b):\n    return a + b\n"
+JSONL = [{"text": "The quick brown fox jumps over the lazy dog."}, {"title": "Zebra", "body": "xylophone quartz"},
+         {"n": 3}, "just a string"]
+
+
+@pytest.mark.parametrize("length, size, overlap, expected", [
+    (10, 4, 1, [(0, 4), (3, 7), (6, 10)]),
+    (10, 4, 2, [(0, 4), (2, 6), (4, 8), (6, 10)]),
+    (4, 4, 3, [(0, 4)]),
+    (2, 4, 3, [(0, 2)]),
+    (1, 4, 3, []),  # no n-gram in one token
+    (0, 4, 3, []),
+], ids=["overlap 1", "overlap 2", "exactly one window", "short", "one token", "empty"])
+def test_chunks(length, size, overlap, expected):
+    tokens = list(range(length))
+    assert list(chunks(tokens, size, overlap)) == [tokens[a:b] for a, b in expected]
+
+
+def test_chunks_with_an_overlap_of_n_minus_1_leave_the_table_of_one_pass():
+    config, tokens = NgramConfig(max_n=4, max_continuations=2), [i % 5 for i in range(3, 60)] + [1, 2, 1, 2, 1, 3]
+    one_pass, chunked = {}, {}
+    apply_updates(one_pass, tokens, 0, config)
+    for chunk in chunks(tokens, 7, config.max_n - 1):
+        apply_updates(chunked, chunk, 0, config)
+    assert chunked == one_pass
+
+
+@pytest.mark.parametrize("record, text", [
+    ({"text": "a", "title": "b"}, "a"),
+    ({"title": "b", "n": 1, "body": "c"}, "b\nc"),
+    ({"n": 1}, ""),
+    ("plain", "plain"),
+    ([1, 2], ""),
+])
+def test_jsonl_text(record, text):
+    assert jsonl_text(record) == text
+
+
+def _write_corpus(tmp_path):
+    code, notes = tmp_path / "add.py", tmp_path / "notes.jsonl"
+    code.write_text(CODE)
+    notes.write_text("\n".join(json.dumps(r) for r in JSONL[:2]) + "\n\n" + "\n".join(json.dumps(r) for r in JSONL[2:]) + "\n")
+    return code, notes
+
+
+def _reference_table(tokenizer, chunk_tokens: int) -> dict:
+    config, table = NgramConfig(), {}
+    for text in [CODE] + [jsonl_text(r) for r in JSONL]:
+        for chunk in chunks(tokenizer(text, add_special_tokens=False)["input_ids"], chunk_tokens, config.max_n - 1):
+            apply_updates(table, chunk, 0, config, config.max_global_prefixes)
+    return table
+
+
+def test_seed_redis_then_a_fresh_session_drafts_from_the_global_table(redis_url, tmp_path, tiny_tokenizer, capsys):  # noqa: F811
+    connect(redis_url).flushdb()
+    files = _write_corpus(tmp_path)
+    assert main(["cache", "seed", *map(str, files), "--cache", redis_url, "--preset", "tiny", "--chunk-tokens", "8"]) == 0
+    summary = capsys.readouterr().out.strip()
+    num_tokens = sum(len(tiny_tokenizer(t, add_special_tokens=False)["input_ids"]) for t in [CODE] + [jsonl_text(r) for r in JSONL] if t)
+    assert summary.startswith(f"specpipe cache seed: 4 documents, {num_tokens} tokens, ") and redis_url in summary
+
+    stored = {tuple(map(int, prefix.split(b","))): list(map(int, continuations.split(b",")))
+              for prefix, continuations in connect(redis_url).hgetall(GLOBAL_KEY).items()}
+    assert stored == _reference_table(tiny_tokenizer, 8)  # no n-gram lost at the chunk seams
+
+    cache = RedisNgramCache.from_url(redis_url)
+    context = tiny_tokenizer("def add(a, b):\n    ret", add_special_tokens=False)["input_ids"]
+    result = cache.lookup("a-fresh-session", context, 6, 1)
+    assert tiny_tokenizer.decode(result.draft.tokens) == "urn a " and result.sources == ("global",) * 6
+    cache.close()
+
+
+def test_seed_a_cache_service_over_grpc(tmp_path, tiny_tokenizer, capsys):
+    store = InMemoryNgramCache()
+    with serve([servicer.service(store)], ServerConfig(port=0, max_workers=2, grace_s=0)) as server:
+        url = f"grpc://{server.address}"
+        assert main(["cache", "seed", str(_write_corpus(tmp_path)[0]), "--cache", url, "--preset", "tiny"]) == 0
+    assert capsys.readouterr().out.startswith("specpipe cache seed: 1 documents, ")
+    context = tiny_tokenizer("The quick", add_special_tokens=False)["input_ids"]
+    assert store.lookup("s", context, 3, 1).draft.tokens == ()  # only add.py was seeded
+    context = tiny_tokenizer("(a, b)", add_special_tokens=False)["input_ids"]
+    assert tiny_tokenizer.decode(store.lookup("s", context, 4, 1).draft.tokens) == ":\n  "
+
+
+@pytest.mark.parametrize("files, cache, message", [
+    (["a.txt"], "memory", "--cache memory would seed this process's own store"),
+    (["a.txt"], "redis", "the bare word redis"),
+    (["a.txt"], "http://x", "unknown n-gram store 'http://x'"),
+    (["a.txt", "missing.txt"], "redis://127.0.0.1:1", "missing.txt: no such file"),
+], ids=["memory", "bare redis", "unknown scheme", "missing file"])
+def test_seed_errors_exit_2(files, cache, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("hello")
+    assert main(["cache", "seed", *files, "--preset", "tiny", "--cache", cache]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_seed_redis_down_exits_2(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("hello")
+    assert main(["cache", "seed", str(tmp_path / "a.txt"), "--cache", "redis://127.0.0.1:1", "--preset", "tiny",
+                 "--timeout", "1"]) == 2
+    assert "redis at redis://127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_open_store_forms(redis_url):  # noqa: F811
+    assert isinstance(open_store("memory"), InMemoryNgramCache)
+    redis_store = open_store(redis_url, NgramConfig(max_n=3))
+    assert isinstance(redis_store, RedisNgramCache) and redis_store.config.max_n == 3
+    redis_store.close()
+    with open_store("grpc://127.0.0.1:1", timeout_s=0.5) as client:
+        assert isinstance(client, CacheClient) and client.target == "127.0.0.1:1"
+    for url in ("redis", "grpc://", "memcached://x", ""):
+        with pytest.raises(InvalidArgument, match="use one of: memory"):
+            open_store(url)
+
+
+def test_specpipe_up_with_a_local_redis(tmp_path):
+    """`specpipe up --cache redis` starts a redis-server, lists it with the services, gives it to the
+    orchestrator and the drafter (ngram drafts come from it), and stops it with the others."""
+    from tests.test_contract_generation import specpipe_up
+
+    with specpipe_up(tmp_path, "--cache", "redis", "--drafter", "ngram") as (proc, lines):
+        table = {line.split()[0]: line.split()[1:4] for line in lines if line.split()}
+        redis_address, _, redis_pid = table["redis"]
+        stats = connect(f"redis://{redis_address}")
+        with GenerationClient(table["orchestrator"][0], timeout_s=60) as client:
+            chunks_ = list(client.generate(prompt="abcabcabcabc", max_new_tokens=8))
+        assert sum(len(c.token_ids) for c in chunks_) == 8
+        calls = stats.info("commandstats")["cmdstat_evalsha"]["calls"]
+        assert calls >= 2  # the orchestrator's updates and lookups went to this redis-server
+        for role in ("orchestrator", "drafter"):
+            assert f"redis://{redis_address}" in " ".join(_cmdline(int(table[role][2])))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    assert not os.path.exists(f"/proc/{redis_pid}")  # stopped (and reaped) with the services
+
+
+def _cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode().split("\0")
