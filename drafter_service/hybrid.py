@@ -17,7 +17,7 @@ from typing import Sequence
 
 from specpipe import metrics
 from specpipe.protocols import Drafter
-from specpipe.trees import first_path, merge_drafts
+from specpipe.trees import first_path_nodes, merge_drafts
 from specpipe.types import Draft, ModelInfo, ProposeResult, SamplingParams
 
 log = logging.getLogger("specpipe.drafter")
@@ -33,13 +33,15 @@ class HybridDrafter:
         return self._model.info()
 
     def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams
+        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams,
+        epoch: int = 0,
     ) -> ProposeResult:
         start = time.perf_counter()
-        model = self._model.propose(session_id, context, draft_len, width, sampling)
+        model = self._model.propose(session_id, context, draft_len, width, sampling, epoch)
         if not sampling.greedy or draft_len <= 0:
             return model
-        chain = first_path(model.draft)
+        chain_nodes = first_path_nodes(model.draft)
+        chain = [model.draft.tokens[node] for node in chain_nodes]
         try:
             extension = self._ngram.propose(session_id, [*context, *chain], draft_len, 1, sampling)
             alternative = self._ngram.propose(session_id, context, draft_len, width, sampling)
@@ -53,9 +55,20 @@ class HybridDrafter:
                  (alternative.draft, alternative.sources)]
         draft, origins = merge_drafts([d for d, _ in parts], self._nodes_per_level * draft_len)
         sources = tuple(parts[part][1][node] for part, node in origins)
+        model_hints = node_hints(model)
+        hints = [model_hints, [model_hints[n] for n in chain_nodes] + node_hints(extension), node_hints(alternative)]
+        confidence, runner_up, runner_up_confidence = zip(*(hints[part][node] for part, node in origins)) \
+            if origins else ((), (), ())
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.DRAFT_MS.labels(drafter="hybrid").observe(draft_ms)
-        return ProposeResult(draft, draft_ms, sources)
+        return ProposeResult(draft, draft_ms, sources, confidence, runner_up, runner_up_confidence)
 
     def release(self, session_id: str) -> bool:
         return self._model.release(session_id)
+
+
+def node_hints(result: ProposeResult) -> list[tuple[float, int, float]]:
+    """Per node (confidence, runner_up, runner_up_confidence); (-1, -1, 0) where the drafter has none."""
+    if not result.confidence:
+        return [(-1.0, -1, 0.0)] * len(result.draft)
+    return list(zip(result.confidence, result.runner_up, result.runner_up_confidence))

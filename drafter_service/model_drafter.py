@@ -1,8 +1,13 @@
-"""Small-model drafter with its own KV cache per session.
+"""Small-model drafter with its own KV caches per session.
 
-Each proposal first syncs the session's cache to the given context by longest common prefix (crop,
-then re-feed the rest); that one step is also the rollback after a rejected draft, so the drafter
-keeps no other state and any replica can serve any session (it only costs a re-feed).
+Each proposal first syncs a cache to the given context by longest common prefix (crop, then re-feed
+the rest); that one step is also the rollback after a rejected draft, so the drafter keeps no other
+state and any replica can serve any session (it only costs a re-feed).
+
+A session holds a few branches (cache + tokens), so that the branch schedule's proposals for several
+predicted outcomes of one round never disturb each other: a proposal that would crop tokens another
+proposal of the same epoch may still extend forks the branch instead (copy-on-write, runner.fork).
+Branches of older epochs hold dropped hypotheses: they are cropped in place or evicted.
 """
 
 from __future__ import annotations
@@ -10,13 +15,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from transformers import DynamicCache, PreTrainedModel
 
 from specpipe import metrics, runner
-from specpipe.errors import InvalidArgument
+from specpipe.errors import Aborted, InvalidArgument
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
 from specpipe.sampling import STREAM_DRAFT, check_sampling, sample_sparse, truncate, uniform, warp
@@ -27,18 +32,27 @@ BRANCH_LEVELS = 2  # tree drafts add the top-(width - 1) alternatives at this ma
 
 
 @dataclass
-class _Session:
+class _Branch:
     cache: DynamicCache
     tokens: list[int] = field(default_factory=list)  # the tokens whose KV the cache holds
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    epoch: int = 0                                   # of the last proposal that used it
+    busy: bool = False
+
+
+@dataclass
+class _Session:
+    branches: list[_Branch]  # least recently used first
+    epoch: int = 0           # the newest seen
 
 
 class ModelDrafter:
-    def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32):
+    def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
+                 max_branches: int = 4):
         self._model = model
         self._info = info
         self._max_sessions = max_sessions
         self._max_q_entries = max_q_entries
+        self._max_branches = max_branches  # per session
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # LRU: the cache is soft state
         self._sessions_lock = threading.Lock()
         self._forward_lock = threading.Lock()
@@ -52,7 +66,8 @@ class ModelDrafter:
         return self._info
 
     def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams
+        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams,
+        epoch: int = 0,
     ) -> ProposeResult:
         if not session_id:
             raise InvalidArgument("session_id is empty")
@@ -63,53 +78,100 @@ class ModelDrafter:
         draft_len = min(draft_len, self._info.max_context - len(context) - 1)
         if draft_len <= 0:
             return ProposeResult(Draft(), 0.0)
-        session = self._session(session_id)
+        session = self._session(session_id, epoch)
         start = time.perf_counter()
-        with session.lock:
-            draft = self._draft(session, list(context), draft_len, width if sampling.greedy else 1, sampling)
+        branch = self._checkout(session, list(context), epoch)
+        try:
+            result = self._draft(session, branch, list(context), draft_len, width if sampling.greedy else 1, sampling, epoch)
+        finally:
+            branch.busy = False
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.DRAFT_MS.labels(drafter="model").observe(draft_ms)
-        return ProposeResult(draft, draft_ms)
+        return replace(result, draft_ms=draft_ms)
 
-    def _draft(self, session: _Session, context: list[int], draft_len: int, width: int, sampling: SamplingParams) -> Draft:
-        keep = min(runner.common_prefix(session.tokens, context), len(context) - 1)
-        runner.crop(session.cache, keep)
-        with self._forward_lock:
-            logits = runner.forward(self._model, session.cache, context[keep:])[-1]  # [vocab]
-        session.tokens = list(context)
+    def _draft(self, session: _Session, branch: _Branch, context: list[int], draft_len: int, width: int,
+               sampling: SamplingParams, epoch: int) -> ProposeResult:
+        keep = len(branch.tokens)  # _checkout cropped it to a prefix of context
+        logits = self._forward(session, branch, context[keep:], epoch)  # [vocab]
 
         tokens: list[int] = []
         parents: list[int] = []
         q: list[SparseDist] = []
+        confidence: list[float] = []
+        runner_up: list[int] = []
+        runner_up_confidence: list[float] = []
         parent = ROOT
         for depth in range(draft_len):
+            probs = logits.softmax(-1)
+            branches = width if depth < BRANCH_LEVELS else 1
+            top = probs.topk(min(max(2, branches), probs.shape[-1])).indices.tolist()
             if sampling.greedy:
-                top = logits.topk(min(width if depth < BRANCH_LEVELS else 1, logits.shape[-1])).indices.tolist()
-                token, alternatives = top[0], top[1:]
+                token, alternatives = top[0], top[1:branches]
             else:
                 dist = truncate(warp(logits, sampling), self._max_q_entries)
                 token, alternatives = sample_sparse(dist, uniform(sampling.seed, len(context) + depth, STREAM_DRAFT)), []
                 q.append(dist)
+            other = next((t for t in top if t != token), -1)
             tokens.append(token)
             parents.append(parent)
+            confidence.append(float(probs[token]))
+            runner_up.append(other)
+            runner_up_confidence.append(float(probs[other]) if other >= 0 else 0.0)
             parent = len(tokens) - 1
             for alternative in alternatives:  # siblings of the chain node: leaves of the tree
                 tokens.append(alternative)
                 parents.append(parents[parent])
+                confidence.append(float(probs[alternative]))
+                runner_up.append(-1)
+                runner_up_confidence.append(0.0)
             if depth + 1 < draft_len:
-                with self._forward_lock:
-                    logits = runner.forward(self._model, session.cache, [token])[-1]
-                session.tokens.append(token)
-        return Draft(tuple(tokens), tuple(parents), tuple(q) if q else None)
+                logits = self._forward(session, branch, [token], epoch)
+        draft = Draft(tuple(tokens), tuple(parents), tuple(q) if q else None)
+        return ProposeResult(draft, 0.0, (), tuple(confidence), tuple(runner_up), tuple(runner_up_confidence))
+
+    def _forward(self, session: _Session, branch: _Branch, token_ids: list[int], epoch: int):
+        with self._forward_lock:
+            if epoch < session.epoch:  # a newer proposal dropped this one's hypothesis: stop now
+                metrics.STALE_PROPOSALS.inc()
+                raise Aborted(f"epoch {epoch} is stale: the session is at epoch {session.epoch}")
+            logits = runner.forward(self._model, branch.cache, token_ids)[-1]
+            branch.tokens.extend(token_ids)
+            return logits
+
+    def _checkout(self, session: _Session, context: list[int], epoch: int) -> _Branch:
+        """The branch to draft after context on: the one sharing the longest prefix with it, cropped in
+        place, or forked when another proposal may still need its tokens (it is busy, or was used in
+        this epoch). Other branches of older epochs are evicted, then the least recently used."""
+        with self._forward_lock, self._sessions_lock:
+            def usable(branch: _Branch) -> int:
+                return min(runner.common_prefix(branch.tokens, context), len(context) - 1)
+
+            best = max(reversed(session.branches), key=lambda b: (usable(b), not b.busy))
+            keep = usable(best)
+            if best.busy or (best.epoch == epoch and keep < len(best.tokens)):
+                branch = _Branch(runner.fork(best.cache, keep), best.tokens[:keep])
+            else:
+                session.branches.remove(best)
+                runner.crop(best.cache, keep)
+                del best.tokens[keep:]
+                branch = best
+            branch.epoch, branch.busy = epoch, True
+            live = [b for b in session.branches if b.busy or b.epoch >= epoch]
+            session.branches = live[max(0, len(live) - self._max_branches + 1):] + [branch]
+            return branch
 
     def release(self, session_id: str) -> bool:
         with self._sessions_lock:
             return self._sessions.pop(session_id, None) is not None
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str, epoch: int) -> _Session:
         with self._sessions_lock:
-            session = self._sessions.pop(session_id, None) or _Session(runner.new_cache(self._model))
+            session = self._sessions.pop(session_id, None) or _Session([_Branch(runner.new_cache(self._model))])
             self._sessions[session_id] = session  # most recently used last
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
+            if epoch < session.epoch:
+                metrics.STALE_PROPOSALS.inc()
+                raise Aborted(f"epoch {epoch} is stale: the session is at epoch {session.epoch}")
+            session.epoch = epoch
             return session

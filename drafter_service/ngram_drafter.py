@@ -22,8 +22,10 @@ class NgramDrafter:
         return self._info
 
     def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams
+        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams,
+        epoch: int = 0,
     ) -> ProposeResult:
+        """A lookup has no state to protect, so every epoch is served."""
         start = time.perf_counter()
         found = self._cache.lookup(session_id, list(context[-SUFFIX_TOKENS:]), draft_len,
                                    width if sampling.greedy else 1)

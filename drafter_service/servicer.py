@@ -38,9 +38,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             request.draft_len,
             request.width,
             convert.sampling_from_proto(request.sampling),
+            request.epoch,
         )
-        return drafter_pb2.ProposeReply(draft=convert.draft_to_proto(result.draft), draft_ms=result.draft_ms,
-                                        sources=convert.sources_to_proto(result.sources))
+        return convert.propose_result_to_proto(result)
 
     @rpc_method
     def Release(self, request, context):

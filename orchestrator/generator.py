@@ -10,15 +10,21 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Mapping, Sequence
 
 from specpipe import metrics
 from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
-from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
+from specpipe.errors import Aborted, FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
-from specpipe.types import DRAFTER_KINDS, EMPTY_DRAFT, GenerationChunk, GenerationRequest, ProposeResult, RoundStats, SpeculationOptions
+from specpipe.types import (
+    ALL_HYPOTHESES, DRAFTER_KINDS, EMPTY_DRAFT, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest, ProposeResult,
+    RoundStats, SpeculationOptions,
+)
 from specpipe.verification import check_token_ids
+from orchestrator.branch import NO_SPECULATION, BranchScheduler, Resolution
+from orchestrator.predictors import Hypothesis, new_predictor, new_shared
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
 
 log = logging.getLogger("specpipe.orchestrator")
@@ -41,6 +47,9 @@ class Generator:
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
         self.learn_global = learn_global  # finished outputs go to the store's global (corpus) table
         self.info = verifier.info()
+        self._eos = set(self.info.eos_token_ids)
+        self._pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="specpipe-branch")  # verify + pre-drafts
+        self._predictor_state: dict[tuple[str, str], object] = {}  # (drafter, predictor) -> state shared by sessions
         for kind, drafter in self.drafters.items():
             check_same_vocab(kind, drafter, self.info.vocab_fingerprint)
 
@@ -87,6 +96,12 @@ class Generator:
             )
         if spec.draft_len < 0 or spec.width < 1:
             raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {spec.draft_len} and {spec.width}")
+        if spec.schedule not in SCHEDULES:
+            raise InvalidArgument(f"unknown schedule {spec.schedule!r}; choose from {', '.join(SCHEDULES)}")
+        if spec.predictor not in PREDICTORS:
+            raise InvalidArgument(f"unknown predictor {spec.predictor!r}; choose from {', '.join(PREDICTORS)}")
+        if spec.hypotheses < 1 and spec.hypotheses != ALL_HYPOTHESES:
+            raise InvalidArgument(f"hypotheses must be >= 1 or {ALL_HYPOTHESES} (all), got {spec.hypotheses}")
         if any(not s for s in request.stop):
             raise InvalidArgument("stop strings must not be empty")
 
@@ -100,21 +115,43 @@ class Generator:
     def _rounds(self, request: GenerationRequest, session_id: str) -> Iterator[GenerationChunk]:
         spec = request.speculation
         drafter = self.drafters.get(spec.drafter)
-        self.verifier.prefill(session_id, request.prompt_ids)
         context = list(request.prompt_ids)
         self._cache_call("update", session_id, context, 0)
         output: list[int] = []
         sent_text = ""
         finish = ""
+        branch = self._branch_scheduler(spec, drafter, session_id, request.sampling)
+        epoch = 0  # bumped on every rollback: rejected draft tokens (sequential), dropped pre-drafts (branch)
+
+        def next_draft_len(emitted: int) -> int:  # draft only what can still be emitted; the correction takes one
+            return min(spec.draft_len, request.max_new_tokens - emitted - 1)
+
+        def hypothesis_draft_len(h: Hypothesis) -> int:  # 0: the generation would end with that outcome
+            ends = bool(self._eos.intersection(h.accepted)) or h.correction in self._eos
+            return 0 if ends else next_draft_len(len(output) + len(h.accepted) + 1)
+
         try:
-            while not finish:
+            if branch is None:
+                self.verifier.prefill(session_id, request.prompt_ids)
+                proposal = self._propose(drafter, spec, session_id, context, next_draft_len(0), request, epoch)
+            else:  # the first draft (and the drafter's own prefill) runs while the verifier prefills
+                prefilling = self._pool.submit(self.verifier.prefill, session_id, request.prompt_ids)
+                proposal = self._propose(drafter, spec, session_id, context, next_draft_len(0), request, epoch)
+                prefilling.result()
+            resolution, idle_since = NO_SPECULATION, None
+            while True:
                 round_start = time.perf_counter()
-                # Draft only what can still be emitted: the correction always takes one slot.
-                draft_len = min(spec.draft_len, request.max_new_tokens - len(output) - 1)
-                proposal = self._propose(drafter, spec, session_id, context, draft_len, request)
-                result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
+                idle_ms = (round_start - idle_since) * 1e3 if idle_since is not None else 0.0
+                if branch is None:
+                    result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
+                    epoch += len(result.accepted_tokens) < len(proposal.draft)
+                else:
+                    verifying = self._pool.submit(self.verifier.verify, session_id, len(context), proposal.draft,
+                                                  request.sampling)
+                    branch.speculate(context, proposal, spec.hypotheses, hypothesis_draft_len)
+                    result = verifying.result()
+                verify_end = idle_since = time.perf_counter()
                 self._record(session_id, context, proposal, result)
-                context.extend(result.emitted)
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
                 new_tokens = list(result.emitted[:count])
@@ -123,35 +160,48 @@ class Generator:
                 output.extend(new_tokens)
                 delta = text[len(sent_text):] if finish else streamable(text, request.stop)[len(sent_text):]
                 sent_text += delta
-
-                labels = {"drafter": spec.drafter}
-                count_sources(spec.drafter, proposal, result.accepted_nodes)
-                metrics.ROUNDS.labels(**labels).inc()
-                metrics.DRAFTED_TOKENS.labels(**labels).inc(len(proposal.draft))
-                metrics.ACCEPTED_TOKENS.labels(**labels).inc(len(result.accepted_tokens))
-                metrics.EMITTED_TOKENS.labels(**labels).inc(len(new_tokens))
-                metrics.ROUND_MS.labels(**labels).observe((time.perf_counter() - round_start) * 1e3)
+                count_round(spec, proposal, result, len(new_tokens), resolution.hidden_ms, idle_ms)
+                metrics.ROUND_MS.labels(drafter=spec.drafter).observe((time.perf_counter() - round_start) * 1e3)
                 yield GenerationChunk(
                     request_id=request.request_id or session_id,
                     token_ids=tuple(new_tokens),
                     text=delta,
                     finish_reason=finish,
-                    round=RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms, result.verify_ms),
+                    round=RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms,
+                                     result.verify_ms, resolution.issued, resolution.hit, resolution.wasted,
+                                     resolution.hidden_ms, idle_ms),
                 )
+                if finish:
+                    break
+                context.extend(result.emitted)
+                if branch is not None:  # this round's pre-drafts: one may be the next draft
+                    resolution = branch.resolve(proposal, result, round_start, verify_end)
+                    count_prediction(spec, resolution)
+                    epoch = branch.epoch
+                proposal = resolution.proposal or self._propose(
+                    drafter, spec, session_id, context, next_draft_len(len(output)), request, epoch)
             if self.learn_global and output:
                 self._cache_call("update_global", output)
             metrics.GENERATIONS.labels(finish_reason=finish).inc()
         finally:
+            if branch is not None:
+                branch.close()
             self._release(session_id, drafter)
 
-    def _propose(self, drafter, spec, session_id, context, draft_len, request) -> ProposeResult:
+    def _branch_scheduler(self, spec: SpeculationOptions, drafter, session_id: str, sampling) -> BranchScheduler | None:
+        if spec.schedule != "branch" or drafter is None:
+            return None
+        shared = self._predictor_state.setdefault((spec.drafter, spec.predictor), new_shared(spec.predictor))
+        return BranchScheduler(self._pool, drafter, new_predictor(spec.predictor, shared), session_id, spec.width,
+                               sampling, on_error=lambda err: note_draft_error(spec.drafter, session_id, err))
+
+    def _propose(self, drafter, spec, session_id, context, draft_len, request, epoch) -> ProposeResult:
         if drafter is None or draft_len <= 0:
             return ProposeResult(EMPTY_DRAFT, 0.0)
         try:
-            return drafter.propose(session_id, context, draft_len, spec.width, request.sampling)
+            return drafter.propose(session_id, context, draft_len, spec.width, request.sampling, epoch)
         except Exception as err:  # a failing drafter slows generation down, never breaks it
-            metrics.DRAFT_FAILURES.labels(drafter=spec.drafter).inc()
-            log.warning("drafter failed, verifying without a draft", extra={"session_id": session_id, "error": str(err)})
+            note_draft_error(spec.drafter, session_id, err)
             return ProposeResult(EMPTY_DRAFT, 0.0)
 
     def _decode(self, output: list[int], new_tokens: list[int], stop: Sequence[str], sent: int) -> tuple[str, list[int], bool]:
@@ -195,6 +245,35 @@ class Generator:
                 peer.release(session_id)
             except Exception as err:  # the session expires by TTL / LRU on the peer anyway
                 log.warning("release failed", extra={"session_id": session_id, "error": str(err)})
+
+
+def note_draft_error(drafter: str, session_id: str, err: Exception) -> None:
+    if isinstance(err, Aborted):  # a dropped hypothesis, stopped by the drafter on purpose
+        return
+    metrics.DRAFT_FAILURES.labels(drafter=drafter).inc()
+    log.warning("drafter failed, verifying without that draft", extra={"session_id": session_id, "error": str(err)})
+
+
+def count_round(spec: SpeculationOptions, proposal: ProposeResult, result, emitted: int, hidden_ms: float,
+                idle_ms: float) -> None:
+    labels = {"drafter": spec.drafter}
+    count_sources(spec.drafter, proposal, result.accepted_nodes)
+    metrics.ROUNDS.labels(**labels).inc()
+    metrics.DRAFTED_TOKENS.labels(**labels).inc(len(proposal.draft))
+    metrics.ACCEPTED_TOKENS.labels(**labels).inc(len(result.accepted_tokens))
+    metrics.EMITTED_TOKENS.labels(**labels).inc(emitted)
+    metrics.DRAFT_TIME_MS.labels(**labels).inc(proposal.draft_ms)
+    metrics.HIDDEN_DRAFT_MS.labels(**labels).inc(hidden_ms)
+    metrics.VERIFIER_IDLE_MS.labels(drafter=spec.drafter, schedule=spec.schedule).inc(idle_ms)
+
+
+def count_prediction(spec: SpeculationOptions, resolution: Resolution) -> None:
+    if not resolution.issued:
+        return
+    labels = {"drafter": spec.drafter, "predictor": spec.predictor}
+    metrics.HYPOTHESES.labels(**labels).inc(resolution.issued)
+    (metrics.PREDICTION_HITS if resolution.hit else metrics.PREDICTION_MISSES).labels(**labels).inc()
+    metrics.WASTED_DRAFT_TOKENS.labels(drafter=spec.drafter).inc(resolution.wasted)
 
 
 def count_sources(drafter: str, proposal: ProposeResult, accepted_nodes: Sequence[int]) -> None:

@@ -28,6 +28,10 @@ class PromptRun:
     accepted: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    predicted: int = 0     # rounds whose draft could come from a pre-draft (branch schedule)
+    hits: int = 0
+    hidden_ms: float = 0.0
+    idle_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class MethodSummary:
     acceptance: float            # accepted / drafted
     identical: int               # prompts whose output equals the baseline's token for token
     prompts: int
+    hit_rate: float = 0.0        # rounds whose outcome matched a hypothesis / rounds with hypotheses
+    hidden_share: float = 0.0    # draft time hidden behind verification / draft time
+    idle_share: float = 0.0      # verifier idle between rounds / wall time
     runs: list[PromptRun] = field(default_factory=list, repr=False)
 
 
@@ -67,6 +74,8 @@ def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_ne
         prompt_id, len(prompt_ids), tuple(t for c in chunks for t in c.token_ids), seconds, len(rounds),
         sum(r.drafted for r in rounds), sum(r.accepted for r in rounds),
         sum(r.draft_ms for r in rounds), sum(r.verify_ms for r in rounds),
+        sum(r.hypotheses > 0 for r in rounds), sum(r.hit for r in rounds),
+        sum(r.hidden_ms for r in rounds), sum(r.idle_ms for r in rounds),
     )
 
 
@@ -83,11 +92,17 @@ def summarize(method: str, runs: list[PromptRun], baseline: list[PromptRun] | No
         base_seconds = sum(r.seconds for r in baseline)
         speedup = tokens_per_s / (base_tokens / base_seconds) if base_seconds else 0.0
         identical = sum(r.token_ids == b.token_ids for r, b in zip(runs, baseline))
+    predicted = sum(r.predicted for r in runs)
+    draft_ms = sum(r.draft_ms for r in runs)
     return MethodSummary(
         method, tokens, seconds, tokens_per_s, speedup,
         tokens_per_round=tokens / rounds if rounds else 1.0,
         acceptance=sum(r.accepted for r in runs) / drafted if drafted else 0.0,
-        identical=identical, prompts=len(runs), runs=runs,
+        identical=identical, prompts=len(runs),
+        hit_rate=sum(r.hits for r in runs) / predicted if predicted else 0.0,
+        hidden_share=sum(r.hidden_ms for r in runs) / draft_ms if draft_ms else 0.0,
+        idle_share=sum(r.idle_ms for r in runs) / (seconds * 1e3) if seconds else 0.0,
+        runs=runs,
     )
 
 
@@ -109,12 +124,15 @@ def benchmark(verifier_model, eos: Sequence[int], prompts, max_new_tokens: int,
 
 def markdown_table(summaries: list[MethodSummary]) -> str:
     lines = [
-        "| method | tokens/s | speed-up | tokens per verify (DE) | acceptance | identical to baseline |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| method | tokens/s | speed-up | tokens per verify (DE) | acceptance | hit rate | draft hidden "
+        "| verifier idle | identical to baseline |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in summaries:
+        branch = any(r.predicted for r in s.runs)
         lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {s.speedup:.2f}x | {s.tokens_per_round:.2f} | "
-                     f"{s.acceptance:.0%} | {s.identical}/{s.prompts} |")
+                     f"{s.acceptance:.0%} | {f'{s.hit_rate:.0%}' if branch else '-'} | "
+                     f"{f'{s.hidden_share:.0%}' if branch else '-'} | {s.idle_share:.0%} | {s.identical}/{s.prompts} |")
     return "\n".join(lines)
 
 

@@ -15,6 +15,18 @@ DRAFT_FAILURES = Counter("specpipe_draft_failures_total", "Rounds that went on w
 SOURCE_DRAFTED = Counter("specpipe_drafted_tokens_by_source_total", "Draft nodes sent to the verifier, by source "
                          "(model, or the n-gram store's context / verifier / global table)", ["drafter", "source"])
 SOURCE_ACCEPTED = Counter("specpipe_accepted_tokens_by_source_total", "Draft tokens accepted, by source", ["drafter", "source"])
+STALE_PROPOSALS = Counter("specpipe_stale_proposals_total", "Proposals aborted by the drafter because a newer epoch "
+                          "of their session had arrived (dropped branch-prediction hypotheses)")
+HYPOTHESES = Counter("specpipe_hypotheses_total", "Branch-prediction hypotheses issued (pre-drafts requested)",
+                     ["drafter", "predictor"])
+PREDICTION_HITS = Counter("specpipe_prediction_hits_total", "Rounds whose outcome matched a hypothesis", ["drafter", "predictor"])
+PREDICTION_MISSES = Counter("specpipe_prediction_misses_total", "Rounds with hypotheses whose outcome matched none",
+                            ["drafter", "predictor"])
+WASTED_DRAFT_TOKENS = Counter("specpipe_wasted_draft_tokens_total", "Pre-drafted tokens dropped (rollback)", ["drafter"])
+HIDDEN_DRAFT_MS = Counter("specpipe_hidden_draft_ms_total", "Draft time that ran while the verifier was busy", ["drafter"])
+DRAFT_TIME_MS = Counter("specpipe_draft_time_ms_total", "Draft time of the drafts sent to the verifier", ["drafter"])
+VERIFIER_IDLE_MS = Counter("specpipe_verifier_idle_ms_total", "Time a session's verifier waited between rounds "
+                           "(from a verify reply to the next verify call)", ["drafter", "schedule"])
 GENERATIONS = Counter("specpipe_generations_total", "Finished generations", ["finish_reason"])
 
 VERIFY_MS = Histogram("specpipe_verify_forward_ms", "Verifier forward time per round", ["draft_nodes"], buckets=_MS_BUCKETS)

@@ -25,9 +25,12 @@ class Drafter(Protocol):
     def info(self) -> ModelInfo: ...
 
     def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams
+        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams,
+        epoch: int = 0,
     ) -> ProposeResult:
-        """Draft up to draft_len tokens (a chain, or a tree of top-width alternatives) after context."""
+        """Draft up to draft_len tokens (a chain, or a tree of top-width alternatives) after context.
+        Several proposals for one session may be in flight (branch schedule) without harming each
+        other; one with an epoch older than the session's newest raises Aborted."""
 
     def release(self, session_id: str) -> bool: ...
 

@@ -6,6 +6,7 @@ compacted to the positions of an accepted tree path; nothing else changes the ca
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -25,6 +26,16 @@ def crop(cache: DynamicCache, length: int) -> None:
     drop = cache_len(cache) - length
     if drop > 0:
         cache.crop(-drop)
+
+
+def fork(cache: DynamicCache, length: int) -> DynamicCache:
+    """A new cache holding the first `length` positions of cache, which stays as it is. Copy-on-write
+    for free: the fork's layers start as views of the same tensors, and DynamicLayer.update appends
+    by torch.cat (new tensors), never in place."""
+    forked = copy.copy(cache)
+    forked.layers = [copy.copy(layer) for layer in cache.layers]
+    crop(forked, length)
+    return forked
 
 
 def keep_positions(cache: DynamicCache, positions: Sequence[int]) -> None:

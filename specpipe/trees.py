@@ -39,10 +39,31 @@ def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[t
 def first_path(draft: Draft) -> list[int]:
     """The tokens of the path that follows each node's first child from the root: the chain of a
     chain draft, the main (most likely) chain of a drafter's tree."""
+    return [draft.tokens[node] for node in first_path_nodes(draft)]
+
+
+def first_path_nodes(draft: Draft) -> list[int]:
+    """The node indices of first_path."""
     path: list[int] = []
     parent = ROOT
-    for node, (token, node_parent) in enumerate(zip(draft.tokens, draft.parents)):
+    for node, node_parent in enumerate(draft.parents):
         if node_parent == parent:
-            path.append(token)
+            path.append(node)
             parent = node
     return path
+
+
+def subtree(draft: Draft, root: int) -> tuple[Draft, list[int]]:
+    """The descendants of node root, as a draft rooted at it (q kept), and their node indices in draft."""
+    mapped = {root: ROOT}
+    nodes = []
+    for node in range(root + 1, len(draft)):
+        if draft.parents[node] in mapped:
+            mapped[node] = len(nodes)
+            nodes.append(node)
+    sub = Draft(
+        tuple(draft.tokens[n] for n in nodes),
+        tuple(mapped[draft.parents[n]] for n in nodes),
+        tuple(draft.q[n] for n in nodes) if draft.q is not None else None,
+    )
+    return sub, nodes

@@ -94,16 +94,26 @@ class ProposeResult:
     draft: Draft
     draft_ms: float
     sources: tuple[str, ...] = ()  # [num_nodes] one of DRAFT_SOURCES per node; () = all from the model
+    # What the branch predictor reads; () when the drafter has no distribution (n-gram drafts):
+    confidence: tuple[float, ...] = ()            # [num_nodes] drafter probability of the node's token
+    runner_up: tuple[int, ...] = ()               # [num_nodes] drafter's best other token there, -1 = none
+    runner_up_confidence: tuple[float, ...] = ()  # [num_nodes] its probability
 
 
 DRAFTER_KINDS = ("model", "ngram", "hybrid", "none")  # "none" = the verifier alone
+SCHEDULES = ("sequential", "branch")  # branch: draft round r+1 for predicted outcomes while round r verifies
+PREDICTORS = ("calibrated", "paper")
+ALL_HYPOTHESES = -1  # hypotheses = -1: every outcome of the main chain (the exhaustive method)
 
 
 @dataclass(frozen=True)
 class SpeculationOptions:
-    drafter: str = "model"  # one of DRAFTER_KINDS
-    draft_len: int = 4      # k
-    width: int = 1          # tree width at the first levels; 1 = chain
+    drafter: str = "model"         # one of DRAFTER_KINDS
+    draft_len: int = 4             # k
+    width: int = 1                 # tree width at the first levels; 1 = chain
+    schedule: str = "sequential"   # one of SCHEDULES
+    predictor: str = "calibrated"  # one of PREDICTORS (branch schedule)
+    hypotheses: int = 1            # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
 
 
 @dataclass(frozen=True)
@@ -120,10 +130,16 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class RoundStats:
-    drafted: int      # draft nodes sent to the verifier
-    accepted: int     # delta
+    drafted: int           # draft nodes sent to the verifier
+    accepted: int          # delta
     draft_ms: float
     verify_ms: float
+    # Branch schedule: the previous round's hypotheses, which this round's draft could come from
+    hypotheses: int = 0     # pre-drafts requested for the previous round's outcome
+    hit: bool = False       # the previous round's outcome matched one of them
+    wasted: int = 0         # pre-drafted tokens dropped
+    hidden_ms: float = 0.0  # draft time of this round's draft that overlapped the previous verification
+    idle_ms: float = 0.0    # verifier idle: from the previous verify reply to this verify call
 
 
 @dataclass(frozen=True)

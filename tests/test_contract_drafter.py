@@ -90,3 +90,26 @@ def test_bad_propose(drafter, change, message):
 
 def test_release_of_an_unknown_session(drafter):
     assert drafter.release(session()) is False
+
+
+def test_stale_epoch_is_aborted(drafter):
+    from specpipe.errors import Aborted
+
+    sid = session()
+    drafter.propose(sid, CONTEXT, 3, 1, GREEDY, epoch=3)
+    with pytest.raises(Aborted, match="stale"):
+        drafter.propose(sid, CONTEXT + (5,), 3, 1, GREEDY, epoch=2)
+    assert len(drafter.propose(sid, CONTEXT + (5,), 3, 1, GREEDY, epoch=4).draft) == 3
+    drafter.release(sid)
+
+
+def test_predictor_hints_cross_the_wire(cluster):
+    sid = session()
+    local = cluster.drafter.propose(sid, CONTEXT, 3, 2, GREEDY)
+    remote = cluster.drafter_client.propose(sid, CONTEXT, 3, 2, GREEDY)
+    assert (remote.draft, remote.runner_up) == (local.draft, local.runner_up)  # the probabilities travel as float32:
+    assert remote.confidence == pytest.approx(local.confidence, rel=1e-5) and len(local.confidence) == len(local.draft)
+    assert remote.runner_up_confidence == pytest.approx(local.runner_up_confidence, rel=1e-5)
+    assert all(0 < c <= 1 for c in local.confidence) and all(r >= 0 for r in local.runner_up[:1])
+    cluster.drafter.release(sid)
+    cluster.drafter_client.release(sid)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
-
-from dataclasses import replace
+import threading
+from dataclasses import dataclass, replace
 
 from specpipe.cli import options
 from specpipe.errors import InvalidArgument
-from specpipe.types import DRAFTER_KINDS
+from specpipe.types import ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SpeculationOptions
 
 SUITES = ("humaneval", "mtbench", "gsm8k")
 
@@ -29,37 +30,97 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
     parser.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the results as JSON")
     parser.add_argument("--drafters", default=None, metavar="LIST",
-                        help="comma-separated drafters to compare in this run, e.g. model,ngram,hybrid "
-                        "(default: the one --drafter names)")
+                        help="comma-separated drafters to compare in this run, e.g. model,ngram,hybrid, each with "
+                        "--schedule / --predictor (default: the one --drafter names)")
+    parser.add_argument("--methods", default=None, metavar="LIST",
+                        help="comma-separated methods, each DRAFTER[:SCHEDULE[:PREDICTOR]][@HOP_MS], e.g. "
+                        "model:sequential,model:branch,model:branch:paper,model:branch@2 (@HOP_MS needs "
+                        "--transport grpc); overrides --drafters")
+    parser.add_argument("--transport", choices=("embedded", "grpc"), default="embedded",
+                        help="embedded: everything in this process; grpc: the verifier and the drafter as "
+                        "`specpipe serve` processes on loopback, each pinned to its own core (default: %(default)s)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="do not pin the process to one CPU core (pinned by default)")
+                        help="do not pin to one CPU core per service (pinned by default)")
     options.add_model_args(parser)
     options.add_speculation_args(parser)
+    options.add_hop_delay_arg(parser)
     parser.set_defaults(func=run, threads=1)
+
+
+@dataclass(frozen=True)
+class Method:
+    drafter: str
+    schedule: str
+    predictor: str
+    hop_delay_ms: float = 0.0
+
+    def name(self, speculation: SpeculationOptions) -> str:
+        name = f"specpipe {self.drafter} k={speculation.draft_len} width={speculation.width} {self.schedule}"
+        if self.schedule == "branch":
+            m = "all" if speculation.hypotheses == ALL_HYPOTHESES else speculation.hypotheses
+            name += f" {self.predictor} M={m}"
+        return name + (f" hop {self.hop_delay_ms:g} ms" if self.hop_delay_ms else "")
+
+
+def parse_methods(args: argparse.Namespace) -> list[Method]:
+    """--methods, or --drafters with --schedule / --predictor."""
+    if not args.methods:
+        kinds = args.drafters.split(",") if args.drafters else [args.drafter]
+        methods = [Method(kind, args.schedule, args.predictor, args.hop_delay_ms) for kind in check_kinds(kinds)]
+    else:
+        methods = [parse_method(item, args) for item in args.methods.split(",")]
+    if args.transport == "embedded" and any(m.hop_delay_ms for m in methods):
+        raise InvalidArgument("a hop delay delays gRPC calls: use it with --transport grpc")
+    return methods
+
+
+def parse_method(item: str, args: argparse.Namespace) -> Method:
+    """DRAFTER[:SCHEDULE[:PREDICTOR]][@HOP_MS]; what is left out comes from the flags."""
+    spec, _, hop = item.partition("@")
+    parts = spec.split(":")
+    if len(parts) > 3:
+        raise InvalidArgument(f"bad method {item!r}: expected DRAFTER[:SCHEDULE[:PREDICTOR]][@HOP_MS]")
+    drafter, schedule, predictor = parts + [args.schedule, args.predictor][len(parts) - 1:]
+    check_kinds([drafter])
+    if schedule not in SCHEDULES or predictor not in PREDICTORS:
+        raise InvalidArgument(f"bad method {item!r}: schedule is one of {', '.join(SCHEDULES)}, predictor one of "
+                              f"{', '.join(PREDICTORS)}")
+    try:
+        hop_ms = float(hop) if hop else args.hop_delay_ms
+    except ValueError:
+        raise InvalidArgument(f"bad method {item!r}: @HOP_MS must be a number of milliseconds") from None
+    return Method(drafter, schedule, predictor, hop_ms)
+
+
+def check_kinds(kinds: list[str]) -> list[str]:
+    unknown = [k for k in kinds if k not in DRAFTER_KINDS]
+    if unknown:
+        raise InvalidArgument(f"unknown drafters {unknown}; choose from {', '.join(DRAFTER_KINDS)}")
+    return kinds
 
 
 def run(args: argparse.Namespace) -> int:
     from specpipe.bench import benchmark, markdown_table, to_json
-    from specpipe.cli.wiring import embedded_generator
     from specpipe.prompts import load_suite
 
-    if args.pin and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    kinds = tuple(args.drafters.split(",")) if args.drafters else (args.drafter,)
-    unknown = [k for k in kinds if k not in DRAFTER_KINDS]
-    if unknown:
-        raise InvalidArgument(f"unknown drafters {unknown}; choose from {', '.join(DRAFTER_KINDS)}")
+    methods = parse_methods(args)
     if args.cache != "memory":
         raise InvalidArgument("bench gives each method a fresh in-memory n-gram store (so no method drafts from "
                               "outputs another learned); leave --cache at memory")
-    generator = embedded_generator(args, kinds)
-    prompts = [(p.id, generator.encode(messages=p.messages)) for p in load_suite(args.suite, args.limit)]
-    methods = {}
-    for kind in kinds:
-        speculation = replace(options.speculation_options(args), drafter=kind)
-        methods[f"specpipe {kind} k={speculation.draft_len} width={speculation.width}"] = \
-            (with_fresh_store(generator, kind), speculation)
-    summaries = benchmark(generator.verifier.model, generator.info.eos_token_ids, prompts, args.max_new_tokens, methods)
+    with contextlib.ExitStack() as stack:
+        if args.transport == "embedded":
+            generators = embedded_generators(args, methods)
+        else:
+            generators = stack.enter_context(grpc_generators(args, methods))
+        any_generator = next(iter(generators.values()))
+        prompts = [(p.id, any_generator.encode(messages=p.messages)) for p in load_suite(args.suite, args.limit)]
+        runs = {}
+        for method in methods:
+            speculation = replace(options.speculation_options(args), drafter=method.drafter, schedule=method.schedule,
+                                  predictor=method.predictor)
+            runs[method.name(speculation)] = (with_fresh_store(generators[method.hop_delay_ms], method.drafter),
+                                              speculation)
+        summaries = benchmark(args.baseline_model, any_generator.info.eos_token_ids, prompts, args.max_new_tokens, runs)
     print(markdown_table(summaries))
     ok = all(s.identical == s.prompts for s in summaries)
     print("lossless check: every output is identical to the verifier-only output" if ok else
@@ -68,11 +129,68 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         meta = {"preset": args.preset, "suite": args.suite, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-                "threads": torch.get_num_threads(), "pinned": args.pin, "machine": platform.processor() or platform.machine(),
-                "cpu_count": os.cpu_count(), "models": generator.info.model_name, "cache": args.cache}
+                "threads": torch.get_num_threads(), "pinned": args.pin, "transport": args.transport,
+                "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                "models": any_generator.info.model_name, "cache": args.cache}
         with open(args.json_file, "w") as f:
             json.dump(to_json(summaries, meta), f, indent=1)
     return 0 if ok else 1
+
+
+def pin(cores: int) -> None:
+    """Pin this process to its first `cores` allowed cores (one per service that runs at once)."""
+    if hasattr(os, "sched_setaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, set(allowed[:cores]))
+
+
+def embedded_generators(args: argparse.Namespace, methods: list[Method]) -> dict:
+    """One in-process generator; with a branch schedule the drafter and the verifier run at once, so
+    the process gets a core for each."""
+    from specpipe.cli.wiring import embedded_generator
+
+    if args.pin:
+        pin(2 if any(m.schedule == "branch" for m in methods) else 1)
+    generator = embedded_generator(args, tuple({m.drafter for m in methods}))
+    args.baseline_model = generator.verifier.model
+    return {0.0: generator}
+
+
+@contextlib.contextmanager
+def grpc_generators(args: argparse.Namespace, methods: list[Method]):
+    """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
+    core with --pin), and one orchestrator in this process per hop delay. The baseline runs here, on
+    the verifier's core."""
+    import pathlib
+    import tempfile
+
+    from specpipe.cli import up_cmd
+    from specpipe.cli.wiring import remote_generator
+    from specpipe.models import load_model
+    from specpipe.presets import model_specs
+
+    config = up_cmd.UpConfig(
+        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device, base_port=0,
+        threads_per_service=1, pin=args.pin, startup_timeout_s=600.0,
+        log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),
+        cache="memory")
+    cores = up_cmd.service_cores(config, ("verifier", "drafter"))
+    children = []
+    try:
+        for role in ("verifier", "drafter"):
+            children.append(up_cmd.start_service(role, config, cores.get(role), ()))
+        for child in children:
+            up_cmd.wait_serving(child, config.startup_timeout_s, threading.Event())
+        if "verifier" in cores:
+            os.sched_setaffinity(0, {cores["verifier"]})
+        options.set_threads(1)
+        verifier_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
+        args.baseline_model = load_model(verifier_spec, args.device)
+        yield {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
+                                     options.speculation_options(args), hop_delay_ms=hop)
+               for hop in sorted({m.hop_delay_ms for m in methods})}
+    finally:
+        up_cmd.stop_all(children[::-1])
 
 
 def with_fresh_store(generator, kind: str):

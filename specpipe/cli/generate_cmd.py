@@ -79,6 +79,7 @@ def generation_stats(rounds, num_tokens: int, elapsed_s: float) -> dict:
     """Per-generation summary; tokens_per_round is DE (tokens per verifier forward)."""
     drafted = sum(r.drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)
+    predicted = sum(r.hypotheses > 0 for r in rounds)
     return {
         "rounds": len(rounds),
         "drafted": drafted,
@@ -88,4 +89,7 @@ def generation_stats(rounds, num_tokens: int, elapsed_s: float) -> dict:
         "tokens_per_s": num_tokens / elapsed_s if elapsed_s > 0 else 0.0,
         "draft_ms": sum(r.draft_ms for r in rounds),
         "verify_ms": sum(r.verify_ms for r in rounds),
+        "hit_rate": sum(r.hit for r in rounds) / predicted if predicted else None,  # branch schedule
+        "hidden_draft_ms": sum(r.hidden_ms for r in rounds),
+        "verifier_idle_ms": sum(r.idle_ms for r in rounds),
     }

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from specpipe.presets import DEFAULT_PRESET, PRESETS
-from specpipe.types import DRAFTER_KINDS, SamplingParams, SpeculationOptions
+from specpipe.types import ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SamplingParams, SpeculationOptions
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,15 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
                        "env SPECPIPE_CACHE)")
     group.add_argument("--draft-len", type=int, default=4, metavar="K", help="draft depth per round (default: %(default)s)")
     group.add_argument("--width", type=int, default=1, help="tree width at the first draft levels; 1 = chain (default: %(default)s)")
+    group.add_argument("--schedule", default="sequential", choices=SCHEDULES,
+                       help="sequential: draft, then verify; branch: while the verifier checks a round, draft the "
+                       "next one for its predicted outcomes, roll back on a miss (default: %(default)s)")
+    group.add_argument("--predictor", default="calibrated", choices=PREDICTORS,
+                       help="branch schedule: calibrated (drafter confidence, calibrated online) or paper (the "
+                       "fitted prediction function of seed 003, eq. 12) (default: %(default)s)")
+    group.add_argument("--hypotheses", type=hypotheses_arg, default=1, metavar="M",
+                       help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
+                       "outcome of the main chain (default: %(default)s)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +50,34 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
 
 
+def hypotheses_arg(value: str) -> int:
+    if value == "all":
+        return ALL_HYPOTHESES
+    try:
+        m = int(value)
+    except ValueError:
+        m = 0
+    if m < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'all', got {value!r}")
+    return m
+
+
+def speculation_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The speculation flags of args, to pass on to another specpipe command."""
+    hypotheses = "all" if args.hypotheses == ALL_HYPOTHESES else str(args.hypotheses)
+    return ("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width),
+            "--schedule", args.schedule, "--predictor", args.predictor, "--hypotheses", hypotheses)
+
+
+def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hop-delay-ms", type=float, default=0.0, metavar="MS",
+                        help="add MS of latency to each direction of every gRPC call to the verifier and drafter, "
+                        "to measure how well a schedule hides network latency on loopback (default: off)")
+
+
 def speculation_options(args: argparse.Namespace) -> SpeculationOptions:
-    return SpeculationOptions(drafter=args.drafter, draft_len=args.draft_len, width=args.width)
+    return SpeculationOptions(drafter=args.drafter, draft_len=args.draft_len, width=args.width,
+                              schedule=args.schedule, predictor=args.predictor, hypotheses=args.hypotheses)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

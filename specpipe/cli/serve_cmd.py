@@ -52,6 +52,7 @@ def register(subparsers) -> None:
             group.add_argument("--connect-timeout", type=float, default=600.0, metavar="S",
                                help="how long to wait at start for the verifier (loading its model) "
                                "(default: %(default)s)")
+            options.add_hop_delay_arg(group)
             options.add_speculation_args(sub)
         sub.set_defaults(func=run)
 
@@ -104,7 +105,8 @@ def _orchestrator(args: argparse.Namespace):
     tokenizer_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
     generator = remote_generator(tokenizer_spec, args.verifier_addr, args.drafter_addr,
                                  options.speculation_options(args), cache_url=args.cache,
-                                 rpc_timeout_s=args.rpc_timeout or None, connect_timeout_s=args.connect_timeout)
+                                 rpc_timeout_s=args.rpc_timeout or None, connect_timeout_s=args.connect_timeout,
+                                 hop_delay_ms=args.hop_delay_ms)
     return service(generator)
 
 

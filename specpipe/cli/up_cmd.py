@@ -44,7 +44,7 @@ class UpConfig:
     startup_timeout_s: float
     log_dir: pathlib.Path
     log_level: str
-    speculation: tuple[str, ...]  # orchestrator flags: --drafter ... --draft-len ... --width ...
+    speculation: tuple[str, ...]  # orchestrator flags: --drafter ... --schedule ... --hop-delay-ms ...
     cache: str                    # --cache: memory, redis (a local redis-server) or a store URL
 
 
@@ -80,6 +80,7 @@ def register(subparsers) -> None:
     parser.add_argument("--log-dir", default=None, help="where the services' stdout / stderr go (default: a temp dir)")
     parser.add_argument("--log-level", default="INFO", type=str.upper, help="(default: %(default)s)")
     options.add_speculation_args(parser)
+    options.add_hop_delay_arg(parser)
     parser.set_defaults(func=run)
 
 
@@ -96,7 +97,7 @@ def _up(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
         log_level=args.log_level,
-        speculation=("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width)),
+        speculation=options.speculation_flags(args) + ("--hop-delay-ms", str(args.hop_delay_ms)),
         cache=args.cache,
     )
     config.log_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ def _up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
 
-    cores = _cores(config)
+    cores = service_cores(config, ROLES)
     children: dict[str, Child] = {}
     redis: local_redis.LocalRedis | None = None
     try:
@@ -116,13 +117,13 @@ def _up(args: argparse.Namespace) -> int:
         # orchestrator's private memory store there is none to share, so the drafter gets no --cache.
         store = () if cache_url == "memory" else ("--cache", cache_url)
         for role in ("verifier", "drafter"):
-            children[role] = _start(role, config, cores.get(role), store if role == "drafter" else ())
+            children[role] = start_service(role, config, cores.get(role), store if role == "drafter" else ())
         for role in ("verifier", "drafter"):
-            _wait_serving(children[role], config.startup_timeout_s, stop)
+            wait_serving(children[role], config.startup_timeout_s, stop)
         peers = ("--verifier-addr", children["verifier"].address, "--drafter-addr", children["drafter"].address)
-        children["orchestrator"] = _start("orchestrator", config, cores.get("orchestrator"),
+        children["orchestrator"] = start_service("orchestrator", config, cores.get("orchestrator"),
                                           peers + config.speculation + ("--cache", cache_url))
-        _wait_serving(children["orchestrator"], config.startup_timeout_s, stop)
+        wait_serving(children["orchestrator"], config.startup_timeout_s, stop)
         if stop.is_set():
             return 0
         _print_table(children, config, redis)
@@ -140,7 +141,7 @@ def _up(args: argparse.Namespace) -> int:
         print(f"specpipe up: error: {err}", file=sys.stderr, flush=True)
         return 1
     finally:
-        _stop_all(list(children.values())[::-1])
+        stop_all(list(children.values())[::-1])
         if redis is not None:
             redis.stop()  # last: the services may still write to it while they stop
 
@@ -149,18 +150,19 @@ class _Stopped(Exception):
     """Ctrl-C / SIGTERM during startup."""
 
 
-def _cores(config: UpConfig) -> dict[str, int]:
+def service_cores(config: UpConfig, roles: tuple[str, ...]) -> dict[str, int]:
+    """One core per role with --pin, when there are enough."""
     if not config.pin:
         return {}
     available = sorted(os.sched_getaffinity(0))
-    if len(available) < len(ROLES):
-        print(f"specpipe up: --pin needs {len(ROLES)} cores, this process may use {len(available)}; not pinning",
+    if len(available) < len(roles):
+        print(f"specpipe: pinning needs {len(roles)} cores, this process may use {len(available)}; not pinning",
               file=sys.stderr, flush=True)
         return {}
-    return dict(zip(ROLES, available))
+    return dict(zip(roles, available))
 
 
-def _start(role: str, config: UpConfig, core: int | None, extra: tuple[str, ...]) -> Child:
+def start_service(role: str, config: UpConfig, core: int | None, extra: tuple[str, ...]) -> Child:
     port, metrics_port = (0, 0) if config.base_port == 0 else (
         config.base_port + PORT_OFFSET[role], config.base_port + METRICS_OFFSET + PORT_OFFSET[role])
     cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
@@ -195,7 +197,7 @@ def _child_setup(core: int | None) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def _wait_serving(child: Child, timeout_s: float, stop: threading.Event) -> None:
+def wait_serving(child: Child, timeout_s: float, stop: threading.Event) -> None:
     """Wait for the child's ready line, then for its health to be SERVING."""
     from specpipe.cli.serve_cmd import READY_RE
     from specpipe.rpc.clients import VerifierClient
@@ -249,7 +251,7 @@ def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redi
           flush=True)
 
 
-def _stop_all(children: list[Child]) -> None:
+def stop_all(children: list[Child]) -> None:
     """SIGTERM every child (graceful gRPC stop), SIGKILL what is left after STOP_GRACE_S."""
     for child in children:
         if child.proc.poll() is None:

@@ -59,16 +59,18 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
 
 
 def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
-                     cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0):
+                     cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
+                     hop_delay_ms: float = 0.0):
     """The orchestrator of a distributed deployment: the verifier and the drafter service are gRPC
     clients. Each draft method the drafter service serves (ModelInfo.methods) goes through it; the
     n-gram and hybrid methods it does not serve run here, over the n-gram store cache_url, which this
     orchestrator feeds with every confirmed token (a drafter service drafting n-grams must use the
-    same store). Waits up to connect_timeout_s for the verifier (it may still be loading its model)."""
+    same store). Waits up to connect_timeout_s for the verifier (it may still be loading its model).
+    hop_delay_ms: latency added to each direction of every call to the verifier and the drafter."""
     from orchestrator.generator import Generator
     from specpipe.rpc.clients import DrafterClient, VerifierClient
 
-    verifier = VerifierClient(verifier_addr, timeout_s=rpc_timeout_s)
+    verifier = VerifierClient(verifier_addr, timeout_s=rpc_timeout_s, hop_delay_ms=hop_delay_ms)
     verifier.wait_ready(connect_timeout_s)
     store = ngram_cache(cache_url)
     served: dict = {}
@@ -79,7 +81,8 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
                 methods = probe.info().methods or methods
         except SpecpipeError as err:  # not up yet: assume the small model alone
             log.warning("drafter service unreachable at start", extra={"error": str(err)})
-        served = {method: DrafterClient(drafter_addr, timeout_s=rpc_timeout_s, method=method) for method in methods}
+        served = {method: DrafterClient(drafter_addr, timeout_s=rpc_timeout_s, method=method, hop_delay_ms=hop_delay_ms)
+                  for method in methods}
     local = build_drafters(("ngram", "hybrid") if "model" in served else ("ngram",), store, served.get("model"),
                            verifier.info())
     return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store)

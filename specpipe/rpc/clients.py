@@ -4,6 +4,7 @@ client. A failed call raises the same specpipe.errors exception the in-process o
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Iterator, Sequence
 
 import grpc
@@ -55,17 +56,25 @@ def _encoding(what: str):
 
 
 class _Client:
-    """A channel to one target; timeout_s is the per-call deadline (None = none)."""
+    """A channel to one target; timeout_s is the per-call deadline (None = none); hop_delay_ms is
+    latency added to each direction of every call (an emulated network, for benchmarks)."""
 
-    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
+                 hop_delay_ms: float = 0.0):
         self.target = target
         self.timeout_s = timeout_s
         self.wait_for_ready = wait_for_ready  # True: calls wait for the server (startup) instead of failing fast
+        self.hop_delay_s = hop_delay_ms / 1e3
         self._channel = channel(target)
 
     def _call(self, method, request):
+        if self.hop_delay_s:
+            time.sleep(self.hop_delay_s)  # the request's way
         with _errors():
-            return method(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
+            reply = method(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
+        if self.hop_delay_s:
+            time.sleep(self.hop_delay_s)  # the reply's way
+        return reply
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until the channel connects; Unavailable after timeout_s."""
@@ -93,8 +102,9 @@ class _Client:
 class VerifierClient(_Client):
     """specpipe.protocols.Verifier over gRPC."""
 
-    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
-        super().__init__(target, timeout_s, wait_for_ready)
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
+                 hop_delay_ms: float = 0.0):
+        super().__init__(target, timeout_s, wait_for_ready, hop_delay_ms)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
 
     def info(self) -> types.ModelInfo:
@@ -122,8 +132,9 @@ class VerifierClient(_Client):
 class DrafterClient(_Client):
     """specpipe.protocols.Drafter over gRPC: one draft method (ModelInfo.methods) of a drafter service."""
 
-    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False, method: str = ""):
-        super().__init__(target, timeout_s, wait_for_ready)
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False, method: str = "",
+                 hop_delay_ms: float = 0.0):
+        super().__init__(target, timeout_s, wait_for_ready, hop_delay_ms)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self.method = method  # "" = the service's first method
 
@@ -131,7 +142,8 @@ class DrafterClient(_Client):
         return convert.model_info_from_proto(self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest()))
 
     def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: types.SamplingParams
+        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: types.SamplingParams,
+        epoch: int = 0,
     ) -> types.ProposeResult:
         with _encoding("propose request"):
             request = drafter_pb2.ProposeRequest(
@@ -141,10 +153,9 @@ class DrafterClient(_Client):
                 width=width,
                 sampling=convert.sampling_to_proto(sampling),
                 method=self.method,
+                epoch=epoch,
             )
-        reply = self._call(self._stub.Propose, request)
-        return types.ProposeResult(convert.draft_from_proto(reply.draft), reply.draft_ms,
-                                   convert.sources_from_proto(reply.sources))
+        return convert.propose_result_from_proto(self._call(self._stub.Propose, request))
 
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, verifier_pb2.ReleaseRequest(session_id=session_id)).released

@@ -9,12 +9,12 @@ implementations validate, so embedded and distributed callers get the same error
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Sequence
 
 from specpipe import types
 from specpipe.errors import InvalidArgument
-from specpipe.v1 import common_pb2, generation_pb2, verifier_pb2
+from specpipe.v1 import common_pb2, drafter_pb2, generation_pb2, verifier_pb2
 
 FINISH_TO_PROTO = {
     "": generation_pb2.FINISH_REASON_UNSPECIFIED,
@@ -84,6 +84,20 @@ def sources_from_proto(values: Sequence[int]) -> tuple[str, ...]:
                  for value in values)
 
 
+def propose_result_to_proto(result: types.ProposeResult) -> drafter_pb2.ProposeReply:
+    return drafter_pb2.ProposeReply(
+        draft=draft_to_proto(result.draft), draft_ms=result.draft_ms, sources=sources_to_proto(result.sources),
+        confidence=result.confidence, runner_up=result.runner_up, runner_up_confidence=result.runner_up_confidence,
+    )
+
+
+def propose_result_from_proto(msg: drafter_pb2.ProposeReply) -> types.ProposeResult:
+    return types.ProposeResult(
+        draft_from_proto(msg.draft), msg.draft_ms, sources_from_proto(msg.sources),
+        tuple(msg.confidence), tuple(msg.runner_up), tuple(msg.runner_up_confidence),
+    )
+
+
 def model_info_to_proto(info: types.ModelInfo) -> verifier_pb2.ModelInfo:
     return verifier_pb2.ModelInfo(
         model_name=info.model_name,
@@ -133,13 +147,11 @@ def verify_result_from_proto(msg: verifier_pb2.VerifyReply) -> types.VerifyResul
 # --- generation.proto --------------------------------------------------------------------------
 
 def round_to_proto(stats: types.RoundStats) -> generation_pb2.RoundStats:
-    return generation_pb2.RoundStats(
-        drafted=stats.drafted, accepted=stats.accepted, draft_ms=stats.draft_ms, verify_ms=stats.verify_ms
-    )
+    return generation_pb2.RoundStats(**asdict(stats))
 
 
 def round_from_proto(msg: generation_pb2.RoundStats) -> types.RoundStats:
-    return types.RoundStats(drafted=msg.drafted, accepted=msg.accepted, draft_ms=msg.draft_ms, verify_ms=msg.verify_ms)
+    return types.RoundStats(**{f.name: getattr(msg, f.name) for f in fields(types.RoundStats)})
 
 
 def chunk_to_proto(chunk: types.GenerationChunk) -> generation_pb2.GenerateChunk:
@@ -165,18 +177,15 @@ def chunk_from_proto(msg: generation_pb2.GenerateChunk) -> types.GenerationChunk
 
 
 def speculation_to_proto(options: types.SpeculationOptions) -> generation_pb2.SpeculationOptions:
-    return generation_pb2.SpeculationOptions(drafter=options.drafter, draft_len=options.draft_len, width=options.width)
+    return generation_pb2.SpeculationOptions(**asdict(options))
 
 
 def speculation_from_proto(
     msg: generation_pb2.SpeculationOptions, defaults: types.SpeculationOptions
 ) -> types.SpeculationOptions:
     """Zero / empty fields take the server's defaults."""
-    return types.SpeculationOptions(
-        drafter=msg.drafter or defaults.drafter,
-        draft_len=msg.draft_len or defaults.draft_len,
-        width=msg.width or defaults.width,
-    )
+    return types.SpeculationOptions(**{f.name: getattr(msg, f.name) or getattr(defaults, f.name)
+                                       for f in fields(types.SpeculationOptions)})
 
 
 @dataclass(frozen=True)

@@ -40,14 +40,20 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SpeculationOptions(_message.Message):
-    __slots__ = ("drafter", "draft_len", "width")
+    __slots__ = ("drafter", "draft_len", "width", "schedule", "predictor", "hypotheses")
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTOR_FIELD_NUMBER: _ClassVar[int]
+    HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
     drafter: str
     draft_len: int
     width: int
-    def __init__(self, drafter: _Optional[str] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
+    schedule: str
+    predictor: str
+    hypotheses: int
+    def __init__(self, drafter: _Optional[str] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., schedule: _Optional[str] = ..., predictor: _Optional[str] = ..., hypotheses: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "messages", "token_ids", "max_new_tokens", "stop", "sampling", "speculation")
@@ -70,16 +76,26 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationOptions, _Mapping]] = ...) -> None: ...
 
 class RoundStats(_message.Message):
-    __slots__ = ("drafted", "accepted", "draft_ms", "verify_ms")
+    __slots__ = ("drafted", "accepted", "draft_ms", "verify_ms", "hypotheses", "hit", "wasted", "hidden_ms", "idle_ms")
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
+    HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
+    HIT_FIELD_NUMBER: _ClassVar[int]
+    WASTED_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_MS_FIELD_NUMBER: _ClassVar[int]
     drafted: int
     accepted: int
     draft_ms: float
     verify_ms: float
-    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ...) -> None: ...
+    hypotheses: int
+    hit: bool
+    wasted: int
+    hidden_ms: float
+    idle_ms: float
+    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., hypotheses: _Optional[int] = ..., hit: _Optional[bool] = ..., wasted: _Optional[int] = ..., hidden_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("request_id", "token_ids", "text", "finish_reason", "round")
