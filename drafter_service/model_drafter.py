@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specpipe import metrics, runner
 from specpipe.errors import Aborted, InvalidArgument
@@ -33,7 +33,7 @@ BRANCH_LEVELS = 2  # tree drafts add the top-(width - 1) alternatives at this ma
 
 @dataclass
 class _Branch:
-    cache: DynamicCache
+    cache: runner.Cache
     tokens: list[int] = field(default_factory=list)  # the tokens whose KV the cache holds
     epoch: int = 0                                   # of the last proposal that used it
     busy: bool = False
@@ -47,9 +47,10 @@ class _Session:
 
 class ModelDrafter:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
-                 max_branches: int = 4):
-        self._model = model
-        self._info = info
+                 max_branches: int = 4, mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS):
+        self._runner = runner.Runner(model, mode, buckets=buckets)
+        self._runner.warm_up()  # graphs: every forward bucket now, before the first request
+        self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
         self._max_q_entries = max_q_entries
         self._max_branches = max_branches  # per session
@@ -134,7 +135,7 @@ class ModelDrafter:
             if epoch < session.epoch:  # a newer proposal dropped this one's hypothesis: stop now
                 metrics.STALE_PROPOSALS.inc()
                 raise Aborted(f"epoch {epoch} is stale: the session is at epoch {session.epoch}")
-            logits = runner.forward(self._model, branch.cache, token_ids)[-1]
+            logits = self._runner.forward(branch.cache, token_ids)[-1]
             branch.tokens.extend(token_ids)
             return logits
 
@@ -166,7 +167,7 @@ class ModelDrafter:
 
     def _session(self, session_id: str, epoch: int) -> _Session:
         with self._sessions_lock:
-            session = self._sessions.pop(session_id, None) or _Session([_Branch(runner.new_cache(self._model))])
+            session = self._sessions.pop(session_id, None) or _Session([_Branch(self._runner.new_cache())])
             self._sessions[session_id] = session  # most recently used last
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)

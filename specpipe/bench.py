@@ -43,8 +43,10 @@ class MethodSummary:
     speedup: float               # tokens/s over the baseline's
     tokens_per_round: float      # DE: tokens per verifier forward
     acceptance: float            # accepted / drafted
-    identical: int               # prompts whose output equals the baseline's token for token
+    identical: int               # prompts whose output equals the reference's token for token
     prompts: int
+    reference: str = BASELINE    # whose outputs `identical` compares with: the verifier alone, run the same way
+    speedup_reference: float | None = None  # tokens/s over the reference's, where it is not the baseline
     hit_rate: float = 0.0        # rounds whose outcome matched a hypothesis / rounds with hypotheses
     hidden_share: float = 0.0    # draft time hidden behind verification / draft time
     idle_share: float = 0.0      # verifier idle between rounds / wall time
@@ -79,26 +81,27 @@ def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_ne
     )
 
 
-def summarize(method: str, runs: list[PromptRun], baseline: list[PromptRun] | None) -> MethodSummary:
+def summarize(method: str, runs: list[PromptRun], baseline: list[PromptRun] | None,
+              reference: tuple[str, list[PromptRun]] | None = None) -> MethodSummary:
+    """baseline: the runs speed-up is over (None: this is the baseline); reference: (name, runs) of
+    the verifier alone run the same way as this method, the lossless check's yardstick (None: the
+    baseline)."""
     tokens = sum(len(r.token_ids) for r in runs)
     seconds = sum(r.seconds for r in runs)
-    tokens_per_s = tokens / seconds if seconds else 0.0
+    tokens_per_s = throughput(runs)
     rounds = sum(r.rounds for r in runs)
     drafted = sum(r.drafted for r in runs)
-    if baseline is None:
-        speedup, identical = 1.0, len(runs)
-    else:
-        base_tokens = sum(len(r.token_ids) for r in baseline)
-        base_seconds = sum(r.seconds for r in baseline)
-        speedup = tokens_per_s / (base_tokens / base_seconds) if base_seconds else 0.0
-        identical = sum(r.token_ids == b.token_ids for r, b in zip(runs, baseline))
+    speedup = tokens_per_s / throughput(baseline) if baseline else 1.0
+    reference_name, reference_runs = reference or (BASELINE, baseline or runs)
+    identical = sum(r.token_ids == b.token_ids for r, b in zip(runs, reference_runs))
+    speedup_reference = tokens_per_s / throughput(reference_runs) if reference else None
     predicted = sum(r.predicted for r in runs)
     draft_ms = sum(r.draft_ms for r in runs)
     return MethodSummary(
         method, tokens, seconds, tokens_per_s, speedup,
         tokens_per_round=tokens / rounds if rounds else 1.0,
         acceptance=sum(r.accepted for r in runs) / drafted if drafted else 0.0,
-        identical=identical, prompts=len(runs),
+        identical=identical, prompts=len(runs), reference=reference_name, speedup_reference=speedup_reference,
         hit_rate=sum(r.hits for r in runs) / predicted if predicted else 0.0,
         hidden_share=sum(r.hidden_ms for r in runs) / draft_ms if draft_ms else 0.0,
         idle_share=sum(r.idle_ms for r in runs) / (seconds * 1e3) if seconds else 0.0,
@@ -106,11 +109,18 @@ def summarize(method: str, runs: list[PromptRun], baseline: list[PromptRun] | No
     )
 
 
+def throughput(runs: list[PromptRun]) -> float:
+    seconds = sum(r.seconds for r in runs)
+    return sum(len(r.token_ids) for r in runs) / seconds if seconds else 0.0
+
+
 def benchmark(verifier_model, eos: Sequence[int], prompts, max_new_tokens: int,
-              methods: dict[str, tuple[object, SpeculationOptions]], progress: bool = True) -> list[MethodSummary]:
-    """prompts: [(prompt_id, prompt_ids)]; methods: name -> (generator, speculation options). Each
-    prompt runs the baseline and then every method back to back, so a change in machine load during
-    the run falls on every method alike."""
+              methods: dict[str, tuple[object, SpeculationOptions]], reference: str | None = None,
+              progress: bool = True) -> list[MethodSummary]:
+    """prompts: [(prompt_id, prompt_ids)]; methods: name -> (generator, speculation options);
+    reference: the method whose outputs the others must equal (the compiled verifier alone), None
+    for the baseline. Each prompt runs the baseline and then every method back to back, so a change
+    in machine load during the run falls on every method alike."""
     runs: dict[str, list[PromptRun]] = {BASELINE: [], **{method: [] for method in methods}}
     for prompt_id, ids in tqdm(prompts, desc=f"{len(methods) + 1} methods per prompt", disable=not progress):
         tokens, seconds = run_baseline(verifier_model, ids, max_new_tokens, eos)
@@ -118,21 +128,27 @@ def benchmark(verifier_model, eos: Sequence[int], prompts, max_new_tokens: int,
         for method, (generator, speculation) in methods.items():
             runs[method].append(run_speculative(generator, prompt_id, ids, max_new_tokens, speculation))
     return [summarize(BASELINE, runs[BASELINE], None)] + [
-        summarize(method, runs[method], runs[BASELINE]) for method in methods
+        summarize(method, runs[method], runs[BASELINE],
+                  (reference, runs[reference]) if reference and method != reference else None)
+        for method in methods
     ]
 
 
 def markdown_table(summaries: list[MethodSummary]) -> str:
+    compiled = next((s.reference for s in summaries if s.speedup_reference is not None), None)
+    extra = f" speed-up over {compiled} |" if compiled else ""
     lines = [
-        "| method | tokens/s | speed-up | tokens per verify (DE) | acceptance | hit rate | draft hidden "
-        "| verifier idle | identical to baseline |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| method | tokens/s | speed-up |" + extra + " tokens per verify (DE) | acceptance | hit rate | draft hidden "
+        "| verifier idle | identical to |",
+        "| --- | ---: | ---: |" + (" ---: |" if compiled else "") + " ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for s in summaries:
         branch = any(r.predicted for r in s.runs)
-        lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {s.speedup:.2f}x | {s.tokens_per_round:.2f} | "
+        over = (f" {s.speedup_reference:.2f}x |" if s.speedup_reference is not None else " - |") if compiled else ""
+        lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {s.speedup:.2f}x |{over} {s.tokens_per_round:.2f} | "
                      f"{s.acceptance:.0%} | {f'{s.hit_rate:.0%}' if branch else '-'} | "
-                     f"{f'{s.hidden_share:.0%}' if branch else '-'} | {s.idle_share:.0%} | {s.identical}/{s.prompts} |")
+                     f"{f'{s.hidden_share:.0%}' if branch else '-'} | {s.idle_share:.0%} | "
+                     f"{s.reference}: {s.identical}/{s.prompts} |")
     return "\n".join(lines)
 
 

@@ -44,14 +44,23 @@ def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
     return mask
 
 
-def tree_attention_mask(parents: Sequence[int], past_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, 1 + n, past_len + 1 + n] additive mask for feeding [root] + nodes after past_len cached tokens."""
+def tree_allowed(parents: Sequence[int], past_len: int) -> torch.Tensor:
+    """[1 + n, past_len + 1 + n] bool: what [root] + nodes fed after past_len cached tokens may see."""
     n = len(parents)
     allowed = torch.zeros(1 + n, past_len + 1 + n, dtype=torch.bool)
     allowed[:, : past_len + 1] = True  # everyone sees the context and the root
     allowed[1:, past_len + 1 :] = ancestor_mask(parents)
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return allowed
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where allowed, the dtype's minimum elsewhere, as [1, 1, rows, columns]."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def tree_attention_mask(parents: Sequence[int], past_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, 1 + n, past_len + 1 + n] additive mask for feeding [root] + nodes after past_len cached tokens."""
+    return additive_mask(tree_allowed(parents, past_len), dtype)
 
 
 def tree_position_ids(parents: Sequence[int], past_len: int) -> torch.Tensor:

@@ -30,6 +30,15 @@ def reference_greedy(model, prompt_ids, max_new_tokens: int) -> list[int]:
     return tokens
 
 
+def golden_references(tokenizer, verifier_model, max_new_tokens: int) -> dict:
+    """prompt -> (prompt ids, reference output) for GOLDEN_PROMPTS."""
+    out = {}
+    for prompt in GOLDEN_PROMPTS:
+        ids = tuple(tokenizer(prompt)["input_ids"])
+        out[prompt] = (ids, reference_greedy(verifier_model, ids, max_new_tokens))
+    return out
+
+
 def run(generator, request) -> tuple[list[int], list]:
     token_ids, chunks = [], []
     for chunk in generator.generate(request):

@@ -64,12 +64,49 @@ class AlwaysWrong:
         pass
 
 
-def test_forced_misses_change_nothing(monkeypatch, tiny_generator, references):
+class PreDraftFirst:
+    """Verification waits for the round's pre-draft (a proposal that starts after the verification
+    did, if one starts within 0.5 s) to answer, so each pre-draft is finished before its verdict."""
+
+    def __init__(self, verifier, drafter):
+        self._verifier, self._drafter = verifier, drafter
+        self._changed = threading.Condition()
+        self._started = self._answered = 0  # proposals so far
+
+    def __getattr__(self, name):
+        return getattr(self._verifier, name)
+
+    def propose(self, *args, **kwargs):
+        with self._changed:
+            self._started += 1
+            self._changed.notify_all()
+        try:
+            return self._drafter.propose(*args, **kwargs)
+        finally:
+            with self._changed:
+                self._answered += 1
+                self._changed.notify_all()
+
+    def verify(self, *args, **kwargs):
+        with self._changed:
+            started = self._started
+            if self._changed.wait_for(lambda: self._started > started, timeout=0.5):
+                self._changed.wait_for(lambda: self._answered == self._started, timeout=10)
+        return self._verifier.verify(*args, **kwargs)
+
+
+def test_forced_misses_change_nothing(monkeypatch, tiny_tokenizer, tiny_verifier, tiny_drafter, references):
+    from orchestrator.generator import Generator
+
     monkeypatch.setattr(generator_module, "new_predictor", lambda kind, shared: AlwaysWrong())
+    gate = PreDraftFirst(tiny_verifier, tiny_drafter)
+    drafter = type("GatedDrafter", (), {"propose": gate.propose, "info": tiny_drafter.info,
+                                        "release": tiny_drafter.release})()
+    generator = Generator(tiny_tokenizer, gate, {"model": drafter})
     for prompt in GOLDEN_PROMPTS[:4]:
         ids, expected = references[prompt]
-        tokens, chunks = run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS,
-                                                               speculation=SpeculationOptions(schedule="branch")))
+        tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS,
+                                                          speculation=SpeculationOptions(schedule="branch")))
         assert tokens == expected
         predicted = [c.round for c in chunks if c.round.hypotheses]
         assert predicted and not any(r.hit for r in predicted)

@@ -16,7 +16,7 @@ from orchestrator.generator import Generator
 from specpipe.presets import model_specs
 from specpipe.rpc.server import ServerConfig, serve
 from specpipe.types import GREEDY, GenerationRequest, SpeculationOptions
-from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
+from tests.golden import GOLDEN_PROMPTS, assert_golden, golden_references, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 
 MAX_NEW_TOKENS = 48
@@ -62,11 +62,7 @@ def generator(request, tiny_tokenizer, tiny_verifier, tiny_drafter):
 
 @pytest.fixture(scope="module")
 def references(tiny_tokenizer, tiny_verifier):
-    out = {}
-    for prompt in GOLDEN_PROMPTS:
-        ids = tuple(tiny_tokenizer(prompt)["input_ids"])
-        out[prompt] = (ids, reference_greedy(tiny_verifier.model, ids, MAX_NEW_TOKENS))
-    return out
+    return golden_references(tiny_tokenizer, tiny_verifier.model, MAX_NEW_TOKENS)
 
 
 @pytest.mark.parametrize("speculation", [

@@ -68,3 +68,38 @@ def test_smollm2_over_grpc_equals_verifier_greedy(smollm2_grpc):
         ids = generator.encode(messages=[("user", chat)])
         tokens, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4)))
         assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "branch"])
+def test_smollm2_compiled_equals_verifier_greedy(smollm2, smollm2_compiled, schedule):
+    """--compile on (packed GEMMs): speculative == the compiled verifier alone == transformers
+    generate() on the compiled model; the eager output is reported beside it, not required."""
+    compiled, compiled_verifier = smollm2_compiled
+    _, eager_verifier = smollm2
+    drafted = accepted = changed = 0
+    for chat in CHATS:
+        ids = compiled.encode(messages=[("user", chat)])
+        expected = reference_greedy(compiled_verifier.model, ids, MAX_NEW_TOKENS)
+        alone, _ = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("none")))
+        speculation = SpeculationOptions(draft_len=4, schedule=schedule)
+        tokens, chunks = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
+        assert tokens == alone == expected, chat
+        drafted += sum(c.round.drafted for c in chunks)
+        accepted += sum(c.round.accepted for c in chunks)
+        changed += expected != reference_greedy(eager_verifier.model, ids, MAX_NEW_TOKENS)
+    assert 0 < accepted < drafted
+    print(f"compiled vs eager greedy output: {changed} of {len(CHATS)} chats differ")
+
+
+@pytest.fixture(scope="module")
+def smollm2_compiled(smollm2):
+    from drafter_service.model_drafter import ModelDrafter
+    from orchestrator.generator import Generator
+    from specpipe.presets import model_specs
+    from verifier_service.verifier import ModelVerifier
+
+    generator, _ = smollm2
+    verifier_spec, drafter_spec = model_specs("smollm2")
+    verifier = ModelVerifier.load(verifier_spec, mode="packed")
+    drafter = ModelDrafter.load(drafter_spec, mode="packed")
+    return Generator(generator.tokenizer, verifier, {"model": drafter}), verifier

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specpipe import metrics, runner
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -25,8 +25,6 @@ from specpipe.types import Draft, ModelInfo, SamplingParams, VerifyResult
 from specpipe.verification import (
     check_token_ids,
     check_tree,
-    tree_attention_mask,
-    tree_position_ids,
     verify_greedy,
 )
 
@@ -34,7 +32,7 @@ from specpipe.verification import (
 @dataclass
 class _Session:
     context: list[int]
-    cache: DynamicCache
+    cache: runner.Cache
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -46,9 +44,12 @@ def entropy(logits: torch.Tensor) -> float:
 
 
 class ModelVerifier:
-    def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0):
+    def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
+                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS):
         self._model = model
-        self._info = info
+        self._runner = runner.Runner(model, mode, buckets=buckets)
+        self._runner.warm_up()  # graphs: every forward bucket now, before the first request
+        self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
         self._session_ttl_s = session_ttl_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -75,11 +76,11 @@ class ModelVerifier:
             raise InvalidArgument(
                 f"prompt has {len(prompt_ids)} tokens; the context window is {self._info.max_context} tokens"
             )
-        session = _Session(list(prompt_ids), runner.new_cache(self._model))
+        session = _Session(list(prompt_ids), self._runner.new_cache())
         start = time.perf_counter()
         if len(prompt_ids) > 1:
             with self._forward_lock:
-                runner.forward(self._model, session.cache, prompt_ids[:-1])
+                self._runner.forward(session.cache, prompt_ids[:-1])
         metrics.PREFILL_MS.observe((time.perf_counter() - start) * 1e3)
         with self._sessions_lock:
             self._evict_idle()
@@ -115,13 +116,8 @@ class ModelVerifier:
         tree = not draft.is_chain
         start = time.perf_counter()
         with self._forward_lock:
-            logits = runner.forward(  # [1 + n, vocab]
-                self._model,
-                session.cache,
-                [session.context[-1], *draft.tokens],
-                position_ids=tree_position_ids(draft.parents, past_len) if tree else None,
-                attention_mask=tree_attention_mask(draft.parents, past_len, self._model.dtype) if tree else None,
-            )
+            logits = self._runner.forward(  # [1 + n, vocab]
+                session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
         verify_ms = (time.perf_counter() - start) * 1e3
         metrics.VERIFY_MS.labels(draft_nodes=str(len(draft))).observe(verify_ms)
 

@@ -41,6 +41,15 @@ def register(subparsers) -> None:
                         "`specpipe serve` processes on loopback, each pinned to its own core (default: %(default)s)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="do not pin to one CPU core per service (pinned by default)")
+    curve = parser.add_argument_group("forward curve")
+    curve.add_argument("--forward-curve", action="store_true",
+                       help="instead of decoding prompts: measure T(k), one forward of k new tokens after a "
+                       "300-token context, for the verifier and the drafter, eager and (with --compile on) "
+                       "compiled, and the speed-up bounds it implies")
+    curve.add_argument("--acceptance", default="0.99,0.72,0.42", metavar="LIST",
+                       help="per-token acceptance rates to compute bounds for (default: the model drafter's "
+                       "measured HumanEval, GSM8K and MT-Bench rates, %(default)s)")
+    curve.add_argument("--plot", default=None, metavar="PNG", help="write the curves as a PNG plot")
     options.add_model_args(parser)
     options.add_speculation_args(parser)
     options.add_hop_delay_arg(parser)
@@ -54,7 +63,9 @@ class Method:
     predictor: str
     hop_delay_ms: float = 0.0
 
-    def name(self, speculation: SpeculationOptions) -> str:
+    def name(self, speculation: SpeculationOptions, compiled: bool) -> str:
+        if self.drafter == "none":
+            return f"specpipe verifier alone{' compiled' if compiled else ''}"
         name = f"specpipe {self.drafter} k={speculation.draft_len} width={speculation.width} {self.schedule}"
         if self.schedule == "branch":
             m = "all" if speculation.hypotheses == ALL_HYPOTHESES else speculation.hypotheses
@@ -103,7 +114,14 @@ def run(args: argparse.Namespace) -> int:
     from specpipe.bench import benchmark, markdown_table, to_json
     from specpipe.prompts import load_suite
 
+    if args.forward_curve:
+        return run_forward_curve(args)
     methods = parse_methods(args)
+    compiled = args.compile == "on"
+    none = next((m for m in methods if m.drafter == "none"), None)
+    if compiled and none is None:  # the compiled verifier alone: the compiled methods' baseline and yardstick
+        none = Method("none", "sequential", args.predictor)
+        methods.insert(0, none)
     if args.cache != "memory":
         raise InvalidArgument("bench gives each method a fresh in-memory n-gram store (so no method drafts from "
                               "outputs another learned); leave --cache at memory")
@@ -118,23 +136,83 @@ def run(args: argparse.Namespace) -> int:
         for method in methods:
             speculation = replace(options.speculation_options(args), drafter=method.drafter, schedule=method.schedule,
                                   predictor=method.predictor)
-            runs[method.name(speculation)] = (with_fresh_store(generators[method.hop_delay_ms], method.drafter),
-                                              speculation)
-        summaries = benchmark(args.baseline_model, any_generator.info.eos_token_ids, prompts, args.max_new_tokens, runs)
+            runs[method.name(speculation, compiled)] = (
+                with_fresh_store(generators[method.hop_delay_ms], method.drafter), speculation)
+        reference = none.name(options.speculation_options(args), compiled) if compiled else None
+        summaries = benchmark(args.baseline_model, any_generator.info.eos_token_ids, prompts, args.max_new_tokens, runs,
+                              reference)
     print(markdown_table(summaries))
-    ok = all(s.identical == s.prompts for s in summaries)
-    print("lossless check: every output is identical to the verifier-only output" if ok else
-          "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output")
+    ok = all(s.identical == s.prompts for s in summaries if s.method != reference)
+    print("lossless check: every output is identical to the verifier-only output run the same way" if ok else
+          "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way")
+    if reference:
+        alone = next(s for s in summaries if s.method == reference)
+        print(f"compiled vs eager: the compiled verifier alone gave the eager generate() output on {alone.identical} "
+              f"of {alone.prompts} prompts" + ("" if alone.identical == alone.prompts else
+                                               " (floating-point differences changed a greedy token)"))
     if args.json_file:
         import torch
 
         meta = {"preset": args.preset, "suite": args.suite, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
                 "threads": torch.get_num_threads(), "pinned": args.pin, "transport": args.transport,
-                "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-                "models": any_generator.info.model_name, "cache": args.cache}
+                "compile": args.compile, "models": any_generator.info.model_name, "cache": args.cache, **machine_info()}
         with open(args.json_file, "w") as f:
             json.dump(to_json(summaries, meta), f, indent=1)
     return 0 if ok else 1
+
+
+def run_forward_curve(args: argparse.Namespace) -> int:
+    from specpipe import curve
+    from specpipe.models import load_model
+    from specpipe.presets import model_specs
+    from specpipe.runner import Runner
+
+    try:
+        acceptances = [float(a) for a in args.acceptance.split(",") if a]
+    except ValueError:
+        acceptances = []
+    if not acceptances or not all(0.0 <= a <= 1.0 for a in acceptances):
+        raise InvalidArgument(f"--acceptance takes rates in [0, 1], got {args.acceptance!r}")
+    if args.pin:
+        pin(1)
+    options.set_threads(args.threads)
+    modes = ("eager", options.forward_mode(args)) if args.compile == "on" else ("eager",)
+    curves: dict[str, dict[int, float]] = {}
+    for role, spec in zip(("verifier", "drafter"), model_specs(args.preset, args.verifier, args.draft_model)):
+        runners = {}
+        for mode in modes:  # a model each: packed changes its model in place
+            runners[f"{role} {mode}"] = Runner(load_model(spec, args.device), mode)
+            runners[f"{role} {mode}"].warm_up(progress=True)
+        curves.update(curve.forward_curves(runners, desc=f"T(k) {role}"))
+        del runners
+    print(curve.curve_markdown(curves))
+    bounds = {mode: curve.bounds_table(curves[f"verifier {mode}"], curves[f"drafter {mode}"][1], acceptances)
+              for mode in modes}
+    print()
+    print(curve.bounds_markdown(bounds))
+    if args.plot:
+        curve.plot_curves(curves, args.plot)
+    if args.json_file:
+        import torch
+
+        meta = {"preset": args.preset, "threads": torch.get_num_threads(), "pinned": args.pin, **machine_info()}
+        with open(args.json_file, "w") as f:
+            json.dump({"meta": meta, "curves": {label: {str(k): t for k, t in c.items()} for label, c in curves.items()},
+                       "bounds": bounds}, f, indent=1)
+    return 0
+
+
+def machine_info() -> dict:
+    """The CPU that the numbers come from: model name, vector extensions, cores."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            fields = {key.strip(): value for key, _, value in
+                      (line.partition(":") for line in f.read().split("\n\n")[0].splitlines())}
+        cpu = fields.get("model name", cpu).strip()
+        flags = set(fields.get("flags", "").split())
+    return {"machine": cpu, "cpu_count": os.cpu_count(),
+            "vector_extensions": [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if x in flags]}
 
 
 def pin(cores: int) -> None:
@@ -153,6 +231,11 @@ def embedded_generators(args: argparse.Namespace, methods: list[Method]) -> dict
         pin(2 if any(m.schedule == "branch" for m in methods) else 1)
     generator = embedded_generator(args, tuple({m.drafter for m in methods}))
     args.baseline_model = generator.verifier.model
+    if args.compile == "on":  # the verifier's model is compiled (packed in place); the baseline is eager
+        from specpipe.models import load_model
+        from specpipe.presets import model_specs
+
+        args.baseline_model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device)
     return {0.0: generator}
 
 
@@ -170,8 +253,9 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method]):
     from specpipe.presets import model_specs
 
     config = up_cmd.UpConfig(
-        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device, base_port=0,
-        threads_per_service=1, pin=args.pin, startup_timeout_s=600.0,
+        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
+        compile=args.compile, base_port=0, threads_per_service=1, pin=args.pin,
+        startup_timeout_s=3600.0 if options.compile_on(args) else 600.0,
         log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),
         cache="memory")
     cores = up_cmd.service_cores(config, ("verifier", "drafter"))

@@ -17,6 +17,22 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
     group.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
     group.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all cores)")
+    add_compile_arg(group)
+
+
+def add_compile_arg(parser) -> None:
+    parser.add_argument("--compile", default="off", choices=("off", "on"),
+                        help="on: fast forward passes, chosen by --device. CPU: every linear layer runs a small-M "
+                        "GEMM kernel built for this CPU with the C compiler (once, cached) over weights packed at "
+                        "load; CUDA: a static KV cache and torch.compile'd CUDA graphs over bucketed shapes, "
+                        "compiled at start-up (default: %(default)s)")
+
+
+def forward_mode(args: argparse.Namespace) -> str:
+    """specpipe.runner's forward mode for --compile and --device: eager, packed (CPU) or graphs (CUDA)."""
+    if getattr(args, "compile", "off") != "on":
+        return "eager"
+    return "packed" if args.device.split(":")[0] == "cpu" else "graphs"
 
 
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:

@@ -75,7 +75,8 @@ def _verifier(args: argparse.Namespace):
     from verifier_service.verifier import ModelVerifier
     from specpipe.presets import model_specs
 
-    return service(ModelVerifier.load(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device))
+    spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
+    return service(ModelVerifier.load(spec, args.device, mode=options.forward_mode(args)))
 
 
 def _drafter(args: argparse.Namespace):
@@ -84,7 +85,8 @@ def _drafter(args: argparse.Namespace):
     from specpipe.cli.wiring import build_drafters, ngram_cache
     from specpipe.presets import model_specs
 
-    model = ModelDrafter.load(model_specs(args.preset, args.verifier, args.draft_model)[1], args.device)
+    spec = model_specs(args.preset, args.verifier, args.draft_model)[1]
+    model = ModelDrafter.load(spec, args.device, mode=options.forward_mode(args))
     if not args.cache:
         return service({"model": model})
     return service(build_drafters(("model", "ngram", "hybrid"), ngram_cache(args.cache), model, model.info()))

@@ -38,6 +38,7 @@ class UpConfig:
     verifier: str | None
     draft_model: str | None
     device: str
+    compile: str             # off | on (verifier and drafter)
     base_port: int           # 0 = free ports
     threads_per_service: int
     pin: bool
@@ -71,6 +72,7 @@ def register(subparsers) -> None:
     parser.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
     parser.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
     parser.add_argument("--device", default="cpu", help="torch device of the model services (default: %(default)s)")
+    options.add_compile_arg(parser)
     parser.add_argument("--base-port", type=int, default=50051,
                         help="gRPC ports N (orchestrator), N+1 (verifier), N+2 (drafter), metrics ports "
                         f"N+{METRICS_OFFSET}..; 0 = free ports (default: %(default)s)")
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     config = UpConfig(
         preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
-        base_port=args.base_port, threads_per_service=args.threads_per_service, pin=args.pin,
+        compile=args.compile, base_port=args.base_port, threads_per_service=args.threads_per_service, pin=args.pin,
         startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
         log_level=args.log_level,
@@ -167,7 +169,7 @@ def start_service(role: str, config: UpConfig, core: int | None, extra: tuple[st
         config.base_port + PORT_OFFSET[role], config.base_port + METRICS_OFFSET + PORT_OFFSET[role])
     cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
            "--metrics-port", str(metrics_port), "--preset", config.preset, "--device", config.device,
-           "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
+           "--compile", config.compile, "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
     if config.verifier:
         cmd += ["--verifier", config.verifier]
     if config.draft_model:

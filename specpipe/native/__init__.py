@@ -1,0 +1,143 @@
+"""Packed linear layers: the CPU side of `--compile on`.
+
+Every fp32 nn.Linear of a model is replaced by a PackedLinear whose weight is packed once into
+column panels and multiplied by packed_gemm.c, a small-M GEMM built for this CPU (cc -O3
+-march=native) the first time it is needed and cached under $SPECPIPE_HOME/kernels. Why: BLAS is
+slow exactly at the 1-32 rows that decoding and verification feed (packed_gemm.c says more), and
+torch.compile on CPU lowers fp32 linears to the same BLAS calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specpipe.errors import FailedPrecondition
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("packed_gemm.c")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+
+
+def _cpu_fingerprint() -> str:
+    """What -march=native compiles for: the CPU model and its feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine() + platform.processor()
+    keys = ("model name", "flags", "Features", "CPU part")
+    return platform.machine() + "".join(sorted({line for line in lines if line.split(":")[0].strip() in keys}))
+
+
+def _compiler() -> str:
+    cc = shutil.which(os.environ["CC"]) if os.environ.get("CC") else shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise FailedPrecondition("--compile on builds a small C kernel for this CPU and needs a C compiler: "
+                                 f"install gcc, or set CC (CC={os.environ.get('CC', '')!r})")
+    return cc
+
+
+def build(cc: str | None = None) -> Path:
+    """The kernel library for this CPU, compiled now unless a cached build exists."""
+    from specpipe.packaged import home
+
+    cc = cc or _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_fingerprint()]).encode())
+    target = home() / "kernels" / f"packed_gemm-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    for openmp in (["-fopenmp"], []):  # threads over column panels where the compiler has OpenMP
+        proc = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+    else:
+        raise FailedPrecondition(f"building the packed GEMM kernel failed ({cc}): {proc.stderr.strip()[-2000:]}")
+    os.replace(partial, target)  # atomic: a concurrent build of the same key writes the same bytes
+    log.info("built the packed GEMM kernel", extra={"path": str(target), "openmp": bool(openmp)})
+    return target
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build()))
+    lib.specpipe_panel_width.restype = ctypes.c_int
+    lib.specpipe_packed_linear.restype = None
+    lib.specpipe_packed_linear.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int,
+    ]
+    return lib
+
+
+def panel_width() -> int:
+    return library().specpipe_panel_width()
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N / P), K, P]: column panels of P output features, zero-padded."""
+    n, k = weight.shape
+    p = panel_width()
+    padded = torch.zeros((n + p - 1) // p * p, k, dtype=torch.float32)
+    padded[:n] = weight
+    return padded.view(-1, p, k).transpose(1, 2).contiguous()
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 -> x @ W^T + bias, [M, out_features]; W as pack_weight gave it."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"packed linear layers take float32 CPU inputs, got {x.dtype} on {x.device}")
+    x = x.contiguous()
+    m, k = x.shape
+    if k != packed.shape[1]:
+        raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
+    y = torch.empty(m, out_features, dtype=torch.float32)
+    library().specpipe_packed_linear(
+        x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
+        y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear over a packed weight (the original weight is not kept)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        with torch.no_grad():
+            self.register_buffer("packed", pack_weight(linear.weight.detach().float()))
+            bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = packed_linear(x.reshape(-1, self.in_features), self.packed, self.out_features, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every fp32 CPU nn.Linear in model by a PackedLinear, one at a time (so peak memory
+    grows by one layer); returns how many were replaced."""
+    library()  # build (or find) the kernel first: a missing compiler fails before anything changes
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                setattr(parent, name, PackedLinear(child))
+                replaced += 1
+    return replaced

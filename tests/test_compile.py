@@ -1,0 +1,165 @@
+"""Compiled forward passes (`--compile on`): packed GEMMs (CPU) and torch.compile'd graphs over
+static KV slots (CUDA; run here on the CPU through inductor).
+
+Slot bookkeeping (chunked prefill, crop, fork, tree compaction, trees past the largest bucket) gives
+the logits of the eager DynamicCache path. Golden, for both compiled modes: speculative output ==
+the verifier's greedy output run the same way (transformers generate() on the compiled model, and
+the compiled verifier alone), for every drafter kind, both schedules and a tree (tiny preset; graphs
+with two buckets to keep compile time small).
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cache_service.memory import InMemoryNgramCache
+from specpipe import runner
+from specpipe.models import tiny_model
+from specpipe.types import ROOT, GenerationRequest, SpeculationOptions
+from tests.golden import GOLDEN_PROMPTS, golden_references, run
+from tests.test_golden_ngram import generator_with
+
+BUCKETS = (1, 8)
+MAX_NEW_TOKENS = 32
+CONTEXT = [(7 * i + 3) % 250 for i in range(50)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_static_slot_matches_dynamic_cache(model):
+    eager, static = runner.Runner(model), runner.Runner(model, static=True, buckets=(1, 2, 4, 8))
+    dynamic_cache, slot = eager.new_cache(), static.new_cache()
+    assert isinstance(slot, runner.StaticKV)
+
+    def both(token_ids, parents=None):
+        a, b = eager.forward(dynamic_cache, token_ids, parents), static.forward(slot, token_ids, parents)
+        assert close(a, b) and runner.cache_len(dynamic_cache) == runner.cache_len(slot)
+        return a
+
+    both(CONTEXT)                                   # 50 tokens: chunks of the largest bucket
+    both([5, 6, 7])                                 # a chain, padded to 4
+    parents = (ROOT, 0, ROOT, 2, 3)
+    both([8, 9, 10, 11, 12, 13], parents)           # a tree, padded to 8
+    for cache in (dynamic_cache, slot):
+        runner.keep_tree_path(cache, len(CONTEXT) + 4, [2, 3, 4])  # a path that is not a chain prefix
+    both([14])
+    big_tree = (ROOT,) + tuple(range(11))           # 13 tokens with the root: past the largest bucket
+    both(list(range(20, 33)), big_tree)
+    for cache in (dynamic_cache, slot):
+        runner.crop(cache, len(CONTEXT) + 2)
+    forks = [runner.fork(c, len(CONTEXT)) for c in (dynamic_cache, slot)]
+    a, b = eager.forward(forks[0], [40, 41]), static.forward(forks[1], [40, 41])
+    assert close(a, b)
+    both([42])                                      # the original slot is untouched by its fork
+
+
+def test_slot_bounds_the_context(model):
+    static = runner.Runner(model, static=True, max_context=64, buckets=(1, 8))
+    slot = static.new_cache()
+    static.forward(slot, CONTEXT)
+    with pytest.raises(ValueError, match="exceed the slot"):
+        static.forward(slot, list(range(20)))
+    from specpipe.models import model_info
+    from specpipe.presets import model_specs
+
+    info = model_info(model_specs("tiny")[0], model)
+    assert runner.served_info(info, static).max_context == 64
+    assert runner.served_info(info, runner.Runner(model)).max_context == info.max_context
+
+
+@pytest.fixture(scope="module", params=["packed", "graphs"])
+def compiled(request, tiny_tokenizer):
+    """A compiled verifier and drafter (tiny preset) behind one generator over an in-memory store."""
+    from drafter_service.model_drafter import ModelDrafter
+    from specpipe.presets import model_specs
+    from verifier_service.verifier import ModelVerifier
+
+    verifier_spec, drafter_spec = model_specs("tiny")
+    verifier = ModelVerifier.load(verifier_spec, mode=request.param, buckets=BUCKETS)
+    drafter = ModelDrafter.load(drafter_spec, mode=request.param, buckets=BUCKETS)
+    return generator_with(InMemoryNgramCache(), tiny_tokenizer, verifier, drafter)
+
+
+@pytest.fixture(scope="module")
+def references(compiled, tiny_tokenizer):
+    """transformers greedy generate() of the verifier run the same way (packed: the packed model)."""
+    return golden_references(tiny_tokenizer, compiled.verifier.model, MAX_NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def eager_references(tiny_tokenizer, tiny_verifier):
+    return golden_references(tiny_tokenizer, tiny_verifier.model, MAX_NEW_TOKENS)
+
+
+def test_compiled_verifier_alone_equals_generate(compiled, references, eager_references):
+    for prompt, (ids, expected) in references.items():
+        tokens, _ = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("none")))
+        assert tokens == expected
+        assert expected == eager_references[prompt][1]  # here no token changes between eager and compiled
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
+@pytest.mark.parametrize("schedule", ["sequential", "branch"])
+def test_golden_compiled(compiled, references, drafter, schedule):
+    speculation = SpeculationOptions(drafter, 4, schedule=schedule)
+    accepted = 0
+    for ids, expected in references.values():
+        tokens, chunks = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
+        assert tokens == expected
+        accepted += sum(c.round.accepted for c in chunks if c.round)
+    assert accepted > 0
+
+
+def test_golden_compiled_tree(compiled, references):
+    speculation = SpeculationOptions("model", 4, width=2)
+    for ids, expected in references.values():
+        assert run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))[0] == expected
+
+
+@pytest.mark.parametrize("compiled", ["graphs"], indirect=True)
+def test_no_compilation_after_warm_up(compiled, references):
+    """Warm-up compiled every bucket: new sessions, forks and rollbacks reuse the graphs."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    assert before >= len(BUCKETS)  # the counter counts: warm-up compiled a graph per bucket
+    ids = references[GOLDEN_PROMPTS[0]][0]
+    for schedule in ("sequential", "branch"):
+        run(compiled, GenerationRequest(ids, 16, speculation=SpeculationOptions("model", 4, schedule=schedule)))
+    assert counters["stats"]["unique_graphs"] == before
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--compile", "maybe", "hi"], "invalid choice: 'maybe'"),
+    (["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]"),
+    (["bench", "--forward-curve", "--acceptance", "high"], "--acceptance takes rates in [0, 1]"),
+])
+def test_cli_rejects_bad_compile_flags(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", *argv, "--preset", "tiny"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_forward_curve_and_bounds(model):
+    from specpipe import curve
+
+    measured = curve.forward_curves({"a": runner.Runner(model), "b": runner.Runner(model)}, sizes=(1, 2, 5),
+                                    context_len=20, repeats=1)
+    assert set(measured) == {"a", "b"} and all(set(c) == {1, 2, 5} and all(t > 0 for t in c.values())
+                                               for c in measured.values())
+    assert curve.expected_tokens(0.0, 4) == 1.0 and curve.expected_tokens(1.0, 4) == 5.0
+    flat = {1: 1.0, 2: 1.0, 5: 1.0}  # verifying is free, drafting costs 0.25 of a verify per token
+    sequential, overlapped = curve.speedup_bounds(flat, 0.25, 1.0, 4)
+    assert sequential == pytest.approx(5 / 2) and overlapped == pytest.approx(5 / 1)
+    rows = curve.bounds_table(flat, 0.25, [1.0])
+    assert rows[0]["sequential_gamma"] == 4 and rows[0]["overlapped_gamma"] == 4
+    assert "| eager | 1.00 | 2.50x (4) | 5.00x (4) |" in curve.bounds_markdown({"eager": rows})

@@ -1,0 +1,80 @@
+"""The packed small-M GEMM behind `--compile on` on CPU (specpipe.native): exact against a float64
+reference for every row count, row block and panel tail; batch invariant bit for bit; threads
+change nothing; a packed model gives the eager model's logits; no compiler is a clear error."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specpipe import native
+from specpipe.models import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def reference(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_matches_float64(n, k, bias):
+    torch.manual_seed(n * k)
+    w, b = torch.randn(n, k), torch.randn(n) if bias else None
+    packed = native.pack_weight(w)
+    assert packed.shape == ((n + native.panel_width() - 1) // native.panel_width(), k, native.panel_width())
+    for m in (1, 2, 3, 5, 8, 9, 17, 40):  # one row block, several, and partial ones
+        x = torch.randn(m, k)
+        torch.testing.assert_close(native.packed_linear(x, packed, n, b), reference(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_batch_invariant_and_thread_invariant():
+    """Each output element is one FMA chain over k: a row's bits do not depend on its batch mates,
+    its row block or the thread count."""
+    torch.manual_seed(0)
+    w, b = torch.randn(300, 200), torch.randn(300)
+    packed = native.pack_weight(w)
+    x = torch.randn(19, 200)
+    torch.set_num_threads(1)
+    together = native.packed_linear(x, packed, 300, b)
+    for i in range(len(x)):
+        assert torch.equal(native.packed_linear(x[i : i + 1], packed, 300, b)[0], together[i])
+    torch.set_num_threads(2)
+    assert torch.equal(native.packed_linear(x, packed, 300, b), together)
+
+
+def test_packed_model_gives_the_eager_logits():
+    eager, packed = tiny_model(), tiny_model()
+    linears = sum(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    assert native.pack_linears(packed) == linears > 0
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    ids = torch.tensor([[5, 17, 99, 3, 250, 8]])
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, eager(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_input_is_refused():
+    packed = native.pack_weight(torch.randn(4, 8))
+    with pytest.raises(ValueError, match="float32 CPU inputs"):
+        native.packed_linear(torch.randn(2, 8, dtype=torch.float64), packed, 4)
+    with pytest.raises(ValueError, match="the layer takes 8"):
+        native.packed_linear(torch.randn(2, 7), packed, 4)
+
+
+def test_no_compiler_is_a_clear_error(tmp_path):
+    """A fresh home has no cached build, and CC names no compiler: FAILED_PRECONDITION, said plainly."""
+    code = ("from specpipe import native\n"
+            "from specpipe.errors import FailedPrecondition\n"
+            "try:\n    native.build()\nexcept FailedPrecondition as err:\n    print(err)\n")
+    env = {**os.environ, "SPECPIPE_HOME": str(tmp_path), "CC": "no-such-cc"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert "needs a C compiler" in proc.stdout and "no-such-cc" in proc.stdout, proc.stdout + proc.stderr
