@@ -163,3 +163,21 @@ def test_forward_curve_and_bounds(model):
     rows = curve.bounds_table(flat, 0.25, [1.0])
     assert rows[0]["sequential_gamma"] == 4 and rows[0]["overlapped_gamma"] == 4
     assert "| eager | 1.00 | 2.50x (4) | 5.00x (4) |" in curve.bounds_markdown({"eager": rows})
+
+
+def test_bench_compiled_over_grpc_reports_both_baselines(tmp_path):
+    """`bench --compile on --transport grpc`: compiled services, the eager generate() baseline and the
+    compiled verifier alone in one run; compiled methods are checked against the compiled verifier."""
+    import json
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", "bench", "--preset", "tiny", "--limit", "2",
+                           "--max-new-tokens", "8", "--transport", "grpc", "--compile", "on", "--no-pin",
+                           "--methods", "model:branch", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "compiled vs eager: the compiled verifier alone gave the eager generate() output on 2 of 2" in proc.stdout
+    methods = {m["method"]: m for m in json.loads(out.read_text())["methods"]}
+    alone, branch = methods["specpipe verifier alone compiled"], methods["specpipe model k=4 width=1 branch calibrated M=1"]
+    assert alone["reference"] == "verifier-only generate()" and alone["speedup_reference"] is None
+    assert branch["reference"] == "specpipe verifier alone compiled" and branch["identical"] == 2
+    assert branch["speedup_reference"] > 0 and branch["speedup"] > 0

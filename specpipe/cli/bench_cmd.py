@@ -255,7 +255,7 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method]):
     config = up_cmd.UpConfig(
         preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
         compile=args.compile, base_port=0, threads_per_service=1, pin=args.pin,
-        startup_timeout_s=3600.0 if options.compile_on(args) else 600.0,
+        startup_timeout_s=3600.0 if options.forward_mode(args) == "graphs" else 600.0,
         log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),
         cache="memory")
     cores = up_cmd.service_cores(config, ("verifier", "drafter"))
