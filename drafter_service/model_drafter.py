@@ -47,8 +47,9 @@ class _Session:
 
 class ModelDrafter:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
-                 max_branches: int = 4, mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS):
-        self._runner = runner.Runner(model, mode, buckets=buckets)
+                 max_branches: int = 4, mode: str = "eager", weights: str = "fp32",
+                 buckets: Sequence[int] = runner.BUCKETS):
+        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)
         self._runner.warm_up()  # graphs: every forward bucket now, before the first request
         self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions

@@ -197,6 +197,7 @@ def static_inputs(past_len: int, n: int, tree_parents: Sequence[int] | None, siz
 
 
 MODES = ("eager", "packed", "graphs")
+PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class Runner:
@@ -204,9 +205,12 @@ class Runner:
     layers), so everything that runs the model, transformers generate() included, runs packed."""
 
     def __init__(self, model: PreTrainedModel, mode: str = "eager", max_context: int = STATIC_MAX_CONTEXT,
-                 buckets: Sequence[int] = BUCKETS, static: bool | None = None):
+                 buckets: Sequence[int] = BUCKETS, static: bool | None = None, weights: str = "fp32"):
+        """weights: fp32, or bf16 for a drafter's packed linear layers (packed mode only)."""
         if mode not in MODES:
             raise ValueError(f"unknown forward mode {mode!r}; choose from {', '.join(MODES)}")
+        if weights not in PACKED_WEIGHTS or (weights != "fp32" and mode != "packed"):
+            raise ValueError(f"weights {weights!r}: packed mode takes {', '.join(PACKED_WEIGHTS)}, other modes fp32")
         self.model = model
         self.mode = mode
         self.static = mode == "graphs" if static is None else static  # static slots without graphs: tests
@@ -216,7 +220,7 @@ class Runner:
         if mode == "packed":
             from specpipe import native
 
-            native.pack_linears(model)
+            native.pack_linears(model, PACKED_WEIGHTS[weights])
         if mode == "graphs":
             if self.buckets[-1] > BUCKETS[-1]:
                 raise ValueError(f"buckets go up to {BUCKETS[-1]} tokens")

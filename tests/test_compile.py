@@ -140,6 +140,7 @@ def test_no_compilation_after_warm_up(compiled, references):
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--compile", "maybe", "hi"], "invalid choice: 'maybe'"),
+    (["generate", "--draft-weights", "bf16", "--prompt", "hi"], "--draft-weights bf16 packs the drafter's weights"),
     (["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]"),
     (["bench", "--forward-curve", "--acceptance", "high"], "--acceptance takes rates in [0, 1]"),
 ])

@@ -1,6 +1,7 @@
 """The packed small-M GEMM behind `--compile on` on CPU (specpipe.native): exact against a float64
-reference for every row count, row block and panel tail; batch invariant bit for bit; threads
-change nothing; a packed model gives the eager model's logits; no compiler is a clear error."""
+reference for every row count, row block and panel tail, with fp32 and bf16 weights; batch
+invariant bit for bit; threads change nothing; a packed model gives the eager model's logits; no
+compiler is a clear error."""
 
 import os
 import subprocess
@@ -27,14 +28,17 @@ def reference(x, w, b):
 
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_linear_matches_float64(n, k, bias):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_matches_float64(n, k, bias, dtype):
     torch.manual_seed(n * k)
     w, b = torch.randn(n, k), torch.randn(n) if bias else None
-    packed = native.pack_weight(w)
+    packed = native.pack_weight(w, dtype)
+    assert packed.dtype == dtype
     assert packed.shape == ((n + native.panel_width() - 1) // native.panel_width(), k, native.panel_width())
+    stored = w.to(dtype).float()  # what the kernel multiplies by: bf16 weights are exact in fp32
     for m in (1, 2, 3, 5, 8, 9, 17, 40):  # one row block, several, and partial ones
         x = torch.randn(m, k)
-        torch.testing.assert_close(native.packed_linear(x, packed, n, b), reference(x, w, b), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(native.packed_linear(x, packed, n, b), reference(x, stored, b), atol=1e-4, rtol=1e-4)
 
 
 def test_batch_invariant_and_thread_invariant():
@@ -62,12 +66,24 @@ def test_packed_model_gives_the_eager_logits():
         torch.testing.assert_close(packed(ids).logits, eager(ids).logits, atol=1e-4, rtol=1e-4)
 
 
+def test_bf16_drafter_weights_stay_close():
+    eager, packed = tiny_model(), tiny_model()
+    native.pack_linears(packed, torch.bfloat16)
+    ids = torch.tensor([[5, 17, 99, 3, 250, 8]])
+    with torch.inference_mode():
+        a, b = packed(ids).logits, eager(ids).logits
+    assert (a - b).abs().max() < 0.05 * b.abs().max()  # bf16 keeps 8 bits of mantissa
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
+
+
 def test_bad_input_is_refused():
     packed = native.pack_weight(torch.randn(4, 8))
     with pytest.raises(ValueError, match="float32 CPU inputs"):
         native.packed_linear(torch.randn(2, 8, dtype=torch.float64), packed, 4)
     with pytest.raises(ValueError, match="the layer takes 8"):
         native.packed_linear(torch.randn(2, 7), packed, 4)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        native.pack_weight(torch.randn(4, 8), torch.float16)
 
 
 def test_no_compiler_is_a_clear_error(tmp_path):

@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
 
         meta = {"preset": args.preset, "suite": args.suite, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
                 "threads": torch.get_num_threads(), "pinned": args.pin, "transport": args.transport,
-                "compile": args.compile, "models": any_generator.info.model_name, "cache": args.cache, **machine_info()}
+                "compile": args.compile, "draft_weights": args.draft_weights, "models": any_generator.info.model_name,
+                "cache": args.cache, **machine_info()}
         with open(args.json_file, "w") as f:
             json.dump(to_json(summaries, meta), f, indent=1)
     return 0 if ok else 1
@@ -254,7 +255,7 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method]):
 
     config = up_cmd.UpConfig(
         preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
-        compile=args.compile, base_port=0, threads_per_service=1, pin=args.pin,
+        compile=args.compile, draft_weights=args.draft_weights, base_port=0, threads_per_service=1, pin=args.pin,
         startup_timeout_s=3600.0 if options.forward_mode(args) == "graphs" else 600.0,
         log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),
         cache="memory")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from specpipe.errors import InvalidArgument
 from specpipe.presets import DEFAULT_PRESET, PRESETS
 from specpipe.types import ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SamplingParams, SpeculationOptions
 
@@ -28,11 +29,27 @@ def add_compile_arg(parser) -> None:
                         "compiled at start-up (default: %(default)s)")
 
 
+    parser.add_argument("--draft-weights", default="fp32", choices=("fp32", "bf16"),
+                        help="with --compile on on a CPU, the weights of the drafter's packed linear layers: bf16 "
+                        "streams half the bytes per token, with fp32 arithmetic; it changes what the drafter "
+                        "proposes, never what is emitted (the verifier stays fp32) (default: %(default)s)")
+
+
 def forward_mode(args: argparse.Namespace) -> str:
     """specpipe.runner's forward mode for --compile and --device: eager, packed (CPU) or graphs (CUDA)."""
     if getattr(args, "compile", "off") != "on":
         return "eager"
     return "packed" if args.device.split(":")[0] == "cpu" else "graphs"
+
+
+def drafter_forward(args: argparse.Namespace) -> dict:
+    """The model drafter's forward options (ModelDrafter keywords) from --compile, --device and
+    --draft-weights."""
+    mode, weights = forward_mode(args), getattr(args, "draft_weights", "fp32")
+    if weights != "fp32" and mode != "packed":
+        raise InvalidArgument(f"--draft-weights {weights} packs the drafter's weights: it needs --compile on and a "
+                              "CPU --device")
+    return {"mode": mode, "weights": weights}
 
 
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:

@@ -86,7 +86,7 @@ def _drafter(args: argparse.Namespace):
     from specpipe.presets import model_specs
 
     spec = model_specs(args.preset, args.verifier, args.draft_model)[1]
-    model = ModelDrafter.load(spec, args.device, mode=options.forward_mode(args))
+    model = ModelDrafter.load(spec, args.device, **options.drafter_forward(args))
     if not args.cache:
         return service({"model": model})
     return service(build_drafters(("model", "ngram", "hybrid"), ngram_cache(args.cache), model, model.info()))

@@ -39,6 +39,7 @@ class UpConfig:
     draft_model: str | None
     device: str
     compile: str             # off | on (verifier and drafter)
+    draft_weights: str       # fp32 | bf16 (the drafter's packed weights)
     base_port: int           # 0 = free ports
     threads_per_service: int
     pin: bool
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     config = UpConfig(
         preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
-        compile=args.compile, base_port=args.base_port, threads_per_service=args.threads_per_service, pin=args.pin,
+        compile=args.compile, draft_weights=args.draft_weights, base_port=args.base_port,
+        threads_per_service=args.threads_per_service, pin=args.pin,
         startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
         log_level=args.log_level,
@@ -169,7 +171,8 @@ def start_service(role: str, config: UpConfig, core: int | None, extra: tuple[st
         config.base_port + PORT_OFFSET[role], config.base_port + METRICS_OFFSET + PORT_OFFSET[role])
     cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
            "--metrics-port", str(metrics_port), "--preset", config.preset, "--device", config.device,
-           "--compile", config.compile, "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
+           "--compile", config.compile, "--draft-weights", config.draft_weights,
+           "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
     if config.verifier:
         cmd += ["--verifier", config.verifier]
     if config.draft_model:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from specpipe.cli.options import forward_mode, set_threads, speculation_options
+from specpipe.cli.options import drafter_forward, forward_mode, set_threads, speculation_options
 from specpipe.errors import SpecpipeError
 from specpipe.models import load_tokenizer
 from specpipe.presets import model_specs
@@ -48,11 +48,13 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     set_threads(args.threads)
     kinds = set(drafter_kinds or (args.drafter,))
     verifier_spec, drafter_spec = model_specs(args.preset, args.verifier, args.draft_model)
+    uses_model = bool(kinds & {"model", "hybrid"})
+    forward = drafter_forward(args) if uses_model else {}  # a bad combination fails before the models load
     verifier = ModelVerifier.load(verifier_spec, args.device, mode=forward_mode(args))
     uses_store = bool(kinds & {"ngram", "hybrid"})
     if uses_store and store is None:
         store = ngram_cache(args.cache)
-    model = ModelDrafter.load(drafter_spec, args.device, mode=forward_mode(args)) if kinds & {"model", "hybrid"} else None
+    model = ModelDrafter.load(drafter_spec, args.device, **forward) if uses_model else None
     drafters = build_drafters(kinds, store, model, verifier.info())
     return Generator(load_tokenizer(verifier_spec), verifier, drafters, speculation_options(args),
                      store if uses_store else None)  # the store is fed only if drafted from

@@ -5,6 +5,10 @@ column panels and multiplied by packed_gemm.c, a small-M GEMM built for this CPU
 -march=native) the first time it is needed and cached under $SPECPIPE_HOME/kernels. Why: BLAS is
 slow exactly at the 1-32 rows that decoding and verification feed (packed_gemm.c says more), and
 torch.compile on CPU lowers fp32 linears to the same BLAS calls.
+
+Weights are packed in fp32 (the verifier: its logits must be its own) or, for a drafter, in bf16:
+half the bytes to stream per token, fp32 arithmetic; a drafter's rounding changes which tokens it
+proposes, never which tokens are emitted.
 """
 
 from __future__ import annotations
@@ -71,15 +75,18 @@ def build(cc: str | None = None) -> Path:
     return target
 
 
+WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # packed weight dtype -> kernel suffix
+
+
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
     lib.specpipe_panel_width.restype = ctypes.c_int
-    lib.specpipe_packed_linear.restype = None
-    lib.specpipe_packed_linear.argtypes = [
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_int,
-    ]
+    for suffix in WEIGHT_DTYPES.values():
+        kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
+        kernel.restype = None
+        kernel.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -87,11 +94,14 @@ def panel_width() -> int:
     return library().specpipe_panel_width()
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [ceil(N / P), K, P]: column panels of P output features, zero-padded."""
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[N, K] -> [ceil(N / P), K, P] in dtype (float32 or bfloat16): column panels of P output
+    features, zero-padded."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"packed weights are float32 or bfloat16, not {dtype}")
     n, k = weight.shape
     p = panel_width()
-    padded = torch.zeros((n + p - 1) // p * p, k, dtype=torch.float32)
+    padded = torch.zeros((n + p - 1) // p * p, k, dtype=dtype)
     padded[:n] = weight
     return padded.view(-1, p, k).transpose(1, 2).contiguous()
 
@@ -105,20 +115,20 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias
     if k != packed.shape[1]:
         raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
     y = torch.empty(m, out_features, dtype=torch.float32)
-    library().specpipe_packed_linear(
-        x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
-        y.data_ptr(), torch.get_num_threads())
+    kernel = getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[packed.dtype]}")
+    kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
+           y.data_ptr(), torch.get_num_threads())
     return y
 
 
 class PackedLinear(nn.Module):
     """An inference-only nn.Linear over a packed weight (the original weight is not kept)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         with torch.no_grad():
-            self.register_buffer("packed", pack_weight(linear.weight.detach().float()))
+            self.register_buffer("packed", pack_weight(linear.weight.detach(), dtype))
             bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
         self.register_buffer("bias", bias)
 
@@ -127,17 +137,18 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"weights={self.packed.dtype}")
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every fp32 CPU nn.Linear in model by a PackedLinear, one at a time (so peak memory
-    grows by one layer); returns how many were replaced."""
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Replace every fp32 CPU nn.Linear in model by a PackedLinear with weights in dtype, one at a
+    time (so peak memory grows by one layer); returns how many were replaced."""
     library()  # build (or find) the kernel first: a missing compiler fails before anything changes
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child, dtype))
                 replaced += 1
     return replaced

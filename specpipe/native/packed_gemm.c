@@ -42,63 +42,66 @@
 #define P (VL * NV)
 
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float))));
+typedef unsigned short vh __attribute__((vector_size(VL * sizeof(short)), aligned(sizeof(short))));
+typedef unsigned int vu __attribute__((vector_size(VL * sizeof(int))));
 
-#define ROW_BLOCK(R)                                                                                      \
-    static void row_block_##R(const float *x, size_t K, const float *panel, float *y, size_t ldy,      \
-                              const float *b, size_t ncols) {                                            \
-        vf acc[R][NV];                                                                                    \
-        for (int r = 0; r < R; r++)                                                                       \
-            for (int v = 0; v < NV; v++) acc[r][v] = (vf){0};                                             \
-        for (size_t k = 0; k < K; k++) {                                                                  \
-            const vf *wk = (const vf *)(panel + k * P);                                                   \
-            vf wv[NV];                                                                                    \
-            for (int v = 0; v < NV; v++) wv[v] = wk[v];                                                   \
-            for (int r = 0; r < R; r++) {                                                                 \
-                float xr = x[r * K + k];                                                                  \
-                for (int v = 0; v < NV; v++) acc[r][v] += xr * wv[v];                                     \
-            }                                                                                             \
-        }                                                                                                 \
-        for (int r = 0; r < R; r++) {                                                                     \
-            float out[P];                                                                                 \
-            memcpy(out, acc[r], sizeof(out));                                                             \
-            for (size_t c = 0; c < ncols; c++) y[r * ldy + c] = b ? out[c] + b[c] : out[c];               \
-        }                                                                                                 \
+/* Weights in fp32, or in bf16 (the upper half of an fp32: widened in a register, so the weights
+ * stream at half the bytes while the arithmetic stays fp32). */
+static inline vf load_f32(const float *w) { return *(const vf *)w; }
+static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_convertvector(*(const vh *)w, vu) << 16); }
+
+#define ROW_BLOCK(R, T, WT)                                                                                \
+    static void row_block_##T##_##R(const float *x, size_t K, const WT *panel, float *y, size_t ldy,      \
+                                    const float *b, size_t ncols) {                                        \
+        vf acc[R][NV];                                                                                     \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int v = 0; v < NV; v++) acc[r][v] = (vf){0};                                              \
+        for (size_t k = 0; k < K; k++) {                                                                   \
+            vf wv[NV];                                                                                     \
+            for (int v = 0; v < NV; v++) wv[v] = load_##T(panel + k * P + v * VL);                         \
+            for (int r = 0; r < R; r++) {                                                                  \
+                float xr = x[r * K + k];                                                                   \
+                for (int v = 0; v < NV; v++) acc[r][v] += xr * wv[v];                                      \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int r = 0; r < R; r++) {                                                                      \
+            float out[P];                                                                                  \
+            memcpy(out, acc[r], sizeof(out));                                                              \
+            for (size_t c = 0; c < ncols; c++) y[r * ldy + c] = b ? out[c] + b[c] : out[c];                \
+        }                                                                                                  \
     }
 
-ROW_BLOCK(1)
-ROW_BLOCK(2)
-ROW_BLOCK(3)
-ROW_BLOCK(4)
-ROW_BLOCK(5)
-ROW_BLOCK(6)
-ROW_BLOCK(7)
-ROW_BLOCK(8)
+/* x [M][K], w packed [ceil(N/P)][K][P], b [N] or NULL, y [M][N]; panels split across threads. */
+#define PACKED_LINEAR(T, WT)                                                                               \
+    ROW_BLOCK(1, T, WT) ROW_BLOCK(2, T, WT) ROW_BLOCK(3, T, WT) ROW_BLOCK(4, T, WT)                        \
+    ROW_BLOCK(5, T, WT) ROW_BLOCK(6, T, WT) ROW_BLOCK(7, T, WT) ROW_BLOCK(8, T, WT)                        \
+    void specpipe_packed_linear_##T(const float *x, size_t M, size_t K, const WT *w, size_t N,             \
+                                    const float *b, float *y, int threads) {                               \
+        long panels = (long)((N + P - 1) / P);                                                             \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1)")                 \
+        for (long j = 0; j < panels; j++) {                                                                \
+            const WT *panel = w + (size_t)j * K * P;                                                       \
+            size_t col = (size_t)j * P;                                                                    \
+            size_t ncols = N - col < P ? N - col : P;                                                      \
+            const float *bj = b ? b + col : NULL;                                                          \
+            for (size_t m = 0; m < M; m += MR) { /* the panel stays in L2 across row blocks */             \
+                const float *xm = x + m * K;                                                               \
+                float *ym = y + m * N + col;                                                               \
+                switch (M - m < MR ? M - m : MR) {                                                         \
+                case 1: row_block_##T##_1(xm, K, panel, ym, N, bj, ncols); break;                          \
+                case 2: row_block_##T##_2(xm, K, panel, ym, N, bj, ncols); break;                          \
+                case 3: row_block_##T##_3(xm, K, panel, ym, N, bj, ncols); break;                          \
+                case 4: row_block_##T##_4(xm, K, panel, ym, N, bj, ncols); break;                          \
+                case 5: row_block_##T##_5(xm, K, panel, ym, N, bj, ncols); break;                          \
+                case 6: row_block_##T##_6(xm, K, panel, ym, N, bj, ncols); break;                          \
+                case 7: row_block_##T##_7(xm, K, panel, ym, N, bj, ncols); break;                          \
+                case 8: row_block_##T##_8(xm, K, panel, ym, N, bj, ncols); break;                          \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    }
 
 int specpipe_panel_width(void) { return P; }
 
-/* x [M][K], w packed [ceil(N/P)][K][P], b [N] or NULL, y [M][N]; panels split across threads. */
-void specpipe_packed_linear(const float *x, size_t M, size_t K, const float *w, size_t N, const float *b,
-                            float *y, int threads) {
-    long panels = (long)((N + P - 1) / P);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (long j = 0; j < panels; j++) {
-        const float *panel = w + (size_t)j * K * P;
-        size_t col = (size_t)j * P;
-        size_t ncols = N - col < P ? N - col : P;
-        const float *bj = b ? b + col : NULL;
-        for (size_t m = 0; m < M; m += MR) {  /* the panel stays in L2 across row blocks */
-            const float *xm = x + m * K;
-            float *ym = y + m * N + col;
-            switch (M - m < MR ? M - m : MR) {
-            case 1: row_block_1(xm, K, panel, ym, N, bj, ncols); break;
-            case 2: row_block_2(xm, K, panel, ym, N, bj, ncols); break;
-            case 3: row_block_3(xm, K, panel, ym, N, bj, ncols); break;
-            case 4: row_block_4(xm, K, panel, ym, N, bj, ncols); break;
-            case 5: row_block_5(xm, K, panel, ym, N, bj, ncols); break;
-            case 6: row_block_6(xm, K, panel, ym, N, bj, ncols); break;
-            case 7: row_block_7(xm, K, panel, ym, N, bj, ncols); break;
-            case 8: row_block_8(xm, K, panel, ym, N, bj, ncols); break;
-            }
-        }
-    }
-}
+PACKED_LINEAR(f32, float)
+PACKED_LINEAR(bf16, unsigned short)
