@@ -8,6 +8,7 @@ correction. A failing drafter costs speed, never correctness: the round goes on 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +19,13 @@ from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.errors import Aborted, FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
+from specpipe.trees import first_path_nodes
 from specpipe.types import (
-    ALL_HYPOTHESES, DRAFTER_KINDS, EMPTY_DRAFT, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest, ProposeResult,
-    RoundStats, SpeculationOptions,
+    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, EMPTY_DRAFT, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest,
+    ProposeResult, RoundStats, SpeculationOptions,
 )
 from specpipe.verification import check_token_ids
+from orchestrator.adaptive import AdaptiveController, SharedModels
 from orchestrator.branch import NO_SPECULATION, BranchScheduler, Resolution
 from orchestrator.predictors import Hypothesis, new_predictor, new_shared
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
@@ -50,6 +53,9 @@ class Generator:
         self._eos = set(self.info.eos_token_ids)
         self._pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="specpipe-branch")  # verify + pre-drafts
         self._predictor_state: dict[tuple[str, str], object] = {}  # (drafter, predictor) -> state shared by sessions
+        self._adaptive = SharedModels()  # cost lines and acceptance rates that adaptive sessions learn together
+        self._active = 0                 # generations running now: they share the verifier (adaptive load)
+        self._active_lock = threading.Lock()
         for kind, drafter in self.drafters.items():
             check_same_vocab(kind, drafter, self.info.vocab_fingerprint)
 
@@ -102,6 +108,8 @@ class Generator:
             raise InvalidArgument(f"unknown predictor {spec.predictor!r}; choose from {', '.join(PREDICTORS)}")
         if spec.hypotheses < 1 and spec.hypotheses != ALL_HYPOTHESES:
             raise InvalidArgument(f"hypotheses must be >= 1 or {ALL_HYPOTHESES} (all), got {spec.hypotheses}")
+        if spec.adaptive not in ADAPTIVE:
+            raise InvalidArgument(f"adaptive is one of {', '.join(ADAPTIVE)}, got {spec.adaptive!r}")
         if any(not s for s in request.stop):
             raise InvalidArgument("stop strings must not be empty")
 
@@ -121,15 +129,22 @@ class Generator:
         sent_text = ""
         finish = ""
         branch = self._branch_scheduler(spec, drafter, session_id, request.sampling)
+        adaptive = self._controller(spec) if drafter is not None else None
         epoch = 0  # bumped on every rollback: rejected draft tokens (sequential), dropped pre-drafts (branch)
 
         def next_draft_len(emitted: int) -> int:  # draft only what can still be emitted; the correction takes one
-            return min(spec.draft_len, request.max_new_tokens - emitted - 1)
+            k = adaptive.draft_len(self._active, branch is not None) if adaptive else spec.draft_len
+            return min(k, request.max_new_tokens - emitted - 1)
 
         def hypothesis_draft_len(h: Hypothesis) -> int:  # 0: the generation would end with that outcome
             ends = bool(self._eos.intersection(h.accepted)) or h.correction in self._eos
             return 0 if ends else next_draft_len(len(output) + len(h.accepted) + 1)
 
+        def hypotheses() -> int:
+            return adaptive.hypotheses(next_draft_len(len(output)), self._active) if adaptive else spec.hypotheses
+
+        with self._active_lock:
+            self._active += 1
         try:
             if branch is None:
                 self.verifier.prefill(session_id, request.prompt_ids)
@@ -148,10 +163,12 @@ class Generator:
                 else:
                     verifying = self._pool.submit(self.verifier.verify, session_id, len(context), proposal.draft,
                                                   request.sampling)
-                    branch.speculate(context, proposal, spec.hypotheses, hypothesis_draft_len)
+                    branch.speculate(context, proposal, hypotheses(), hypothesis_draft_len)
                     result = verifying.result()
                 verify_end = idle_since = time.perf_counter()
                 self._record(session_id, context, proposal, result)
+                if adaptive:
+                    self._observe(adaptive, spec, proposal, result, (verify_end - round_start) * 1e3)
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
                 new_tokens = list(result.emitted[:count])
@@ -178,12 +195,16 @@ class Generator:
                     resolution = branch.resolve(proposal, result, round_start, verify_end)
                     count_prediction(spec, resolution)
                     epoch = branch.epoch
+                    if adaptive and resolution.issued:
+                        adaptive.observe_prediction(resolution.proposal is not None)
                 proposal = resolution.proposal or self._propose(
                     drafter, spec, session_id, context, next_draft_len(len(output)), request, epoch)
             if self.learn_global and output:
                 self._cache_call("update_global", output)
             metrics.GENERATIONS.labels(finish_reason=finish).inc()
         finally:
+            with self._active_lock:
+                self._active -= 1
             if branch is not None:
                 branch.close()
             self._release(session_id, drafter)
@@ -194,6 +215,23 @@ class Generator:
         shared = self._predictor_state.setdefault((spec.drafter, spec.predictor), new_shared(spec.predictor))
         return BranchScheduler(self._pool, drafter, new_predictor(spec.predictor, shared), session_id, spec.width,
                                sampling, on_error=lambda err: note_draft_error(spec.drafter, session_id, err))
+
+    def _observe(self, adaptive: AdaptiveController, spec: SpeculationOptions, proposal: ProposeResult,
+                 result, call_ms: float) -> None:
+        drafted = len(first_path_nodes(proposal.draft))
+        adaptive.observe(drafted, min(drafted, len(result.accepted_tokens)), result.verify_ms, proposal.draft_ms,
+                         result.entropy, call_ms)
+        metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=spec.drafter).observe(drafted)
+        fit = self._adaptive.verify.line()
+        if fit is not None:
+            metrics.VERIFY_COST_MS.labels(term="fixed").set(fit[0])
+            metrics.VERIFY_COST_MS.labels(term="per_token").set(fit[1])
+
+    def _controller(self, spec: SpeculationOptions) -> AdaptiveController | None:
+        if spec.adaptive != "on":
+            return None
+        m_max = spec.draft_len + 1 if spec.hypotheses == ALL_HYPOTHESES else spec.hypotheses
+        return AdaptiveController(self._adaptive, spec.drafter, spec.draft_len, m_max)
 
     def _propose(self, drafter, spec, session_id, context, draft_len, request, epoch) -> ProposeResult:
         if drafter is None or draft_len <= 0:

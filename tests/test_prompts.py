@@ -14,6 +14,7 @@ from specpipe.prompts import Prompt, load_prompts_file, load_suite
     ("humaneval", 164, "HumanEval/0"),
     ("mtbench", 80, "mtbench/81"),
     ("gsm8k", 100, "gsm8k-test-0013"),
+    ("random", 100, "random/0"),
 ])
 def test_suites_load_with_and_without_limit(suite, size, first_id):
     prompts = load_suite(suite)
@@ -39,7 +40,29 @@ def test_mtbench_keeps_the_first_turn_and_category():
     assert prompts[0].messages[0][1].startswith("Compose an engaging travel blog post")
 
 
-@pytest.mark.parametrize("name, limit", [("squad", None), ("gsm8k", 0)])
+def test_mtbench_takes_its_categories_in_turn_and_has_second_turns():
+    from specpipe.prompts import second_turn
+
+    prompts = load_suite("mtbench", limit=16)
+    assert [p.category for p in prompts[:8]] == ["writing", "roleplay", "reasoning", "math", "coding", "extraction",
+                                                 "stem", "humanities"]
+    assert [p.category for p in prompts[8:]] == [p.category for p in prompts[:8]]
+    follow = second_turn(prompts[0], "Aloha!")
+    assert follow.id == "mtbench/81/turn2" and follow.category == "writing"
+    assert follow.messages == (*prompts[0].messages, ("assistant", "Aloha!"), ("user", prompts[0].followup))
+    assert follow.messages[-1][1].startswith("Rewrite your previous response")
+    with pytest.raises(InvalidArgument, match="has no second turn"):
+        second_turn(follow, "x")
+
+
+def test_random_suite_is_fixed_and_made_up():
+    first, second = load_suite("random", limit=2)
+    assert load_suite("random", limit=2) == [first, second] and first != second  # the same prompts every run
+    words = first.messages[0][1].split(": ", 1)[1].split("\n")[0].split()
+    assert len(words) == 30 and all(w.isalpha() and w.islower() for w in words)
+
+
+@pytest.mark.parametrize("name, limit", [("squad", None), ("gsm8k", 0), ("random", 0)])
 def test_bad_suite_arguments(name, limit):
     with pytest.raises(InvalidArgument):
         load_suite(name, limit=limit)

@@ -1,4 +1,4 @@
-"""`specpipe bench`: verifier-only greedy vs speculative on a prompt suite, in one run."""
+"""`specpipe bench`: every method on the same prompts in one run; the forward curve; the report."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ import contextlib
 import json
 import os
 import platform
-import threading
-from dataclasses import dataclass, replace
 
 from specpipe.cli import options
+from specpipe.cli.bench_methods import Method, parse_baselines, parse_methods, sweep_table
 from specpipe.errors import InvalidArgument
-from specpipe.types import ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SpeculationOptions
 
-SUITES = ("humaneval", "mtbench", "gsm8k")
+SUITES = ("humaneval", "mtbench", "gsm8k", "random")
 
 
 def register(subparsers) -> None:
@@ -25,22 +23,49 @@ def register(subparsers) -> None:
         "prompts in one run; report tokens/s, speed-up, tokens per verify call, and whether every output "
         "is identical to the baseline. One CPU core per service: --threads 1 --pin (the default).",
     )
-    parser.add_argument("--suite", choices=SUITES, default="humaneval", help="prompt suite (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=10, help="prompts from the suite (default: %(default)s)")
+    parser.add_argument("--suite", choices=SUITES, default="humaneval",
+                        help="prompt suite; random: made-up words to continue, where drafts are poor "
+                        "(default: %(default)s)")
+    parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                        help="your own prompts instead of --suite: one JSON object a line, {\"prompt\": ...} or "
+                        "{\"messages\": [{\"role\", \"content\"}, ...]}, optional \"id\"")
+    parser.add_argument("--limit", type=int, default=10,
+                        help="prompts from the suite; MT-Bench takes its categories in turn (default: %(default)s)")
+    parser.add_argument("--turns", type=int, choices=(1, 2), default=1,
+                        help="2: also the second turn of each MT-Bench prompt, asked after the verifier's own "
+                        "greedy answer to the first (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
     parser.add_argument("--json", dest="json_file", default=None, metavar="FILE", help="write the results as JSON")
     parser.add_argument("--drafters", default=None, metavar="LIST",
                         help="comma-separated drafters to compare in this run, e.g. model,ngram,hybrid, each with "
                         "--schedule / --predictor (default: the one --drafter names)")
     parser.add_argument("--methods", default=None, metavar="LIST",
-                        help="comma-separated methods, each DRAFTER[:SCHEDULE[:PREDICTOR]][@HOP_MS], e.g. "
-                        "model:sequential,model:branch,model:branch:paper,model:branch@2 (@HOP_MS needs "
-                        "--transport grpc); overrides --drafters")
+                        help="comma-separated methods, each DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS] "
+                        "(K: draft length, or with +adaptive its cap), e.g. model:sequential,model:branch,"
+                        "model:branch:paper,hybrid:branch/8+adaptive,model:branch@2 (@HOP_MS needs --transport "
+                        "grpc); overrides --drafters")
     parser.add_argument("--transport", choices=("embedded", "grpc"), default="embedded",
                         help="embedded: everything in this process; grpc: the verifier and the drafter as "
                         "`specpipe serve` processes on loopback, each pinned to its own core (default: %(default)s)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="do not pin to one CPU core per service (pinned by default)")
+    parser.add_argument("--baselines", default="generate", metavar="LIST",
+                        help="transformers runs beside specpipe's, on the same prompts: generate (the verifier "
+                        "alone, one thread: always run, speed-ups are over it), generate-threads (the same on "
+                        "every core), assisted (assisted generation with the same drafter), prompt-lookup "
+                        "(prompt_lookup_num_tokens=10) (default: %(default)s)")
+    parser.add_argument("--sweep", default=None, metavar="K,K,...",
+                        help="run every method at each fixed draft length K and adaptive (--adaptive on, at most "
+                        "the largest K), and report the best fixed setting against adaptive")
+    report = parser.add_argument_group("report")
+    report.add_argument("--report", nargs="+", default=None, metavar="FILE.json",
+                        help="instead of benchmarking: the results section (summary over suites, a table per "
+                        "suite, plots) from bench JSON files")
+    report.add_argument("--readme", default=None, metavar="README.md",
+                        help="with --report: replace the README's section between <!-- bench-report:begin --> and "
+                        "<!-- bench-report:end --> (default: print it)")
+    report.add_argument("--plot-dir", default="bench-results/plots", metavar="DIR",
+                        help="with --report: where the PNG plots go (default: %(default)s)")
     curve = parser.add_argument_group("forward curve")
     curve.add_argument("--forward-curve", action="store_true",
                        help="instead of decoding prompts: measure T(k), one forward of k new tokens after a "
@@ -56,66 +81,17 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run, threads=1)
 
 
-@dataclass(frozen=True)
-class Method:
-    drafter: str
-    schedule: str
-    predictor: str
-    hop_delay_ms: float = 0.0
-
-    def name(self, speculation: SpeculationOptions, compiled: bool) -> str:
-        if self.drafter == "none":
-            return f"specpipe verifier alone{' compiled' if compiled else ''}"
-        name = f"specpipe {self.drafter} k={speculation.draft_len} width={speculation.width} {self.schedule}"
-        if self.schedule == "branch":
-            m = "all" if speculation.hypotheses == ALL_HYPOTHESES else speculation.hypotheses
-            name += f" {self.predictor} M={m}"
-        return name + (f" hop {self.hop_delay_ms:g} ms" if self.hop_delay_ms else "")
-
-
-def parse_methods(args: argparse.Namespace) -> list[Method]:
-    """--methods, or --drafters with --schedule / --predictor."""
-    if not args.methods:
-        kinds = args.drafters.split(",") if args.drafters else [args.drafter]
-        methods = [Method(kind, args.schedule, args.predictor, args.hop_delay_ms) for kind in check_kinds(kinds)]
-    else:
-        methods = [parse_method(item, args) for item in args.methods.split(",")]
-    if args.transport == "embedded" and any(m.hop_delay_ms for m in methods):
-        raise InvalidArgument("a hop delay delays gRPC calls: use it with --transport grpc")
-    return methods
-
-
-def parse_method(item: str, args: argparse.Namespace) -> Method:
-    """DRAFTER[:SCHEDULE[:PREDICTOR]][@HOP_MS]; what is left out comes from the flags."""
-    spec, _, hop = item.partition("@")
-    parts = spec.split(":")
-    if len(parts) > 3:
-        raise InvalidArgument(f"bad method {item!r}: expected DRAFTER[:SCHEDULE[:PREDICTOR]][@HOP_MS]")
-    drafter, schedule, predictor = parts + [args.schedule, args.predictor][len(parts) - 1:]
-    check_kinds([drafter])
-    if schedule not in SCHEDULES or predictor not in PREDICTORS:
-        raise InvalidArgument(f"bad method {item!r}: schedule is one of {', '.join(SCHEDULES)}, predictor one of "
-                              f"{', '.join(PREDICTORS)}")
-    try:
-        hop_ms = float(hop) if hop else args.hop_delay_ms
-    except ValueError:
-        raise InvalidArgument(f"bad method {item!r}: @HOP_MS must be a number of milliseconds") from None
-    return Method(drafter, schedule, predictor, hop_ms)
-
-
-def check_kinds(kinds: list[str]) -> list[str]:
-    unknown = [k for k in kinds if k not in DRAFTER_KINDS]
-    if unknown:
-        raise InvalidArgument(f"unknown drafters {unknown}; choose from {', '.join(DRAFTER_KINDS)}")
-    return kinds
-
-
 def run(args: argparse.Namespace) -> int:
-    from specpipe.bench import benchmark, markdown_table, to_json
-    from specpipe.prompts import load_suite
+    from specpipe.bench import benchmark, specpipe_method
+    from specpipe.cli.bench_runs import (
+        bench_prompts, embedded_generators, grpc_generators, transformers_runs, with_fresh_store,
+    )
+    from specpipe.report import detail_table, markdown_table, to_json
 
     if args.forward_curve:
         return run_forward_curve(args)
+    if args.report:
+        return run_report(args)
     methods = parse_methods(args)
     compiled = args.compile == "on"
     none = next((m for m in methods if m.drafter == "none"), None)
@@ -125,23 +101,31 @@ def run(args: argparse.Namespace) -> int:
     if args.cache != "memory":
         raise InvalidArgument("bench gives each method a fresh in-memory n-gram store (so no method drafts from "
                               "outputs another learned); leave --cache at memory")
+    baselines = parse_baselines(args.baselines)
+    args.all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     with contextlib.ExitStack() as stack:
         if args.transport == "embedded":
             generators = embedded_generators(args, methods)
         else:
             generators = stack.enter_context(grpc_generators(args, methods))
         any_generator = next(iter(generators.values()))
-        prompts = [(p.id, any_generator.encode(messages=p.messages)) for p in load_suite(args.suite, args.limit)]
-        runs = {}
+        prompts, categories = bench_prompts(args, any_generator)
+        runs = transformers_runs(args, baselines, any_generator.info.eos_token_ids)
+        names = {}
         for method in methods:
-            speculation = replace(options.speculation_options(args), drafter=method.drafter, schedule=method.schedule,
-                                  predictor=method.predictor)
-            runs[method.name(speculation, compiled)] = (
-                with_fresh_store(generators[method.hop_delay_ms], method.drafter), speculation)
-        reference = none.name(options.speculation_options(args), compiled) if compiled else None
-        summaries = benchmark(args.baseline_model, any_generator.info.eos_token_ids, prompts, args.max_new_tokens, runs,
-                              reference)
+            speculation = method.speculation(args)
+            names[method] = method.name(speculation, compiled)
+            generator = with_fresh_store(generators[method.hop_delay_ms], method.drafter)
+            runs[names[method]] = specpipe_method(generator, args.max_new_tokens, speculation)
+        reference = names[none] if compiled else None
+        references = {names[m]: reference for m in methods if reference and m is not none}
+        summaries = benchmark(prompts, runs, references)
     print(markdown_table(summaries))
+    print()
+    print(detail_table(summaries))
+    if args.sweep:
+        print()
+        print(sweep_table(methods, names, summaries))
     ok = all(s.identical == s.prompts for s in summaries if s.method != reference)
     print("lossless check: every output is identical to the verifier-only output run the same way" if ok else
           "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way")
@@ -153,17 +137,41 @@ def run(args: argparse.Namespace) -> int:
     if args.json_file:
         import torch
 
-        meta = {"preset": args.preset, "suite": args.suite, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+        meta = {"preset": args.preset, "suite": args.prompts or args.suite, "limit": args.limit,
+                "max_new_tokens": args.max_new_tokens,
                 "threads": torch.get_num_threads(), "pinned": args.pin, "transport": args.transport,
                 "compile": args.compile, "draft_weights": args.draft_weights, "models": any_generator.info.model_name,
-                "cache": args.cache, **machine_info()}
+                "cache": args.cache, "baselines": baselines, "sweep": args.sweep, "turns": args.turns,
+                "categories": categories, **machine_info()}
         with open(args.json_file, "w") as f:
             json.dump(to_json(summaries, meta), f, indent=1)
     return 0 if ok else 1
 
 
+def run_report(args: argparse.Namespace) -> int:
+    import pathlib
+
+    from specpipe.report import replace_section, report
+
+    for path in args.report:
+        if not os.path.isfile(path):
+            raise InvalidArgument(f"bench result {path} does not exist")
+    readme = pathlib.Path(args.readme) if args.readme else None
+    body = report(args.report, pathlib.Path(args.plot_dir), readme.parent if readme else pathlib.Path("."))
+    if readme is None:
+        print(body)
+        return 0
+    try:
+        readme.write_text(replace_section(readme.read_text(), body))
+    except ValueError as err:
+        raise InvalidArgument(f"{readme}: {err}") from None
+    print(f"{readme}: results section regenerated from {len(args.report)} bench file(s)")
+    return 0
+
+
 def run_forward_curve(args: argparse.Namespace) -> int:
     from specpipe import curve
+    from specpipe.cli.bench_runs import pin
     from specpipe.models import load_model
     from specpipe.presets import model_specs
     from specpipe.runner import Runner
@@ -214,78 +222,3 @@ def machine_info() -> dict:
         flags = set(fields.get("flags", "").split())
     return {"machine": cpu, "cpu_count": os.cpu_count(),
             "vector_extensions": [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if x in flags]}
-
-
-def pin(cores: int) -> None:
-    """Pin this process to its first `cores` allowed cores (one per service that runs at once)."""
-    if hasattr(os, "sched_setaffinity"):
-        allowed = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, set(allowed[:cores]))
-
-
-def embedded_generators(args: argparse.Namespace, methods: list[Method]) -> dict:
-    """One in-process generator; with a branch schedule the drafter and the verifier run at once, so
-    the process gets a core for each."""
-    from specpipe.cli.wiring import embedded_generator
-
-    if args.pin:
-        pin(2 if any(m.schedule == "branch" for m in methods) else 1)
-    generator = embedded_generator(args, tuple({m.drafter for m in methods}))
-    args.baseline_model = generator.verifier.model
-    if args.compile == "on":  # the verifier's model is compiled (packed in place); the baseline is eager
-        from specpipe.models import load_model
-        from specpipe.presets import model_specs
-
-        args.baseline_model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device)
-    return {0.0: generator}
-
-
-@contextlib.contextmanager
-def grpc_generators(args: argparse.Namespace, methods: list[Method]):
-    """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
-    core with --pin), and one orchestrator in this process per hop delay. The baseline runs here, on
-    the verifier's core."""
-    import pathlib
-    import tempfile
-
-    from specpipe.cli import up_cmd
-    from specpipe.cli.wiring import remote_generator
-    from specpipe.models import load_model
-    from specpipe.presets import model_specs
-
-    config = up_cmd.UpConfig(
-        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
-        compile=args.compile, draft_weights=args.draft_weights, base_port=0, threads_per_service=1, pin=args.pin,
-        startup_timeout_s=3600.0 if options.forward_mode(args) == "graphs" else 600.0,
-        log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),
-        cache="memory")
-    cores = up_cmd.service_cores(config, ("verifier", "drafter"))
-    children = []
-    try:
-        for role in ("verifier", "drafter"):
-            children.append(up_cmd.start_service(role, config, cores.get(role), ()))
-        for child in children:
-            up_cmd.wait_serving(child, config.startup_timeout_s, threading.Event())
-        if "verifier" in cores:
-            os.sched_setaffinity(0, {cores["verifier"]})
-        options.set_threads(1)
-        verifier_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
-        args.baseline_model = load_model(verifier_spec, args.device)
-        yield {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
-                                     options.speculation_options(args), hop_delay_ms=hop)
-               for hop in sorted({m.hop_delay_ms for m in methods})}
-    finally:
-        up_cmd.stop_all(children[::-1])
-
-
-def with_fresh_store(generator, kind: str):
-    """The generator's models with the drafters of kind over a new, empty in-memory n-gram store."""
-    from cache_service.memory import InMemoryNgramCache
-    from orchestrator.generator import Generator
-    from specpipe.cli.wiring import build_drafters
-
-    if kind not in ("ngram", "hybrid"):
-        return generator
-    store = InMemoryNgramCache()
-    drafters = build_drafters((kind,), store, generator.drafters.get("model"), generator.info)
-    return Generator(generator.tokenizer, generator.verifier, drafters, generator.defaults, store)

@@ -7,7 +7,9 @@ import os
 
 from specpipe.errors import InvalidArgument
 from specpipe.presets import DEFAULT_PRESET, PRESETS
-from specpipe.types import ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SamplingParams, SpeculationOptions
+from specpipe.types import (
+    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SamplingParams, SpeculationOptions,
+)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +75,12 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hypotheses", type=hypotheses_arg, default=1, metavar="M",
                        help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
                        "outcome of the main chain (default: %(default)s)")
+    group.add_argument("--adaptive", default="off", choices=ADAPTIVE,
+                       help="on: choose each round's draft length (at most --draft-len, 0 = plain decoding) and "
+                       "pre-drafts (at most --hypotheses) for the most expected tokens per second, from the "
+                       "measured verify and draft times, the acceptance per depth and the verifier's entropy; "
+                       "greedy output is unchanged, a sampled one keeps its distribution but no longer "
+                       "repeats from the seed alone (default: %(default)s)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +107,8 @@ def speculation_flags(args: argparse.Namespace) -> tuple[str, ...]:
     """The speculation flags of args, to pass on to another specpipe command."""
     hypotheses = "all" if args.hypotheses == ALL_HYPOTHESES else str(args.hypotheses)
     return ("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width),
-            "--schedule", args.schedule, "--predictor", args.predictor, "--hypotheses", hypotheses)
+            "--schedule", args.schedule, "--predictor", args.predictor, "--hypotheses", hypotheses,
+            "--adaptive", args.adaptive)
 
 
 def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +119,8 @@ def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
 
 def speculation_options(args: argparse.Namespace) -> SpeculationOptions:
     return SpeculationOptions(drafter=args.drafter, draft_len=args.draft_len, width=args.width,
-                              schedule=args.schedule, predictor=args.predictor, hypotheses=args.hypotheses)
+                              schedule=args.schedule, predictor=args.predictor, hypotheses=args.hypotheses,
+                              adaptive=args.adaptive)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

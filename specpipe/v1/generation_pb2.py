@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecpipe/v1/generation.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\":\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.specpipe.v1.ChatMessage\"\x1b\n\x08TokenIds\x12\x0f\n\x03ids\x18\x01 \x03(\x05\x42\x02\x10\x01\"\x80\x01\n\x12SpeculationOptions\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x11\n\tdraft_len\x18\x02 \x01(\x05\x12\r\n\x05width\x18\x03 \x01(\x05\x12\x10\n\x08schedule\x18\x04 \x01(\t\x12\x11\n\tpredictor\x18\x05 \x01(\t\x12\x12\n\nhypotheses\x18\x06 \x01(\x05\"\xa6\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.specpipe.v1.ChatMessagesH\x00\x12*\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x15.specpipe.v1.TokenIdsH\x00\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12-\n\x08sampling\x18\x07 \x01(\x0b\x32\x1b.specpipe.v1.SamplingParams\x12\x34\n\x0bspeculation\x18\x08 \x01(\x0b\x32\x1f.specpipe.v1.SpeculationOptionsB\x07\n\x05input\"\xa9\x01\n\nRoundStats\x12\x0f\n\x07\x64rafted\x18\x01 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x05\x12\x10\n\x08\x64raft_ms\x18\x03 \x01(\x01\x12\x11\n\tverify_ms\x18\x04 \x01(\x01\x12\x12\n\nhypotheses\x18\x05 \x01(\x05\x12\x0b\n\x03hit\x18\x06 \x01(\x08\x12\x0e\n\x06wasted\x18\x07 \x01(\x05\x12\x11\n\thidden_ms\x18\x08 \x01(\x01\x12\x0f\n\x07idle_ms\x18\t \x01(\x01\"\xa2\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\ttoken_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.specpipe.v1.FinishReason\x12&\n\x05round\x18\x05 \x01(\x0b\x32\x17.specpipe.v1.RoundStats*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x32T\n\nGeneration\x12\x46\n\x08Generate\x12\x1c.specpipe.v1.GenerateRequest\x1a\x1a.specpipe.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecpipe/v1/generation.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\":\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.specpipe.v1.ChatMessage\"\x1b\n\x08TokenIds\x12\x0f\n\x03ids\x18\x01 \x03(\x05\x42\x02\x10\x01\"\x92\x01\n\x12SpeculationOptions\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x11\n\tdraft_len\x18\x02 \x01(\x05\x12\r\n\x05width\x18\x03 \x01(\x05\x12\x10\n\x08schedule\x18\x04 \x01(\t\x12\x11\n\tpredictor\x18\x05 \x01(\t\x12\x12\n\nhypotheses\x18\x06 \x01(\x05\x12\x10\n\x08\x61\x64\x61ptive\x18\x07 \x01(\t\"\xa6\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12-\n\x08messages\x18\x03 \x01(\x0b\x32\x19.specpipe.v1.ChatMessagesH\x00\x12*\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x15.specpipe.v1.TokenIdsH\x00\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12-\n\x08sampling\x18\x07 \x01(\x0b\x32\x1b.specpipe.v1.SamplingParams\x12\x34\n\x0bspeculation\x18\x08 \x01(\x0b\x32\x1f.specpipe.v1.SpeculationOptionsB\x07\n\x05input\"\xa9\x01\n\nRoundStats\x12\x0f\n\x07\x64rafted\x18\x01 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x05\x12\x10\n\x08\x64raft_ms\x18\x03 \x01(\x01\x12\x11\n\tverify_ms\x18\x04 \x01(\x01\x12\x12\n\nhypotheses\x18\x05 \x01(\x05\x12\x0b\n\x03hit\x18\x06 \x01(\x08\x12\x0e\n\x06wasted\x18\x07 \x01(\x05\x12\x11\n\thidden_ms\x18\x08 \x01(\x01\x12\x0f\n\x07idle_ms\x18\t \x01(\x01\"\xa2\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\ttoken_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.specpipe.v1.FinishReason\x12&\n\x05round\x18\x05 \x01(\x0b\x32\x17.specpipe.v1.RoundStats*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x32T\n\nGeneration\x12\x46\n\x08Generate\x12\x1c.specpipe.v1.GenerateRequest\x1a\x1a.specpipe.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS'].fields_by_name['ids']._serialized_options = b'\020\001'
   _globals['_GENERATECHUNK'].fields_by_name['token_ids']._loaded_options = None
   _globals['_GENERATECHUNK'].fields_by_name['token_ids']._serialized_options = b'\020\001'
-  _globals['_FINISHREASON']._serialized_start=971
-  _globals['_FINISHREASON']._serialized_end=1089
+  _globals['_FINISHREASON']._serialized_start=989
+  _globals['_FINISHREASON']._serialized_end=1107
   _globals['_CHATMESSAGE']._serialized_start=71
   _globals['_CHATMESSAGE']._serialized_end=115
   _globals['_CHATMESSAGES']._serialized_start=117
@@ -45,13 +45,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=177
   _globals['_TOKENIDS']._serialized_end=204
   _globals['_SPECULATIONOPTIONS']._serialized_start=207
-  _globals['_SPECULATIONOPTIONS']._serialized_end=335
-  _globals['_GENERATEREQUEST']._serialized_start=338
-  _globals['_GENERATEREQUEST']._serialized_end=632
-  _globals['_ROUNDSTATS']._serialized_start=635
-  _globals['_ROUNDSTATS']._serialized_end=804
-  _globals['_GENERATECHUNK']._serialized_start=807
-  _globals['_GENERATECHUNK']._serialized_end=969
-  _globals['_GENERATION']._serialized_start=1091
-  _globals['_GENERATION']._serialized_end=1175
+  _globals['_SPECULATIONOPTIONS']._serialized_end=353
+  _globals['_GENERATEREQUEST']._serialized_start=356
+  _globals['_GENERATEREQUEST']._serialized_end=650
+  _globals['_ROUNDSTATS']._serialized_start=653
+  _globals['_ROUNDSTATS']._serialized_end=822
+  _globals['_GENERATECHUNK']._serialized_start=825
+  _globals['_GENERATECHUNK']._serialized_end=987
+  _globals['_GENERATION']._serialized_start=1109
+  _globals['_GENERATION']._serialized_end=1193
 # @@protoc_insertion_point(module_scope)

@@ -40,20 +40,22 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SpeculationOptions(_message.Message):
-    __slots__ = ("drafter", "draft_len", "width", "schedule", "predictor", "hypotheses")
+    __slots__ = ("drafter", "draft_len", "width", "schedule", "predictor", "hypotheses", "adaptive")
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     PREDICTOR_FIELD_NUMBER: _ClassVar[int]
     HYPOTHESES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     drafter: str
     draft_len: int
     width: int
     schedule: str
     predictor: str
     hypotheses: int
-    def __init__(self, drafter: _Optional[str] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., schedule: _Optional[str] = ..., predictor: _Optional[str] = ..., hypotheses: _Optional[int] = ...) -> None: ...
+    adaptive: str
+    def __init__(self, drafter: _Optional[str] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., schedule: _Optional[str] = ..., predictor: _Optional[str] = ..., hypotheses: _Optional[int] = ..., adaptive: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "messages", "token_ids", "max_new_tokens", "stop", "sampling", "speculation")

@@ -1,0 +1,211 @@
+"""Adaptive speculation (DESIGN section 6): how much to draft next round, from what rounds cost and
+what they yield.
+
+- Cost (ProPD section 4.2): verification time is linear in the draft size, T(n) = a + b*n for n
+  tokens fed, fitted online by least squares weighted toward recent rounds; drafting time is fitted
+  the same way against the draft length.
+- Yield: a_i = P(draft token i accepted | the tokens before it were), per drafter and depth,
+  calibrated online (per session, leaning on the estimate of all sessions until it has its own
+  evidence). A round of k drafts then yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens.
+- Entropy gate (Cerberus): a_1 is estimated separately for each bin of the verifier's entropy at
+  the last position, so where the verifier is unsure, the first draft token is predicted to fail
+  and the choice below drafts little or nothing. The threshold is not a constant: it is wherever
+  the learned a_1 makes speculation stop paying.
+- Choice: the k in 0..k_max with the most expected tokens per second, E(k) / round_ms(k), where a
+  round costs the draft time that is not hidden plus T(k + 1). k = 0 is plain decoding, so
+  speculation is chosen only where it is expected to pay.
+- Load: with `load` generations sharing the verifier (one forward at a time) and the drafter, a
+  round takes at least load * T(k + 1) and load * draft time. The verifier's time per emitted token,
+  T(k + 1) / E(k), then decides: a draft is kept only while its expected tokens pay for the longer
+  forward, and pre-drafts beyond one per round, which would take the shared drafter from other
+  sessions, stop.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from orchestrator.predictors import Rates, shrink
+
+ENTROPY_EDGES = (0.1, 0.5, 1.0, 2.0, 3.0)  # nats: upper edges of the entropy bins, the last bin open
+MAX_DEPTH = 16            # acceptance is estimated per depth up to this one
+PRIOR_ACCEPTANCE = 0.6    # a_i before any round was seen: optimistic enough to try drafting
+PRIOR_WEIGHT = 2.0        # pseudo-rounds of the prior in the shared estimate
+SESSION_WEIGHT = 6.0      # pseudo-rounds of the shared estimate in a session's
+PROBE_AFTER = 4           # rounds without a draft before drafting one token to look again
+MAX_PROBE_AFTER = 64      # ... doubling after each failed probe, up to this many
+
+
+def entropy_bin(nats: float | None) -> int:
+    """The entropy bin of the verifier's entropy at the last position; -1 before the first round."""
+    return -1 if nats is None else bisect.bisect_left(ENTROPY_EDGES, nats)
+
+
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i=1..k} a_1 ... a_i: tokens emitted by a round of k drafts (the correction
+    or bonus token always comes)."""
+    total, reach = 1.0, 1.0
+    for a in acceptance[:k]:
+        reach *= a
+        total += reach
+    return total
+
+
+def round_ms(k: int, verify_ms: float, draft_ms: float, hit_rate: float, load: int, overhead_ms: float = 0.0) -> float:
+    """Expected time of a round of k drafts: verify_ms = T(k + 1), draft_ms = drafting k tokens,
+    overhead_ms = what a round costs besides the forward passes (network, orchestration). The branch
+    schedule hides min(draft, verify) of a round whose draft was pre-drafted (hit_rate; 0 for the
+    sequential schedule). load generations share the verifier and the drafter, each serving one of
+    them at a time."""
+    if k == 0:
+        draft_ms = 0.0
+    alone = verify_ms + overhead_ms + draft_ms - hit_rate * min(draft_ms, verify_ms)
+    return max(alone, load * verify_ms, load * draft_ms)
+
+
+def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: int, hit_rate: float = 0.0,
+                     load: int = 1, overhead_ms: float = 0.0) -> int:
+    """The k in 0..k_max with the most expected tokens per millisecond. verify_ms(n): T(n) for n
+    tokens fed; draft_ms(k): time to draft k tokens; acceptance: a_1..a_kmax."""
+    best_k, best_rate = 0, 0.0
+    for k in range(0, k_max + 1):
+        cost = round_ms(k, verify_ms(k + 1), draft_ms(k), hit_rate, load, overhead_ms)
+        rate = expected_tokens(acceptance, k) / max(1e-6, cost)
+        if rate > best_rate * (1 + 1e-9):  # ties go to the shorter draft
+            best_k, best_rate = k, rate
+    return best_k
+
+
+def hypotheses_that_fit(verify_ms: float, draft_ms: float, m_max: int) -> int:
+    """Pre-drafts run one after another while the verifier works: as many as fit in its time, at
+    least one."""
+    if draft_ms <= 0:
+        return m_max
+    return max(1, min(m_max, int(verify_ms // draft_ms)))
+
+
+@dataclass
+class LinearFit:
+    """y = a + b*x by exponentially weighted least squares: each new sample multiplies the weight of
+    the older ones by `decay`, so the fit follows a machine whose speed changes."""
+
+    decay: float = 0.97
+    proportional: bool = False  # while one x only has been seen: y = b*x through it (else a level line)
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wx, wy, wxx, wxy
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, x: float, y: float) -> None:
+        with self._lock:
+            s = [v * self.decay for v in self._sums]
+            self._sums = [s[0] + 1, s[1] + x, s[2] + y, s[3] + x * x, s[4] + x * y]
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b); None before the first sample."""
+        with self._lock:
+            w, wx, wy, wxx, wxy = self._sums
+        if w <= 0:
+            return None
+        var = w * wxx - wx * wx
+        if var <= 1e-9 * max(1.0, w * wxx):  # one x so far
+            return (0.0, wy / wx) if self.proportional and wx > 0 else (wy / w, 0.0)
+        b = max(0.0, (w * wxy - wx * wy) / var)  # time never falls with more tokens
+        return (wy - b * wx) / w, b
+
+    def predict(self, x: float, default: float = 0.0) -> float:
+        fit = self.line()
+        return default if fit is None else max(0.0, fit[0] + fit[1] * x)
+
+
+class SharedModels:
+    """What all generations of one orchestrator learn together, per drafter kind: the verifier's
+    cost line, the drafter's cost line, a round's overhead and the acceptance rates."""
+
+    def __init__(self):
+        self.verify = LinearFit()                   # verify_ms against tokens fed (draft nodes + 1)
+        self.overhead = LinearFit()                 # ms of a verify call beyond the forward (at x = 0)
+        self.draft: dict[str, LinearFit] = {}       # drafter kind -> draft_ms against draft nodes
+        self.acceptance = Rates()                   # (kind, depth | entropy bin) -> hits, trials
+        self._lock = threading.Lock()
+
+    def draft_fit(self, kind: str) -> LinearFit:
+        with self._lock:
+            return self.draft.setdefault(kind, LinearFit(proportional=True))
+
+
+class AdaptiveController:
+    """One generation's choice of draft length (and pre-drafts) each round."""
+
+    def __init__(self, shared: SharedModels, kind: str, k_max: int, m_max: int):
+        """k_max: the longest draft (also the first round's, before any timing is known); m_max:
+        the most pre-drafts per round (branch schedule)."""
+        self._shared = shared
+        self._kind = kind
+        self._k_max = k_max
+        self._m_max = m_max
+        self._session = Rates()
+        self._hits = [0, 0]            # branch schedule: rounds whose draft came from a pre-draft, rounds
+        self._entropy_bin = -1         # of the verifier at the last position
+        self._since_draft = 0          # rounds in a row without a draft
+        self._probe_after = PROBE_AFTER
+
+    def _rate(self, key: tuple) -> float:
+        estimate = shrink(*self._shared.acceptance.get(key), PRIOR_ACCEPTANCE, PRIOR_WEIGHT)
+        return shrink(*self._session.get(key), estimate, SESSION_WEIGHT)
+
+    def acceptance(self) -> list[float]:
+        """a_1..a_kmax: the first depth from the current entropy bin, the others by depth."""
+        first = self._rate((self._kind, "first", self._entropy_bin))
+        return [first] + [self._rate((self._kind, "depth", min(d, MAX_DEPTH))) for d in range(2, self._k_max + 1)]
+
+    def hit_rate(self) -> float:
+        hits, rounds = self._hits
+        return shrink(hits, rounds, 0.5, 2.0)
+
+    def draft_len(self, load: int = 1, branch: bool = False) -> int:
+        """This round's k; 0 is plain decoding, except for a one-token probe now and then so that a
+        session which stopped drafting notices when drafts would pay again."""
+        verify, draft = self._shared.verify, self._shared.draft_fit(self._kind)
+        if verify.line() is None:  # nothing measured yet
+            return self._k_max
+        k = choose_draft_len(self.acceptance(), verify.predict, lambda k: draft.predict(k) if k else 0.0,
+                             self._k_max, self.hit_rate() if branch else 0.0, load, self._shared.overhead.predict(0))
+        if k == 0 and self._since_draft + 1 >= self._probe_after:
+            return min(1, self._k_max)
+        return k
+
+    def hypotheses(self, k: int, load: int = 1) -> int:
+        """Pre-drafts for the round in flight: as many as fit in its verification; one under load."""
+        if load > 1:
+            return 1
+        return hypotheses_that_fit(self._shared.verify.predict(k + 1), self._shared.draft_fit(self._kind).predict(k),
+                                   self._m_max)
+
+    def observe(self, drafted: int, accepted: int, verify_ms: float, draft_ms: float, entropy: float,
+                call_ms: float | None = None) -> None:
+        """Learn from a round: drafted main-chain tokens and how many were accepted, its timings
+        (call_ms: the verify call as the orchestrator saw it), and the verifier's entropy at the new
+        last position."""
+        self._shared.verify.add(drafted + 1, verify_ms)
+        if call_ms is not None:
+            self._shared.overhead.add(0, max(0.0, call_ms - verify_ms))
+        if drafted:
+            self._shared.draft_fit(self._kind).add(drafted, draft_ms)
+            for depth in range(1, min(drafted, accepted + 1) + 1):  # the depths that were tried
+                key = (self._kind, "first", self._entropy_bin) if depth == 1 else (self._kind, "depth", min(depth, MAX_DEPTH))
+                hit_depth = depth <= accepted
+                self._shared.acceptance.add(key, hit_depth)
+                self._session.add(key, hit_depth)
+            if self._since_draft + 1 >= self._probe_after and drafted == 1:  # a probe
+                self._probe_after = PROBE_AFTER if accepted else min(2 * self._probe_after, MAX_PROBE_AFTER)
+            self._since_draft = 0
+        else:
+            self._since_draft += 1
+        self._entropy_bin = entropy_bin(entropy)
+
+    def observe_prediction(self, hit: bool) -> None:
+        """Branch schedule: whether the next round's draft came from a pre-draft."""
+        self._hits[0] += hit
+        self._hits[1] += 1

@@ -1,0 +1,130 @@
+"""`specpipe bench` methods: what --methods, --drafters, --sweep and --baselines name."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+
+from specpipe.cli import options
+from specpipe.errors import InvalidArgument
+from specpipe.types import ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SpeculationOptions
+
+
+@dataclass(frozen=True)
+class Method:
+    drafter: str
+    schedule: str
+    predictor: str
+    hop_delay_ms: float = 0.0
+    draft_len: int | None = None  # None: --draft-len
+    adaptive: str | None = None   # None: --adaptive
+
+    def speculation(self, args: argparse.Namespace) -> SpeculationOptions:
+        spec = replace(options.speculation_options(args), drafter=self.drafter, schedule=self.schedule,
+                       predictor=self.predictor)
+        return replace(spec, draft_len=self.draft_len or spec.draft_len, adaptive=self.adaptive or spec.adaptive)
+
+    def name(self, speculation: SpeculationOptions, compiled: bool) -> str:
+        if self.drafter == "none":
+            return f"specpipe verifier alone{' compiled' if compiled else ''}"
+        bound = "<=" if speculation.adaptive == "on" else "="
+        name = (f"specpipe {self.drafter}{' adaptive' if speculation.adaptive == 'on' else ''} "
+                f"k{bound}{speculation.draft_len} width={speculation.width} {self.schedule}")
+        if self.schedule == "branch":
+            m = "all" if speculation.hypotheses == ALL_HYPOTHESES else speculation.hypotheses
+            name += f" {self.predictor} M{bound}{m}"
+        return name + (f" hop {self.hop_delay_ms:g} ms" if self.hop_delay_ms else "")
+
+
+def parse_methods(args: argparse.Namespace) -> list[Method]:
+    """--methods, or --drafters with --schedule / --predictor."""
+    if not args.methods:
+        kinds = args.drafters.split(",") if args.drafters else [args.drafter]
+        methods = [Method(kind, args.schedule, args.predictor, args.hop_delay_ms) for kind in check_kinds(kinds)]
+    else:
+        methods = [parse_method(item, args) for item in args.methods.split(",")]
+    if args.transport == "embedded" and any(m.hop_delay_ms for m in methods):
+        raise InvalidArgument("a hop delay delays gRPC calls: use it with --transport grpc")
+    return sweep(methods, parse_sweep(args.sweep)) if args.sweep else methods
+
+
+def parse_sweep(value: str) -> list[int]:
+    try:
+        ks = sorted({int(k) for k in value.split(",") if k.strip()})
+    except ValueError:
+        ks = []
+    if not ks or ks[0] < 1:
+        raise InvalidArgument(f"--sweep takes draft lengths >= 1, e.g. 1,2,4,8; got {value!r}")
+    return ks
+
+
+def sweep(methods: list[Method], ks: list[int]) -> list[Method]:
+    """Each method at every fixed k, then adaptive with the largest k as its cap."""
+    out = []
+    for method in methods:
+        if method.drafter == "none":
+            out.append(method)
+            continue
+        out += [replace(method, draft_len=k, adaptive="off") for k in ks]
+        out.append(replace(method, draft_len=ks[-1], adaptive="on"))
+    return out
+
+
+def sweep_table(methods: list[Method], names: dict[Method, str], summaries) -> str:
+    """Per swept method: the best fixed k against adaptive, in tokens/s."""
+    by_name = {s.method: s for s in summaries}
+    lines = ["| method | best fixed k | its tokens/s | adaptive tokens/s | adaptive / best fixed |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for adaptive in (m for m in methods if m.adaptive == "on"):
+        base = replace(adaptive, draft_len=None, adaptive=None)
+        fixed = [m for m in methods if m.adaptive == "off" and replace(m, draft_len=None, adaptive=None) == base]
+        if not fixed:
+            continue
+        best = max(fixed, key=lambda m: by_name[names[m]].tokens_per_s)
+        ours, theirs = by_name[names[adaptive]].tokens_per_s, by_name[names[best]].tokens_per_s
+        lines.append(f"| {names[adaptive]} | {best.draft_len} | {theirs:.2f} | {ours:.2f} | {ours / theirs:.2f} |")
+    return "\n".join(lines)
+
+
+METHOD_SYNTAX = "DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]"
+
+
+def parse_method(item: str, args: argparse.Namespace) -> Method:
+    """DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]: K is the draft length (adaptive: its
+    cap); what is left out comes from the flags."""
+    spec, _, hop = item.partition("@")
+    spec, plus, adaptive = spec.partition("+")
+    spec, slash, k = spec.partition("/")
+    parts = spec.split(":")
+    if len(parts) > 3 or (plus and adaptive != "adaptive") or (slash and not (k.isdigit() and int(k) >= 1)):
+        raise InvalidArgument(f"bad method {item!r}: expected {METHOD_SYNTAX}")
+    drafter, schedule, predictor = parts + [args.schedule, args.predictor][len(parts) - 1:]
+    check_kinds([drafter])
+    if schedule not in SCHEDULES or predictor not in PREDICTORS:
+        raise InvalidArgument(f"bad method {item!r}: schedule is one of {', '.join(SCHEDULES)}, predictor one of "
+                              f"{', '.join(PREDICTORS)}")
+    try:
+        hop_ms = float(hop) if hop else args.hop_delay_ms
+    except ValueError:
+        raise InvalidArgument(f"bad method {item!r}: @HOP_MS must be a number of milliseconds") from None
+    return Method(drafter, schedule, predictor, hop_ms, draft_len=int(k) if slash else None,
+                  adaptive="on" if plus else None)
+
+
+def check_kinds(kinds: list[str]) -> list[str]:
+    unknown = [k for k in kinds if k not in DRAFTER_KINDS]
+    if unknown:
+        raise InvalidArgument(f"unknown drafters {unknown}; choose from {', '.join(DRAFTER_KINDS)}")
+    return kinds
+
+
+BASELINES = ("generate", "generate-threads", "assisted", "prompt-lookup")
+PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
+
+
+def parse_baselines(value: str) -> list[str]:
+    names = [b for b in value.split(",") if b]
+    unknown = [b for b in names if b not in BASELINES]
+    if unknown:
+        raise InvalidArgument(f"unknown baselines {unknown}; choose from {', '.join(BASELINES)}")
+    return ["generate", *[b for b in BASELINES[1:] if b in names]]

@@ -1,0 +1,149 @@
+"""`specpipe bench`: the generators, models and prompts a run needs, set up as the flags say."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import threading
+
+from specpipe.cli import options
+from specpipe.cli.bench_methods import Method
+from specpipe.errors import InvalidArgument
+
+
+def transformers_runs(args: argparse.Namespace, baselines: list[str], eos) -> dict:
+    """The transformers methods of baselines, eager, in this process; the first is the baseline."""
+    from specpipe.bench import BASELINE, transformers_method
+    from specpipe.cli.bench_methods import PROMPT_LOOKUP_TOKENS
+
+    model, runs = args.baseline_model, {}
+    runs[BASELINE] = transformers_method(model, args.max_new_tokens, eos)
+    if "generate-threads" in baselines:
+        runs[f"verifier-only generate(), {len(args.all_cores)} threads"] = transformers_method(
+            model, args.max_new_tokens, eos, threads=lambda: all_cores(args.all_cores))
+    if "assisted" in baselines:
+        from specpipe.models import load_model
+        from specpipe.presets import model_specs
+
+        drafter = load_model(model_specs(args.preset, args.verifier, args.draft_model)[1], args.device)
+        runs["transformers assisted generation"] = transformers_method(
+            model, args.max_new_tokens, eos, plain=False, assistant_model=drafter)
+    if "prompt-lookup" in baselines:
+        runs[f"transformers prompt lookup ({PROMPT_LOOKUP_TOKENS} tokens)"] = transformers_method(
+            model, args.max_new_tokens, eos, plain=False, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
+    return runs
+
+
+@contextlib.contextmanager
+def all_cores(cores: list[int]):
+    """Run on every core this process was started with, one torch thread each, then go back."""
+    import torch
+
+    threads, pinned = torch.get_num_threads(), os.sched_getaffinity(0) if cores else None
+    try:
+        if cores:
+            os.sched_setaffinity(0, set(cores))
+        torch.set_num_threads(max(1, len(cores)))
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if pinned is not None:
+            os.sched_setaffinity(0, pinned)
+
+
+def bench_prompts(args: argparse.Namespace, generator) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """[(prompt id, token ids)] to benchmark, and the category of each prompt that has one. With
+    --turns 2, each prompt's second turn follows: its first turn is answered once, here, by
+    generator (any lossless method gives the verifier's own greedy answer)."""
+    from tqdm import tqdm
+
+    from specpipe.prompts import load_prompts_file, load_suite, second_turn
+    from specpipe.types import GenerationRequest
+
+    prompts = load_prompts_file(args.prompts, args.limit) if args.prompts else load_suite(args.suite, args.limit)
+    if args.turns == 2:
+        firsts = [p for p in prompts if p.followup]
+        if not firsts:
+            raise InvalidArgument("--turns 2 needs prompts with a second turn (the mtbench suite)")
+        for prompt in tqdm(firsts, desc="answering first turns"):
+            request = GenerationRequest(generator.encode(messages=prompt.messages), args.max_new_tokens,
+                                        speculation=options.speculation_options(args))
+            prompts.append(second_turn(prompt, "".join(chunk.text for chunk in generator.generate(request))))
+    return ([(p.id, generator.encode(messages=p.messages)) for p in prompts],
+            {p.id: p.category for p in prompts if p.category})
+
+
+def pin(cores: int) -> None:
+    """Pin this process to its first `cores` allowed cores (one per service that runs at once)."""
+    if hasattr(os, "sched_setaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, set(allowed[:cores]))
+
+
+def embedded_generators(args: argparse.Namespace, methods: list[Method]) -> dict:
+    """One in-process generator; with a branch schedule the drafter and the verifier run at once, so
+    the process gets a core for each."""
+    from specpipe.cli.wiring import embedded_generator
+
+    if args.pin:
+        pin(2 if any(m.schedule == "branch" for m in methods) else 1)
+    generator = embedded_generator(args, tuple({m.drafter for m in methods}))
+    args.baseline_model = generator.verifier.model
+    if args.compile == "on":  # the verifier's model is compiled (packed in place); the baseline is eager
+        from specpipe.models import load_model
+        from specpipe.presets import model_specs
+
+        args.baseline_model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device)
+    return {0.0: generator}
+
+
+@contextlib.contextmanager
+def grpc_generators(args: argparse.Namespace, methods: list[Method]):
+    """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
+    core with --pin), and one orchestrator in this process per hop delay. The baseline runs here, on
+    the verifier's core."""
+    import pathlib
+    import tempfile
+
+    from specpipe.cli import up_cmd
+    from specpipe.cli.wiring import remote_generator
+    from specpipe.models import load_model
+    from specpipe.presets import model_specs
+
+    config = up_cmd.UpConfig(
+        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
+        compile=args.compile, draft_weights=args.draft_weights, base_port=0, threads_per_service=1, pin=args.pin,
+        startup_timeout_s=3600.0 if options.forward_mode(args) == "graphs" else 600.0,
+        log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),
+        cache="memory")
+    cores = up_cmd.service_cores(config, ("verifier", "drafter"))
+    children = []
+    try:
+        for role in ("verifier", "drafter"):
+            children.append(up_cmd.start_service(role, config, cores.get(role), ()))
+        for child in children:
+            up_cmd.wait_serving(child, config.startup_timeout_s, threading.Event())
+        if "verifier" in cores:
+            os.sched_setaffinity(0, {cores["verifier"]})
+        options.set_threads(1)
+        verifier_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
+        args.baseline_model = load_model(verifier_spec, args.device)
+        yield {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
+                                     options.speculation_options(args), hop_delay_ms=hop)
+               for hop in sorted({m.hop_delay_ms for m in methods})}
+    finally:
+        up_cmd.stop_all(children[::-1])
+
+
+def with_fresh_store(generator, kind: str):
+    """The generator's models with the drafters of kind over a new, empty in-memory n-gram store."""
+    from cache_service.memory import InMemoryNgramCache
+    from orchestrator.generator import Generator
+    from specpipe.cli.wiring import build_drafters
+
+    if kind not in ("ngram", "hybrid"):
+        return generator
+    store = InMemoryNgramCache()
+    drafters = build_drafters((kind,), store, generator.drafters.get("model"), generator.info)
+    return Generator(generator.tokenizer, generator.verifier, drafters, generator.defaults, store)

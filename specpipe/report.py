@@ -1,0 +1,208 @@
+"""Bench results as Markdown tables and PNG plots, from a run or from its JSON files, and the
+README's results section regenerated from them (`specpipe bench --report`), so the README never
+drifts from a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+from specpipe.bench import BASELINE, MethodSummary, PromptRun
+
+BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
+
+
+def to_json(summaries: list[MethodSummary], meta: dict) -> dict:
+    return {"meta": meta, "methods": [asdict(s) for s in summaries]}
+
+
+def from_json(data: dict) -> list[MethodSummary]:
+    summaries = []
+    for m in data["methods"]:
+        runs = [PromptRun(**{**r, "token_ids": tuple(r["token_ids"]), "round_drafted": tuple(r.get("round_drafted", ())),
+                             "round_accepted": tuple(r.get("round_accepted", ()))}) for r in m["runs"]]
+        fields = {k: v for k, v in m.items() if k in MethodSummary.__dataclass_fields__}
+        fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
+        summaries.append(MethodSummary(**{**fields, "runs": runs}))
+    return summaries
+
+
+def percent(value: float, shown: bool = True) -> str:
+    return f"{value:.0%}" if shown else "-"
+
+
+def markdown_table(summaries: list[MethodSummary]) -> str:
+    compiled = next((s.reference for s in summaries if s.speedup_reference is not None), None)
+    extra = f" speed-up over {compiled} |" if compiled else ""
+    lines = [
+        "| method | tokens/s | speed-up |" + extra + " tokens per verify (DE) | acceptance | hit rate | draft hidden "
+        "| verifier idle | identical to |",
+        "| --- | ---: | ---: |" + (" ---: |" if compiled else "") + " ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for s in summaries:
+        branch = any(r.predicted for r in s.runs)
+        drafts = any(r.drafted for r in s.runs)
+        over = (f" {s.speedup_reference:.2f}x |" if s.speedup_reference is not None else " - |") if compiled else ""
+        de = f"{s.tokens_per_round:.2f}" if s.tokens_per_round else "-"
+        lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {s.speedup:.2f}x |{over} {de} | "
+                     f"{percent(s.acceptance, drafts)} | {percent(s.hit_rate, branch)} | "
+                     f"{percent(s.hidden_share, branch)} | "
+                     f"{percent(s.idle_share, drafts or any(r.idle_ms for r in s.runs))} | "
+                     f"{s.reference}: {s.identical}/{s.prompts} |")
+    return "\n".join(lines)
+
+
+def detail_table(summaries: list[MethodSummary]) -> str:
+    """Per speculative method: acceptance by draft position, the wall time split, and the bound."""
+    lines = ["| method | acceptance by position 1, 2, 3, ... | verify | draft (not hidden) | other | "
+             "bound | share of bound |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for s in summaries:
+        if not s.bound:
+            continue
+        by_position = ", ".join(f"{a:.2f}" for a in s.acceptance_by_position[:8])
+        lines.append(f"| {s.method} | {by_position} | {s.verify_share:.0%} | {s.draft_share:.0%} | "
+                     f"{s.other_share:.0%} | {s.bound:.2f}x | {s.bound_share:.0%} |")
+    return "\n".join(lines)
+
+
+def category_table(summaries: list[MethodSummary], categories: dict[str, str]) -> str:
+    """Per prompt category: the baseline's tokens/s against specpipe's fastest method's."""
+    from specpipe.bench import throughput
+
+    best, baseline = best_specpipe(summaries), summaries[0]
+    if best is None or not categories:
+        return ""
+    lines = [f"| category | prompts | {baseline.method} tokens/s | {best.method} tokens/s | speed-up | acceptance |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for category in dict.fromkeys(categories.values()):
+        ours = [r for r in best.runs if categories.get(r.prompt_id) == category]
+        theirs = [r for r in baseline.runs if categories.get(r.prompt_id) == category]
+        drafted = sum(r.drafted for r in ours)
+        acceptance = sum(r.accepted for r in ours) / drafted if drafted else 0.0
+        lines.append(f"| {category} | {len(ours)} | {throughput(theirs):.2f} | {throughput(ours):.2f} | "
+                     f"{throughput(ours) / throughput(theirs):.2f}x | {acceptance:.0%} |")
+    return "\n".join(lines)
+
+
+def best_specpipe(summaries: list[MethodSummary]) -> MethodSummary | None:
+    ours = [s for s in summaries if s.method.startswith("specpipe ") and s.bound]
+    return max(ours, key=lambda s: s.tokens_per_s, default=None)
+
+
+def summary_table(results: dict[str, list[MethodSummary]]) -> str:
+    """Per suite: specpipe's fastest method against every other method of its run."""
+    lines = ["| suite | specpipe's fastest | tokens/s | over verifier-only generate() | over the verifier alone, "
+             "compiled | over assisted generation | over prompt lookup | share of bound |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for suite, summaries in results.items():
+        best = best_specpipe(summaries)
+        if best is None:
+            continue
+
+        def over(prefix: str) -> str:
+            other = next((s for s in summaries if s.method.startswith(prefix)), None)
+            return f"{best.tokens_per_s / other.tokens_per_s:.2f}x" if other and other.tokens_per_s else "-"
+
+        lines.append(f"| {suite} | {best.method} | {best.tokens_per_s:.2f} | {over(BASELINE)} | "
+                     f"{over('specpipe verifier alone compiled')} | {over('transformers assisted')} | "
+                     f"{over('transformers prompt lookup')} | {best.bound_share:.0%} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, list[MethodSummary]], directory: Path) -> list[Path]:
+    """speed-up by suite and method; tokens per round of specpipe's fastest method; time split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    suites = list(results)
+    methods = list(dict.fromkeys(s.method for summaries in results.values() for s in summaries if s.method != BASELINE))
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(1, len(methods))
+    for i, method in enumerate(methods):
+        values = [next((s.speedup for s in results[suite] if s.method == method), 0.0) for suite in suites]
+        ax.bar([x + i * width for x in range(len(suites))], values, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(suites))], suites)
+    ax.set_ylabel("speed-up over verifier-only generate()")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    paths.append(directory / "speedup.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(suites), figsize=(3.5 * len(suites), 3), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        best = best_specpipe(results[suite])
+        if best is None:
+            continue
+        emitted = [a + 1 for r in best.runs for a in r.round_accepted]
+        ax.hist(emitted, bins=range(1, max(emitted, default=1) + 2), align="left", rwidth=0.8)
+        ax.set_title(f"{suite}: {best.method.removeprefix('specpipe ')}", fontsize=7)
+        ax.set_xlabel("tokens per round")
+    fig.tight_layout()
+    paths.append(directory / "tokens-per-round.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    rows = [(suite, s) for suite in suites for s in results[suite] if s.bound]
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.2))
+    labels = [f"{suite}: {s.method.removeprefix('specpipe ')}" for suite, s in rows]
+    left = [0.0] * len(rows)
+    for part, color in (("verify_share", "tab:blue"), ("draft_share", "tab:orange"), ("other_share", "tab:gray")):
+        values = [getattr(s, part) for _, s in rows]
+        ax.barh(labels, values, left=left, color=color, label=part.removesuffix("_share"))
+        left = [a + b for a, b in zip(left, values)]
+    ax.set_xlabel("share of wall time")
+    ax.tick_params(axis="y", labelsize=6)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(directory / "time-split.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def load(paths: Sequence[str]) -> tuple[dict[str, list[MethodSummary]], dict[str, dict]]:
+    results, metas = {}, {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        suite = str(data["meta"].get("suite", Path(path).stem))
+        results[suite], metas[suite] = from_json(data), data["meta"]
+    return results, metas
+
+
+def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
+    """The Markdown of the results section for the JSON files at paths, with plots in plot_dir."""
+    results, metas = load(paths)
+    images = plot(results, plot_dir)
+    meta = next(iter(metas.values()))
+    lines = [f"Generated by `specpipe bench --report` from {', '.join(f'`{p}`' for p in paths)}: preset "
+             f"`{meta.get('preset')}`, {meta.get('limit')} prompts per suite, up to {meta.get('max_new_tokens')} new "
+             f"tokens, `--compile {meta.get('compile', 'off')}`, transport {meta.get('transport')}, "
+             f"{meta.get('machine')} ({meta.get('cpu_count')} cores; {', '.join(meta.get('vector_extensions', []))}).",
+             "", summary_table(results), ""]
+    lines += [f"![{image.stem}]({Path(os.path.relpath(image, relative_to)).as_posix()})" for image in images]
+    for suite, summaries in results.items():
+        lines += ["", f"**{suite}**", "", markdown_table(summaries), "", detail_table(summaries)]
+        by_category = category_table(summaries, metas[suite].get("categories", {}))
+        if by_category:
+            lines += ["", by_category]
+    return "\n".join(lines)
+
+
+def replace_section(readme: str, body: str) -> str:
+    """readme with the text between the BEGIN and END markers replaced by body."""
+    if BEGIN not in readme or END not in readme:
+        raise ValueError(f"the README has no {BEGIN} ... {END} section to replace")
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{body}\n{END}{tail}"

@@ -1,0 +1,80 @@
+"""`specpipe bench`: transformers baselines (the verifier alone on one core and on all, assisted
+generation with the same drafter, prompt lookup) beside specpipe's methods in one run, each checked
+token for token against the verifier alone; bad flags are refused."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def bench(*argv, timeout=300):
+    return subprocess.run([sys.executable, "-m", "specpipe.cli.main", "bench", "--preset", "tiny", *argv],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_transformers_baselines_beside_specpipe(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = bench("--limit", "2", "--max-new-tokens", "12", "--no-pin", "--methods", "model:sequential,ngram/6+adaptive",
+                 "--baselines", "prompt-lookup,assisted,generate-threads", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    methods = {m["method"]: m for m in json.loads(out.read_text())["methods"]}
+    threads = next(name for name in methods if name.startswith("verifier-only generate(), "))
+    assert list(methods) == ["verifier-only generate()", threads, "transformers assisted generation",
+                             "transformers prompt lookup (10 tokens)", "specpipe model k=4 width=1 sequential",
+                             "specpipe ngram adaptive k<=6 width=1 sequential"]
+    assert all(m["identical"] == 2 and m["reference"] == "verifier-only generate()" for m in methods.values())
+    assert methods["verifier-only generate()"]["tokens_per_round"] == 1.0
+    assert methods["transformers assisted generation"]["tokens_per_round"] == 0.0  # not known inside generate()
+    assert "| transformers assisted generation |" in proc.stdout and "lossless check: every output" in proc.stdout
+    ours = methods["specpipe model k=4 width=1 sequential"]
+    assert 0 < ours["acceptance_by_position"][0] <= 1 and ours["bound"] > 0 and ours["bound_share"] > 0
+    assert ours["verify_share"] + ours["draft_share"] + ours["other_share"] == pytest.approx(1.0, abs=1e-6)
+
+    # --report regenerates a README's results section, with plots, from the JSON file
+    readme = tmp_path / "README.md"
+    readme.write_text("# Results\n<!-- bench-report:begin -->\nold\n<!-- bench-report:end -->\ntail\n")
+    proc = bench("--report", str(out), "--readme", str(readme), "--plot-dir", str(tmp_path / "plots"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("<!-- bench-report:end -->\ntail\n")
+    assert "| suite | specpipe's fastest |" in text and "![speedup](plots/speedup.png)" in text
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup.png", "tokens-per-round.png", "time-split.png"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--baselines", "generate,vllm"], "unknown baselines ['vllm']"),
+    (["--prompts", "/no/such/file.jsonl"], "does not exist"),
+    (["--report", "/no/such/result.json"], "bench result /no/such/result.json does not exist"),
+    (["--suite", "humaneval", "--turns", "2", "--limit", "1", "--no-pin"], "--turns 2 needs prompts with a second turn"),
+    (["--methods", "model:branch+fast"], "[/K][+adaptive][@HOP_MS]"),
+    (["--methods", "model:branch/0"], "[/K][+adaptive][@HOP_MS]"),
+])
+def test_bad_bench_flags(argv, message):
+    proc = bench(*argv, timeout=60)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_report_section_needs_its_markers():
+    from specpipe.report import replace_section
+
+    assert replace_section("a<!-- bench-report:begin -->x<!-- bench-report:end -->b", "new") == \
+        "a<!-- bench-report:begin -->\nnew\n<!-- bench-report:end -->b"
+    with pytest.raises(ValueError, match="no <!-- bench-report:begin -->"):
+        replace_section("no markers here", "new")
+
+
+def test_mtbench_second_turns_and_categories(tmp_path):
+    out = tmp_path / "mt.json"
+    proc = bench("--suite", "mtbench", "--turns", "2", "--limit", "2", "--max-new-tokens", "8", "--no-pin",
+                 "--methods", "model:sequential", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    ids = [r["prompt_id"] for r in data["methods"][0]["runs"]]
+    assert ids == ["mtbench/81", "mtbench/91", "mtbench/81/turn2", "mtbench/91/turn2"]
+    assert data["meta"]["categories"] == {"mtbench/81": "writing", "mtbench/91": "roleplay",
+                                          "mtbench/81/turn2": "writing", "mtbench/91/turn2": "roleplay"}
+    assert all(m["identical"] == 4 for m in data["methods"])
+    proc = bench("--report", str(out), "--plot-dir", str(tmp_path / "plots"), timeout=120)
+    assert "| category | prompts |" in proc.stdout and "| roleplay | 2 |" in proc.stdout, proc.stderr[-2000:]
