@@ -150,6 +150,7 @@ class AdaptiveController:
         self._entropy_bin = -1         # of the verifier at the last position
         self._since_draft = 0          # rounds in a row without a draft
         self._probe_after = PROBE_AFTER
+        self._rounds = 0
 
     def _rate(self, key: tuple) -> float:
         estimate = shrink(*self._shared.acceptance.get(key), PRIOR_ACCEPTANCE, PRIOR_WEIGHT)
@@ -192,9 +193,11 @@ class AdaptiveController:
         if call_ms is not None:
             self._shared.overhead.add(0, max(0.0, call_ms - verify_ms))
         if drafted:
-            self._shared.draft_fit(self._kind).add(drafted, draft_ms)
+            if self._rounds:  # the first draft of a generation includes the drafter's prefill of the prompt
+                self._shared.draft_fit(self._kind).add(drafted, draft_ms)
             for depth in range(1, min(drafted, accepted + 1) + 1):  # the depths that were tried
-                key = (self._kind, "first", self._entropy_bin) if depth == 1 else (self._kind, "depth", min(depth, MAX_DEPTH))
+                key = (self._kind, "first", self._entropy_bin) if depth == 1 else \
+                    (self._kind, "depth", min(depth, MAX_DEPTH))
                 hit_depth = depth <= accepted
                 self._shared.acceptance.add(key, hit_depth)
                 self._session.add(key, hit_depth)
@@ -204,6 +207,7 @@ class AdaptiveController:
         else:
             self._since_draft += 1
         self._entropy_bin = entropy_bin(entropy)
+        self._rounds += 1
 
     def observe_prediction(self, hit: bool) -> None:
         """Branch schedule: whether the next round's draft came from a pre-draft."""
