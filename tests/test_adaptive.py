@@ -176,14 +176,15 @@ def test_bench_sweep_reports_the_best_fixed_setting_against_adaptive(tmp_path):
     prompts.write_text('{"id": "a", "prompt": "1, 2, 3, 4, 5,"}\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
     out = tmp_path / "sweep.json"
     proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", "bench", "--preset", "tiny", "--prompts",
-                           str(prompts), "--max-new-tokens", "12", "--no-pin", "--methods", "model:branch",
+                           str(prompts), "--max-new-tokens", "12", "--no-pin", "--methods", "model:branch,ngram/2",
                            "--sweep", "4,1", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| method | best fixed k | its tokens/s | adaptive tokens/s | adaptive / best fixed |" in proc.stdout
     result = json.loads(out.read_text())
     names = [m["method"] for m in result["methods"]]
     assert names[1:] == ["specpipe model k=1 width=1 branch calibrated M=1", "specpipe model k=4 width=1 branch calibrated M=1",
-                         "specpipe model adaptive k<=4 width=1 branch calibrated M<=1"]
+                         "specpipe model adaptive k<=4 width=1 branch calibrated M<=1",
+                         "specpipe ngram k=2 width=1 sequential"]
     assert all(m["identical"] == 2 for m in result["methods"]) and result["meta"]["suite"] == str(prompts)
 
 

@@ -78,3 +78,21 @@ def test_mtbench_second_turns_and_categories(tmp_path):
     assert all(m["identical"] == 4 for m in data["methods"])
     proc = bench("--report", str(out), "--plot-dir", str(tmp_path / "plots"), timeout=120)
     assert "| category | prompts |" in proc.stdout and "| roleplay | 2 |" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_sweep_table_pairs_adaptive_with_the_best_fixed_draft_length():
+    from specpipe.bench import MethodSummary
+    from specpipe.report import sweep_table
+
+    def summary(method, tokens_per_s):
+        return MethodSummary(method, 0, 0.0, tokens_per_s, 0.0, 0.0, 0.0, 0, 0, None, None, 0.0, 0.0, 0.0, [],
+                             0.0, 0.0, 0.0, 0.0, 0.0, [])
+
+    table = sweep_table([summary("verifier-only generate()", 1.0),
+                         summary("specpipe model k=2 width=1 branch calibrated M=1", 5.0),
+                         summary("specpipe model k=6 width=1 branch calibrated M=1", 6.0),
+                         summary("specpipe model k=8 width=1 sequential", 9.0),  # another schedule
+                         summary("specpipe model adaptive k<=8 width=1 branch calibrated M<=1", 5.7),
+                         summary("specpipe hybrid adaptive k<=8 width=1 branch calibrated M<=1", 7.0)])
+    assert table.splitlines()[2:] == ["| specpipe model adaptive k<=8 width=1 branch calibrated M<=1 | 6 | 6.00 | 5.70 | 0.95 |"]
+    assert sweep_table([summary("specpipe model k=2 width=1 sequential", 5.0)]) == ""

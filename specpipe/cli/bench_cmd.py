@@ -9,7 +9,7 @@ import os
 import platform
 
 from specpipe.cli import options
-from specpipe.cli.bench_methods import Method, parse_baselines, parse_methods, sweep_table
+from specpipe.cli.bench_methods import Method, parse_baselines, parse_methods
 from specpipe.errors import InvalidArgument
 
 SUITES = ("humaneval", "mtbench", "gsm8k", "random")
@@ -55,8 +55,8 @@ def register(subparsers) -> None:
                         "every core), assisted (assisted generation with the same drafter), prompt-lookup "
                         "(prompt_lookup_num_tokens=10) (default: %(default)s)")
     parser.add_argument("--sweep", default=None, metavar="K,K,...",
-                        help="run every method at each fixed draft length K and adaptive (--adaptive on, at most "
-                        "the largest K), and report the best fixed setting against adaptive")
+                        help="run every method that does not name its /K or +adaptive at each fixed draft length K "
+                        "and adaptive (at most the largest K), and report the best fixed setting against adaptive")
     report = parser.add_argument_group("report")
     report.add_argument("--report", nargs="+", default=None, metavar="FILE.json",
                         help="instead of benchmarking: the results section (summary over suites, a table per "
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from specpipe.cli.bench_runs import (
         bench_prompts, embedded_generators, grpc_generators, transformers_runs, with_fresh_store,
     )
-    from specpipe.report import detail_table, markdown_table, to_json
+    from specpipe.report import detail_table, markdown_table, sweep_table, to_json
 
     if args.forward_curve:
         return run_forward_curve(args)
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     print(detail_table(summaries))
     if args.sweep:
         print()
-        print(sweep_table(methods, names, summaries))
+        print(sweep_table(summaries))
     ok = all(s.identical == s.prompts for s in summaries if s.method != reference)
     print("lossless check: every output is identical to the verifier-only output run the same way" if ok else
           "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way")

@@ -59,31 +59,16 @@ def parse_sweep(value: str) -> list[int]:
 
 
 def sweep(methods: list[Method], ks: list[int]) -> list[Method]:
-    """Each method at every fixed k, then adaptive with the largest k as its cap."""
+    """Each method at every fixed k, then adaptive with the largest k as its cap; a method whose name
+    sets /K or +adaptive, and the verifier alone, run as named."""
     out = []
     for method in methods:
-        if method.drafter == "none":
+        if method.drafter == "none" or method.draft_len or method.adaptive:
             out.append(method)
             continue
         out += [replace(method, draft_len=k, adaptive="off") for k in ks]
         out.append(replace(method, draft_len=ks[-1], adaptive="on"))
     return out
-
-
-def sweep_table(methods: list[Method], names: dict[Method, str], summaries) -> str:
-    """Per swept method: the best fixed k against adaptive, in tokens/s."""
-    by_name = {s.method: s for s in summaries}
-    lines = ["| method | best fixed k | its tokens/s | adaptive tokens/s | adaptive / best fixed |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    for adaptive in (m for m in methods if m.adaptive == "on"):
-        base = replace(adaptive, draft_len=None, adaptive=None)
-        fixed = [m for m in methods if m.adaptive == "off" and replace(m, draft_len=None, adaptive=None) == base]
-        if not fixed:
-            continue
-        best = max(fixed, key=lambda m: by_name[names[m]].tokens_per_s)
-        ours, theirs = by_name[names[adaptive]].tokens_per_s, by_name[names[best]].tokens_per_s
-        lines.append(f"| {names[adaptive]} | {best.draft_len} | {theirs:.2f} | {ours:.2f} | {ours / theirs:.2f} |")
-    return "\n".join(lines)
 
 
 METHOD_SYNTAX = "DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]"
