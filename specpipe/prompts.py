@@ -81,8 +81,8 @@ RANDOM_SUITE_SIZE = 100
 
 
 def random_words_prompts(count: int = RANDOM_SUITE_SIZE, seed: int = 0) -> list[Prompt]:
-    """The `random` suite: lists of made-up words to continue. The verifier's continuation is its own
-    whim, so drafts are poor: the suite where speculation must cost (almost) nothing."""
+    """The `random` suite: lists of made-up words to continue, meant to be hard to draft. Measured on
+    qwen-coder the models copy the words, so drafts are mostly accepted after all."""
     import random
 
     rng = random.Random(seed)

@@ -200,3 +200,24 @@ def test_cli_rejects_bad_adaptive_flags(argv, message):
     proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", *argv, "--preset", "tiny"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("argv, adaptive, draft_len", [
+    ([], "on", 8),                                   # adaptive by default, up to 8 tokens a round
+    (["--draft-len", "3"], "off", 3),                # a draft length alone fixes it
+    (["--adaptive", "on", "--draft-len", "6"], "on", 6),
+    (["--adaptive", "off"], "off", 4),
+])
+def test_adaptive_is_the_default_unless_a_draft_length_is_fixed(argv, adaptive, draft_len):
+    import argparse
+
+    from specpipe.cli import options
+
+    parser = argparse.ArgumentParser()
+    options.add_speculation_args(parser)
+    args = parser.parse_args(argv)
+    spec = options.speculation_options(args)
+    assert (spec.adaptive, spec.draft_len) == (adaptive, draft_len)
+    flags = options.speculation_flags(args)  # what `up` passes on resolves the same way
+    again = options.speculation_options(parser.parse_args(list(flags)))
+    assert again == spec

@@ -94,5 +94,6 @@ def test_sweep_table_pairs_adaptive_with_the_best_fixed_draft_length():
                          summary("specpipe model k=8 width=1 sequential", 9.0),  # another schedule
                          summary("specpipe model adaptive k<=8 width=1 branch calibrated M<=1", 5.7),
                          summary("specpipe hybrid adaptive k<=8 width=1 branch calibrated M<=1", 7.0)])
-    assert table.splitlines()[2:] == ["| specpipe model adaptive k<=8 width=1 branch calibrated M<=1 | 6 | 6.00 | 5.70 | 0.95 |"]
+    assert table.splitlines()[2:] == [
+        "| specpipe model adaptive k<=8 width=1 branch calibrated M<=1 | 6 | 6.00 | 5.70 | 0.95 |"]
     assert sweep_table([summary("specpipe model k=2 width=1 sequential", 5.0)]) == ""

@@ -78,7 +78,8 @@ def register(subparsers) -> None:
     options.add_model_args(parser)
     options.add_speculation_args(parser)
     options.add_hop_delay_arg(parser)
-    parser.set_defaults(func=run, threads=1)
+    # Methods are fixed (k = 4) unless they say +adaptive or --adaptive on is given.
+    parser.set_defaults(func=run, threads=1, adaptive="off")
 
 
 def run(args: argparse.Namespace) -> int:

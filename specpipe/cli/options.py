@@ -64,7 +64,9 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
                        "redis-server), redis://[:password@]host:port/db, rediss://... (TLS) or grpc://host:port "
                        "(a cache service); all but memory are shared by every replica (default: %(default)s; "
                        "env SPECPIPE_CACHE)")
-    group.add_argument("--draft-len", type=int, default=4, metavar="K", help="draft depth per round (default: %(default)s)")
+    group.add_argument("--draft-len", type=int, default=None, metavar="K",
+                       help=f"draft depth per round; with adaptive control its cap. Given without --adaptive it "
+                       f"fixes the draft depth (adaptive off) (default: {ADAPTIVE_DRAFT_LEN}, adaptive)")
     group.add_argument("--width", type=int, default=1, help="tree width at the first draft levels; 1 = chain (default: %(default)s)")
     group.add_argument("--schedule", default="sequential", choices=SCHEDULES,
                        help="sequential: draft, then verify; branch: while the verifier checks a round, draft the "
@@ -75,12 +77,13 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hypotheses", type=hypotheses_arg, default=1, metavar="M",
                        help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
                        "outcome of the main chain (default: %(default)s)")
-    group.add_argument("--adaptive", default="off", choices=ADAPTIVE,
+    group.add_argument("--adaptive", default=None, choices=ADAPTIVE,
                        help="on: choose each round's draft length (at most --draft-len, 0 = plain decoding) and "
                        "pre-drafts (at most --hypotheses) for the most expected tokens per second, from the "
                        "measured verify and draft times, the acceptance per depth and the verifier's entropy; "
                        "greedy output is unchanged, a sampled one keeps its distribution but no longer "
-                       "repeats from the seed alone (default: %(default)s)")
+                       "repeats from the seed alone; off: a fixed --draft-len (default: on, unless --draft-len "
+                       "is given)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -105,10 +108,11 @@ def hypotheses_arg(value: str) -> int:
 
 def speculation_flags(args: argparse.Namespace) -> tuple[str, ...]:
     """The speculation flags of args, to pass on to another specpipe command."""
-    hypotheses = "all" if args.hypotheses == ALL_HYPOTHESES else str(args.hypotheses)
-    return ("--drafter", args.drafter, "--draft-len", str(args.draft_len), "--width", str(args.width),
-            "--schedule", args.schedule, "--predictor", args.predictor, "--hypotheses", hypotheses,
-            "--adaptive", args.adaptive)
+    spec = speculation_options(args)
+    hypotheses = "all" if spec.hypotheses == ALL_HYPOTHESES else str(spec.hypotheses)
+    return ("--drafter", spec.drafter, "--draft-len", str(spec.draft_len), "--width", str(spec.width),
+            "--schedule", spec.schedule, "--predictor", spec.predictor, "--hypotheses", hypotheses,
+            "--adaptive", spec.adaptive)
 
 
 def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
@@ -117,10 +121,17 @@ def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
                         "to measure how well a schedule hides network latency on loopback (default: off)")
 
 
+ADAPTIVE_DRAFT_LEN = 8  # the cap of adaptive control when --draft-len is not given
+FIXED_DRAFT_LEN = 4     # the draft depth with --adaptive off and no --draft-len
+
+
 def speculation_options(args: argparse.Namespace) -> SpeculationOptions:
-    return SpeculationOptions(drafter=args.drafter, draft_len=args.draft_len, width=args.width,
+    """--draft-len alone fixes the depth; --adaptive alone, or neither, chooses it up to a cap."""
+    adaptive = args.adaptive or ("off" if args.draft_len is not None else "on")
+    draft_len = args.draft_len or (ADAPTIVE_DRAFT_LEN if adaptive == "on" else FIXED_DRAFT_LEN)
+    return SpeculationOptions(drafter=args.drafter, draft_len=draft_len, width=args.width,
                               schedule=args.schedule, predictor=args.predictor, hypotheses=args.hypotheses,
-                              adaptive=args.adaptive)
+                              adaptive=adaptive)
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
