@@ -178,7 +178,8 @@ class AdaptiveController:
         return k
 
     def hypotheses(self, k: int, load: int = 1) -> int:
-        """Pre-drafts for the round in flight: as many as fit in its verification; one under load."""
+        """Pre-drafts for the round in flight, whose main chain has k tokens: as many drafts of about
+        that length as fit in its verification; one under load."""
         if load > 1:
             return 1
         return hypotheses_that_fit(self._shared.verify.predict(k + 1), self._shared.draft_fit(self._kind).predict(k),

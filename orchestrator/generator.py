@@ -140,8 +140,10 @@ class Generator:
             ends = bool(self._eos.intersection(h.accepted)) or h.correction in self._eos
             return 0 if ends else next_draft_len(len(output) + len(h.accepted) + 1)
 
-        def hypotheses() -> int:
-            return adaptive.hypotheses(next_draft_len(len(output)), self._active) if adaptive else spec.hypotheses
+        def hypotheses(in_flight: ProposeResult) -> int:  # pre-drafts that fit in the in-flight round's verify
+            if adaptive is None:
+                return spec.hypotheses
+            return adaptive.hypotheses(len(first_path_nodes(in_flight.draft)), self._active)
 
         with self._active_lock:
             self._active += 1
@@ -163,7 +165,7 @@ class Generator:
                 else:
                     verifying = self._pool.submit(self.verifier.verify, session_id, len(context), proposal.draft,
                                                   request.sampling)
-                    branch.speculate(context, proposal, hypotheses(), hypothesis_draft_len)
+                    branch.speculate(context, proposal, hypotheses(proposal), hypothesis_draft_len)
                     result = verifying.result()
                 verify_end = idle_since = time.perf_counter()
                 self._record(session_id, context, proposal, result)
