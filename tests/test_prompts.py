@@ -15,6 +15,7 @@ from specpipe.prompts import Prompt, load_prompts_file, load_suite
     ("mtbench", 80, "mtbench/81"),
     ("gsm8k", 100, "gsm8k-test-0013"),
     ("random", 100, "random/0"),
+    ("noise", 100, "noise/0"),
 ])
 def test_suites_load_with_and_without_limit(suite, size, first_id):
     prompts = load_suite(suite)
@@ -62,7 +63,18 @@ def test_random_suite_is_fixed_and_made_up():
     assert len(words) == 30 and all(w.isalpha() and w.islower() for w in words)
 
 
-@pytest.mark.parametrize("name, limit", [("squad", None), ("gsm8k", 0), ("random", 0)])
+def test_noise_suite_is_fixed_and_takes_its_kinds_in_turn():
+    prompts = load_suite("noise", limit=6)
+    assert load_suite("noise", limit=6) == prompts
+    texts = [p.messages[0][1] for p in prompts]
+    assert [t.split()[0] for t in texts] == ["Here", "Continue", "Write"] * 2
+    assert texts[0] != texts[3] and texts[1] != texts[4]  # new random strings for each prompt
+    base64 = texts[0].split("\n")[1]
+    assert len(base64) == 200 and set(base64) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+    assert len(texts[2].split(": ", 1)[1].split()) == 60
+
+
+@pytest.mark.parametrize("name, limit", [("squad", None), ("gsm8k", 0), ("random", 0), ("noise", 0)])
 def test_bad_suite_arguments(name, limit):
     with pytest.raises(InvalidArgument):
         load_suite(name, limit=limit)

@@ -12,7 +12,7 @@ from specpipe.cli import options
 from specpipe.cli.bench_methods import Method, parse_baselines, parse_methods
 from specpipe.errors import InvalidArgument
 
-SUITES = ("humaneval", "mtbench", "gsm8k", "random")
+SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise")
 
 
 def register(subparsers) -> None:
@@ -24,8 +24,9 @@ def register(subparsers) -> None:
         "is identical to the baseline. One CPU core per service: --threads 1 --pin (the default).",
     )
     parser.add_argument("--suite", choices=SUITES, default="humaneval",
-                        help="prompt suite; random: made-up words to continue, where drafts are poor "
-                        "(default: %(default)s)")
+                        help="prompt suite; random: made-up words to continue (the models copy them, so drafts "
+                        "are good); noise: random base64, random passwords and poems of random words in mixed "
+                        "scripts, where drafts are poor (default: %(default)s)")
     parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                         help="your own prompts instead of --suite: one JSON object a line, {\"prompt\": ...} or "
                         "{\"messages\": [{\"role\", \"content\"}, ...]}, optional \"id\"")
