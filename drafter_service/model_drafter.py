@@ -25,6 +25,7 @@ from specpipe.errors import Aborted, InvalidArgument
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
 from specpipe.sampling import STREAM_DRAFT, check_sampling, sample_sparse, truncate, uniform, warp
+from specpipe.trees import common_prefix
 from specpipe.types import ROOT, Draft, ModelInfo, ProposeResult, SamplingParams, SparseDist
 from specpipe.verification import check_token_ids
 
@@ -146,7 +147,7 @@ class ModelDrafter:
         this epoch). Other branches of older epochs are evicted, then the least recently used."""
         with self._forward_lock, self._sessions_lock:
             def usable(branch: _Branch) -> int:
-                return min(runner.common_prefix(branch.tokens, context), len(context) - 1)
+                return min(common_prefix(branch.tokens, context), len(context) - 1)
 
             best = max(reversed(session.branches), key=lambda b: (usable(b), not b.busy))
             keep = usable(best)

@@ -7,6 +7,8 @@ what they yield.
 - Yield: a_i = P(draft token i accepted | the tokens before it were), per drafter and depth,
   calibrated online (per session, leaning on the estimate of all sessions until it has its own
   evidence). A round of k drafts then yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens.
+  a_i is also learned per draft source (the small model, or the n-gram store's context, verifier or
+  global table), leaning on the rate of all sources at that depth.
 - Entropy gate (Cerberus): a_1 is estimated separately for each bin of the verifier's entropy at
   the last position, so where the verifier is unsure, the first draft token is predicted to fail
   and the choice below drafts little or nothing. The threshold is not a constant: it is wherever
@@ -14,6 +16,13 @@ what they yield.
 - Choice: the k in 0..k_max with the most expected tokens per second, E(k) / round_ms(k), where a
   round costs the draft time that is not hidden plus T(k + 1). k = 0 is plain decoding, so
   speculation is chosen only where it is expected to pay.
+- Tree budget: once a draft is there, its sources and shape are known. Each node is accepted with
+  P(parent accepted) times the rate of its rank among its siblings: the first child's rate is a_d
+  for its source, an alternative's (model rank r >= 1: the drafter's r-th runner-up, or an n-gram
+  branch) is learned per depth and rank. The draft is cut to the most likely nodes, as many as give
+  the most expected tokens per millisecond, the draft time being spent whatever is kept. A chain
+  the choice above sized is not cut where its sources' rates match those of all sources; a tree
+  (--width) keeps its alternatives only where they pay for the longer verification.
 - Load: with `load` generations sharing the verifier (one forward at a time) and the drafter, a
   round takes at least load * T(k + 1) and load * draft time. The verifier's time per emitted token,
   T(k + 1) / E(k), then decides: a draft is kept only while its expected tokens pay for the longer
@@ -24,19 +33,23 @@ what they yield.
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from specpipe.types import ROOT
 from orchestrator.predictors import Rates, shrink
 
 ENTROPY_EDGES = (0.1, 0.5, 1.0, 2.0, 3.0)  # nats: upper edges of the entropy bins, the last bin open
 MAX_DEPTH = 16            # acceptance is estimated per depth up to this one
 PRIOR_ACCEPTANCE = 0.6    # a_i before any round was seen: optimistic enough to try drafting
 PRIOR_WEIGHT = 2.0        # pseudo-rounds of the prior in the shared estimate
+SOURCE_WEIGHT = 4.0       # pseudo-rounds of the all-sources rate in a source's shared estimate
 SESSION_WEIGHT = 6.0      # pseudo-rounds of the shared estimate in a session's
 PROBE_AFTER = 4           # rounds without a draft before drafting one token to look again
 MAX_PROBE_AFTER = 64      # ... doubling after each failed probe, up to this many
+PROBE_SHARE = 0.03        # ... and never so often that probes take more than this share of plain rounds' time
 
 
 def entropy_bin(nats: float | None) -> int:
@@ -77,6 +90,41 @@ def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: in
         if rate > best_rate * (1 + 1e-9):  # ties go to the shorter draft
             best_k, best_rate = k, rate
     return best_k
+
+
+def node_acceptance(parents: Sequence[int], rate) -> list[float]:
+    """P(node accepted) for each node of a draft tree (parents[v] < v, ROOT for the first level):
+    P(parent accepted) * P(no earlier sibling was) * rate(v, depth, rank), where rate is P(v accepted
+    | its parent was and its earlier siblings were not) and rank is v's place among its siblings."""
+    probs: list[float] = []
+    depth: dict[int, int] = {ROOT: 0}
+    children: dict[int, int] = {}
+    missed: dict[int, float] = {}  # parent -> P(none of its children so far was accepted | it was)
+    for v, parent in enumerate(parents):
+        depth[v] = depth[parent] + 1
+        rank = children.get(parent, 0)
+        children[parent] = rank + 1
+        c = rate(v, depth[v], rank)
+        before = missed.get(parent, 1.0)
+        probs.append((1.0 if parent == ROOT else probs[parent]) * before * c)
+        missed[parent] = before * (1.0 - c)
+    return probs
+
+
+def best_budget(probs: Sequence[float], verify_ms, spent_ms: float, load: int = 1) -> list[int]:
+    """After drafting: the nodes to verify. The m most likely nodes (a node is never more likely
+    than its parent, so they form a tree) yield 1 + the sum of their probs tokens; m is the count
+    with the most tokens per millisecond when spent_ms (draft, overheads) is paid whatever m is;
+    verify_ms(n): T(n) for n tokens fed; load as in round_ms. Ties go to the smaller tree. Node
+    indices, ascending."""
+    order = sorted(range(len(probs)), key=lambda v: (-probs[v], v))
+    best_m, best_rate, tokens = 0, 0.0, 1.0
+    for m in range(len(order) + 1):
+        tokens += probs[order[m - 1]] if m else 0.0
+        rate = tokens / max(1e-6, spent_ms + verify_ms(m + 1), load * verify_ms(m + 1))
+        if rate > best_rate * (1 + 1e-9):
+            best_m, best_rate = m, rate
+    return sorted(order[:best_m])
 
 
 def hypotheses_that_fit(verify_ms: float, draft_ms: float, m_max: int) -> int:
@@ -127,12 +175,17 @@ class SharedModels:
         self.verify = LinearFit()                   # verify_ms against tokens fed (draft nodes + 1)
         self.overhead = LinearFit()                 # ms of a verify call beyond the forward (at x = 0)
         self.draft: dict[str, LinearFit] = {}       # drafter kind -> draft_ms against draft nodes
-        self.acceptance = Rates()                   # (kind, depth | entropy bin) -> hits, trials
+        self.acceptance = Rates()                   # (kind[, source], depth | entropy bin) -> hits, trials
+        self.probe: dict[str, LinearFit] = {}       # drafter kind -> ms of a probe (at x = 0), catch-up included
         self._lock = threading.Lock()
 
     def draft_fit(self, kind: str) -> LinearFit:
         with self._lock:
             return self.draft.setdefault(kind, LinearFit(proportional=True))
+
+    def probe_fit(self, kind: str) -> LinearFit:
+        with self._lock:
+            return self.probe.setdefault(kind, LinearFit())
 
 
 class AdaptiveController:
@@ -152,14 +205,27 @@ class AdaptiveController:
         self._probe_after = PROBE_AFTER
         self._rounds = 0
 
-    def _rate(self, key: tuple) -> float:
-        estimate = shrink(*self._shared.acceptance.get(key), PRIOR_ACCEPTANCE, PRIOR_WEIGHT)
+    def _key(self, depth: int, source: str | None = None) -> tuple:
+        """The first depth by the current entropy bin, the others by depth; optionally per source."""
+        at = ("first", self._entropy_bin) if depth == 1 else ("depth", min(depth, MAX_DEPTH))
+        return (self._kind, *at) if source is None else (self._kind, source, *at)
+
+    def _alternative_key(self, depth: int, rank: int) -> tuple:
+        return self._kind, "alternative", min(depth, MAX_DEPTH), rank
+
+    def _rate(self, key: tuple, prior: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT) -> float:
+        estimate = shrink(*self._shared.acceptance.get(key), prior, prior_weight)
         return shrink(*self._session.get(key), estimate, SESSION_WEIGHT)
 
-    def acceptance(self) -> list[float]:
-        """a_1..a_kmax: the first depth from the current entropy bin, the others by depth."""
-        first = self._rate((self._kind, "first", self._entropy_bin))
-        return [first] + [self._rate((self._kind, "depth", min(d, MAX_DEPTH))) for d in range(2, self._k_max + 1)]
+    def _source_rate(self, depth: int, source: str) -> float:
+        return self._rate(self._key(depth, source), self._rate(self._key(depth)), SOURCE_WEIGHT)
+
+    def acceptance(self, sources: Sequence[str] | None = None) -> list[float]:
+        """a_1..a_kmax over all sources; with the sources of a draft's main chain, a_1..a_len for
+        those sources."""
+        if sources is None:
+            return [self._rate(self._key(d)) for d in range(1, self._k_max + 1)]
+        return [self._source_rate(d, source) for d, source in enumerate(sources, start=1)]
 
     def hit_rate(self) -> float:
         hits, rounds = self._hits
@@ -173,9 +239,31 @@ class AdaptiveController:
             return self._k_max
         k = choose_draft_len(self.acceptance(), verify.predict, lambda k: draft.predict(k) if k else 0.0,
                              self._k_max, self.hit_rate() if branch else 0.0, load, self._shared.overhead.predict(0))
-        if k == 0 and self._since_draft + 1 >= self._probe_after:
+        if k == 0 and self._probe_due():
             return min(1, self._k_max)
         return k
+
+    def _probe_due(self) -> bool:
+        """After rounds without a draft: whether this round drafts one token to look again. The wait
+        doubles after each failed probe, and is at least as long as keeps probes (whose draft
+        includes the drafter's catch-up on every token since its last draft) within PROBE_SHARE of
+        the time of plain rounds."""
+        plain_ms = self._shared.verify.predict(1) + self._shared.overhead.predict(0)
+        probe_ms = self._shared.probe_fit(self._kind).predict(0)
+        wait = max(self._probe_after, math.ceil(probe_ms / (PROBE_SHARE * max(plain_ms, 1e-3))))
+        return self._since_draft + 1 >= wait
+
+    def keep(self, parents: Sequence[int], sources: Sequence[str], draft_ms: float, load: int = 1) -> list[int]:
+        """The nodes of a draft (its parents and each node's source) worth verifying (best_budget);
+        all of them before any timing is known, and in a round due a probe."""
+        if self._shared.verify.line() is None or self._probe_due():
+            return list(range(len(parents)))
+
+        def rate(node: int, depth: int, rank: int) -> float:
+            return self._rate(self._alternative_key(depth, rank)) if rank else self._source_rate(depth, sources[node])
+
+        return best_budget(node_acceptance(parents, rate), self._shared.verify.predict,
+                           draft_ms + self._shared.overhead.predict(0), load)
 
     def hypotheses(self, k: int, load: int = 1) -> int:
         """Pre-drafts for the round in flight, whose main chain has k tokens: as many drafts of about
@@ -186,23 +274,30 @@ class AdaptiveController:
                                    self._m_max)
 
     def observe(self, drafted: int, accepted: int, verify_ms: float, draft_ms: float, entropy: float,
-                call_ms: float | None = None) -> None:
-        """Learn from a round: drafted main-chain tokens and how many were accepted, its timings
-        (call_ms: the verify call as the orchestrator saw it), and the verifier's entropy at the new
-        last position."""
-        self._shared.verify.add(drafted + 1, verify_ms)
+                call_ms: float | None = None, *, sources: Sequence[str] = (), draft_tokens: int | None = None,
+                nodes: int | None = None, alternatives: Sequence[tuple[int, int, bool]] = ()) -> None:
+        """Learn from a round: the main-chain tokens verified and how many were accepted, its timings
+        (call_ms: the verify call as the orchestrator saw it), the verifier's entropy at the new
+        last position, the source of each of those tokens (() = all from the model), how many chain
+        tokens draft_ms drafted (default: drafted; more where keep() cut the draft), the draft nodes
+        verified (default: drafted) and (depth, rank, accepted) of each alternative tried."""
+        probe = drafted > 0 and self._probe_due()  # as draft_len saw it, before this round's timings
+        self._shared.verify.add((drafted if nodes is None else nodes) + 1, verify_ms)
+        for depth, rank, hit in alternatives:
+            self._shared.acceptance.add(self._alternative_key(depth, rank), hit)
+            self._session.add(self._alternative_key(depth, rank), hit)
         if call_ms is not None:
             self._shared.overhead.add(0, max(0.0, call_ms - verify_ms))
         if drafted:
-            if self._rounds:  # the first draft of a generation includes the drafter's prefill of the prompt
-                self._shared.draft_fit(self._kind).add(drafted, draft_ms)
+            if self._rounds and not probe:  # those include the drafter's prefill of the prompt or a catch-up
+                self._shared.draft_fit(self._kind).add(drafted if draft_tokens is None else draft_tokens, draft_ms)
             for depth in range(1, min(drafted, accepted + 1) + 1):  # the depths that were tried
-                key = (self._kind, "first", self._entropy_bin) if depth == 1 else \
-                    (self._kind, "depth", min(depth, MAX_DEPTH))
-                hit_depth = depth <= accepted
-                self._shared.acceptance.add(key, hit_depth)
-                self._session.add(key, hit_depth)
-            if self._since_draft + 1 >= self._probe_after and drafted == 1:  # a probe
+                source = sources[depth - 1] if sources else "model"
+                for key in (self._key(depth), self._key(depth, source)):
+                    self._shared.acceptance.add(key, depth <= accepted)
+                    self._session.add(key, depth <= accepted)
+            if probe:
+                self._shared.probe_fit(self._kind).add(0, draft_ms)
                 self._probe_after = PROBE_AFTER if accepted else min(2 * self._probe_after, MAX_PROBE_AFTER)
             self._since_draft = 0
         else:

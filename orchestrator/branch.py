@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from specpipe.protocols import Drafter
 from specpipe.trees import first_path_nodes, subtree
-from specpipe.types import ROOT, ProposeResult, SamplingParams, VerifyResult
+from specpipe.types import ROOT, Draft, ProposeResult, SamplingParams, VerifyResult
 from orchestrator.predictors import BONUS, Hypothesis, Predictor
 
 
@@ -68,8 +68,11 @@ def usable_draft(pre: PreDraft, accepted: Sequence[int], correction: int) -> Pro
 
 def sub_result(result: ProposeResult, root: int) -> ProposeResult:
     """The proposal of the subtree under node root."""
-    draft, nodes = subtree(result.draft, root)
+    return picked(result, *subtree(result.draft, root))
 
+
+def picked(result: ProposeResult, draft: Draft, nodes: Sequence[int]) -> ProposeResult:
+    """The proposal of draft, made of the given nodes of result's draft (their per-node values kept)."""
     def pick(values: tuple) -> tuple:
         return tuple(values[n] for n in nodes) if values else ()
 

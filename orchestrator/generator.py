@@ -19,14 +19,14 @@ from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.errors import Aborted, FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
-from specpipe.trees import first_path_nodes
+from specpipe.trees import common_prefix, first_path_nodes, select, tried_children
 from specpipe.types import (
     ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, EMPTY_DRAFT, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest,
     ProposeResult, RoundStats, SpeculationOptions,
 )
 from specpipe.verification import check_token_ids
 from orchestrator.adaptive import AdaptiveController, SharedModels
-from orchestrator.branch import NO_SPECULATION, BranchScheduler, Resolution
+from orchestrator.branch import NO_SPECULATION, BranchScheduler, Resolution, picked
 from orchestrator.predictors import Hypothesis, new_predictor, new_shared
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
 
@@ -159,9 +159,12 @@ class Generator:
             while True:
                 round_start = time.perf_counter()
                 idle_ms = (round_start - idle_since) * 1e3 if idle_since is not None else 0.0
+                drafted = proposal
+                if adaptive:
+                    proposal = self._trim(adaptive, spec, drafted)
                 if branch is None:
                     result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
-                    epoch += len(result.accepted_tokens) < len(proposal.draft)
+                    epoch += len(result.accepted_tokens) < len(drafted.draft)
                 else:
                     verifying = self._pool.submit(self.verifier.verify, session_id, len(context), proposal.draft,
                                                   request.sampling)
@@ -170,7 +173,8 @@ class Generator:
                 verify_end = idle_since = time.perf_counter()
                 self._record(session_id, context, proposal, result)
                 if adaptive:
-                    self._observe(adaptive, spec, proposal, result, (verify_end - round_start) * 1e3)
+                    self._observe(adaptive, spec, proposal, result, (verify_end - round_start) * 1e3,
+                                  len(first_path_nodes(drafted.draft)))
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
                 new_tokens = list(result.emitted[:count])
@@ -218,12 +222,24 @@ class Generator:
         return BranchScheduler(self._pool, drafter, new_predictor(spec.predictor, shared), session_id, spec.width,
                                sampling, on_error=lambda err: note_draft_error(spec.drafter, session_id, err))
 
+    def _trim(self, adaptive: AdaptiveController, spec: SpeculationOptions, proposal: ProposeResult) -> ProposeResult:
+        """The draft without the nodes whose expected acceptance does not pay for verifying them."""
+        nodes = adaptive.keep(proposal.draft.parents, node_sources(proposal), proposal.draft_ms, self._active)
+        if len(nodes) == len(proposal.draft):
+            return proposal
+        metrics.TRIMMED_DRAFT_TOKENS.labels(drafter=spec.drafter).inc(len(proposal.draft) - len(nodes))
+        return picked(proposal, select(proposal.draft, nodes), nodes)
+
     def _observe(self, adaptive: AdaptiveController, spec: SpeculationOptions, proposal: ProposeResult,
-                 result, call_ms: float) -> None:
-        drafted = len(first_path_nodes(proposal.draft))
-        adaptive.observe(drafted, min(drafted, len(result.accepted_tokens)), result.verify_ms, proposal.draft_ms,
-                         result.entropy, call_ms)
-        metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=spec.drafter).observe(drafted)
+                 result, call_ms: float, drafted: int) -> None:
+        """drafted: the main chain's length as drafted (proposal's draft may be trimmed)."""
+        chain = first_path_nodes(proposal.draft)
+        alternatives = [(depth, rank, hit) for _, depth, rank, hit in
+                        tried_children(proposal.draft.parents, result.accepted_nodes) if rank]
+        adaptive.observe(len(chain), common_prefix(chain, result.accepted_nodes), result.verify_ms, proposal.draft_ms,
+                         result.entropy, call_ms, sources=[node_sources(proposal)[n] for n in chain],
+                         draft_tokens=drafted, nodes=len(proposal.draft), alternatives=alternatives)
+        metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=spec.drafter).observe(len(chain))
         fit = self._adaptive.verify.line()
         if fit is not None:
             metrics.VERIFY_COST_MS.labels(term="fixed").set(fit[0])
@@ -316,8 +332,13 @@ def count_prediction(spec: SpeculationOptions, resolution: Resolution) -> None:
     metrics.WASTED_DRAFT_TOKENS.labels(drafter=spec.drafter).inc(resolution.wasted)
 
 
+def node_sources(proposal: ProposeResult) -> tuple[str, ...]:
+    """The source of each draft node (DRAFT_SOURCES)."""
+    return proposal.sources or ("model",) * len(proposal.draft)
+
+
 def count_sources(drafter: str, proposal: ProposeResult, accepted_nodes: Sequence[int]) -> None:
-    sources = proposal.sources or ("model",) * len(proposal.draft)
+    sources = node_sources(proposal)
     for source in sources:
         metrics.SOURCE_DRAFTED.labels(drafter=drafter, source=source).inc()
     for node in accepted_nodes:

@@ -13,7 +13,12 @@ from typing import Sequence
 
 from specpipe.bench import BASELINE, MethodSummary, PromptRun
 
-BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
+
+
+def markers(section: str | None = None) -> tuple[str, str]:
+    """The README's begin and end markers of a generated results section (None: the main one)."""
+    name = "bench-report" if section is None else f"bench-report:{section}"
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
 def to_json(summaries: list[MethodSummary], meta: dict) -> dict:
@@ -224,10 +229,11 @@ def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
     return "\n".join(lines)
 
 
-def replace_section(readme: str, body: str) -> str:
-    """readme with the text between the BEGIN and END markers replaced by body."""
-    if BEGIN not in readme or END not in readme:
-        raise ValueError(f"the README has no {BEGIN} ... {END} section to replace")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{body}\n{END}{tail}"
+def replace_section(readme: str, body: str, section: str | None = None) -> str:
+    """readme with the text between the section's markers replaced by body."""
+    begin, end = markers(section)
+    if begin not in readme or end not in readme:
+        raise ValueError(f"the README has no {begin} ... {end} section to replace")
+    head, rest = readme.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"

@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
+from specpipe.trees import common_prefix
 from specpipe.types import ModelInfo
 from specpipe.verification import additive_mask, tree_allowed, tree_attention_mask, tree_position_ids
 
@@ -135,14 +136,6 @@ def keep_tree_path(cache: Cache, prefix_len: int, nodes: Sequence[int]) -> None:
         crop(cache, prefix_len + len(nodes))
     else:
         keep_positions(cache, [*range(prefix_len), *(prefix_len + i for i in nodes)])
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 @torch.inference_mode()

@@ -53,6 +53,12 @@ def first_path_nodes(draft: Draft) -> list[int]:
     return path
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix (of token ids, or of node paths: how many accepted nodes
+    follow the main chain when an alternative of it may have been accepted instead)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def subtree(draft: Draft, root: int) -> tuple[Draft, list[int]]:
     """The descendants of node root, as a draft rooted at it (q kept), and their node indices in draft."""
     mapped = {root: ROOT}
@@ -61,9 +67,33 @@ def subtree(draft: Draft, root: int) -> tuple[Draft, list[int]]:
         if draft.parents[node] in mapped:
             mapped[node] = len(nodes)
             nodes.append(node)
-    sub = Draft(
+    return _pick(draft, nodes, mapped), nodes
+
+
+def select(draft: Draft, nodes: Sequence[int]) -> Draft:
+    """The draft of the given nodes (ascending, each node's parent among them), q kept."""
+    mapped = {ROOT: ROOT} | {node: i for i, node in enumerate(nodes)}
+    return _pick(draft, list(nodes), mapped)
+
+
+def tried_children(parents: Sequence[int], accepted_nodes: Sequence[int]) -> list[tuple[int, int, int, bool]]:
+    """(node, depth, rank, accepted) of each node that verification tried: the children of the root
+    and of each accepted node, in order up to the accepted one (the verifier's token there). rank is
+    the node's place among its siblings (0: the first child)."""
+    tried = []
+    for depth, parent in enumerate([ROOT, *accepted_nodes], start=1):
+        taken = accepted_nodes[depth - 1] if depth <= len(accepted_nodes) else None
+        children = [node for node, node_parent in enumerate(parents) if node_parent == parent]
+        for rank, node in enumerate(children):
+            tried.append((node, depth, rank, node == taken))
+            if node == taken:
+                break
+    return tried
+
+
+def _pick(draft: Draft, nodes: list[int], mapped: dict[int, int]) -> Draft:
+    return Draft(
         tuple(draft.tokens[n] for n in nodes),
         tuple(mapped[draft.parents[n]] for n in nodes),
         tuple(draft.q[n] for n in nodes) if draft.q is not None else None,
     )
-    return sub, nodes

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from orchestrator.adaptive import (
-    PROBE_AFTER, AdaptiveController, LinearFit, SharedModels, choose_draft_len, entropy_bin, expected_tokens,
-    hypotheses_that_fit, round_ms,
+    PROBE_AFTER, PROBE_SHARE, AdaptiveController, LinearFit, SharedModels, best_budget, choose_draft_len, entropy_bin,
+    expected_tokens, hypotheses_that_fit, node_acceptance, round_ms,
 )
 from specpipe.types import SpeculationOptions
 from tests.golden import assert_golden
@@ -148,6 +148,91 @@ def test_a_session_that_stopped_drafting_probes_again():
         controller.observe(k, 0, 250.0 + 10 * k, 50.0 * k, 1.0)
     # a one-token probe after PROBE_AFTER rounds; it fails, so the next one waits twice as long
     assert [i for i, k in enumerate(ks) if k] == [PROBE_AFTER - 1, 3 * PROBE_AFTER - 1] and max(ks) == 1
+    assert controller.keep((-1,), ("model",), 50.0) == []  # a token drafted now would be cut ...
+    while controller.draft_len() == 0:
+        controller.observe(0, 0, 260.0, 0.0, 1.0)
+    assert controller.keep((-1,), ("model",), 50.0) == [0]  # ... but not the probe
+
+
+def chain(n):
+    return tuple(range(-1, n - 1))
+
+
+def test_node_acceptance_of_a_tree():
+    # chain 0-2 with alternative 1 beside node 0 (rank 1) and node 3 under alternative 1
+    parents = (-1, -1, 0, 1)
+    rates = {(1, 0): 0.8, (1, 1): 0.5, (2, 0): 0.6}
+    probs = node_acceptance(parents, lambda node, depth, rank: rates[depth, rank])
+    assert probs == pytest.approx([0.8, 0.2 * 0.5, 0.8 * 0.6, 0.2 * 0.5 * 0.6])
+
+
+def test_best_budget_is_the_optimum_with_the_draft_time_spent():
+    verify = lambda n: 250.0 + 20.0 * n  # noqa: E731
+    acceptance = [0.9, 0.9, 0.1, 0.9]
+    probs = node_acceptance(chain(4), lambda node, depth, rank: acceptance[depth - 1])
+    rates = [expected_tokens(acceptance, j) / (100.0 + verify(j + 1)) for j in range(5)]
+    assert len(best_budget(probs, verify, 100.0)) == max(range(5), key=rates.__getitem__) == 2
+    assert best_budget(probs, verify, 100.0) == [0, 1]
+    assert best_budget([0.05] * 4, verify, 0.0) == []                   # a poor draft is not worth verifying
+    assert best_budget(probs, lambda n: 250.0, 0.0) == [0, 1, 2, 3]     # extra tokens cost nothing: keep all
+    # under load the verifier's time decides: verify time per emitted token, not the round's
+    assert len(best_budget(probs, verify, 100.0, load=4)) == \
+        max(range(5), key=lambda j: expected_tokens(acceptance, j) / (4 * verify(j + 1)))
+
+
+def test_acceptance_is_learned_per_source_and_cuts_what_a_poor_source_drafted():
+    """A hybrid whose n-gram tails from the global table always fail and whose model tokens land:
+    the controller keeps the model's tokens and cuts the global table's, while a source it has not
+    seen yet gets the rate of all sources."""
+    controller = AdaptiveController(SharedModels(), "hybrid", k_max=6, m_max=1)
+    for _ in range(40):
+        controller.observe(6, 3, 250.0 + 20.0 * 7, 60.0, 1.0, sources=("model",) * 3 + ("global",) * 3)
+        controller.observe(0, 0, 250.0 + 20.0, 0.0, 1.0)  # T(n) = 250 + 20 n
+    model, unseen = controller.acceptance(("model",) * 3), controller.acceptance(("context",) * 3)
+    assert min(model) > 0.9 and controller.acceptance(("model",) * 3 + ("global",))[3] < 0.1
+    assert unseen == pytest.approx(controller.acceptance()[:3])
+    assert controller.keep(chain(6), ("model",) * 3 + ("global",) * 3, 60.0) == [0, 1, 2]
+    assert controller.keep(chain(3), ("model",) * 3, 60.0) == [0, 1, 2]
+
+
+def test_tree_budget_keeps_alternatives_only_where_they_pay():
+    """Model rank: the runner-up beside the first chain token is right half the times the chain
+    token is wrong. Where a fed token costs little it stays in the tree; where it costs much, out."""
+    tree, sources = (-1, -1, 0, 2), ("model",) * 4  # chain 0-2-3, alternative 1 beside node 0
+    for per_token, kept in ((2.0, [0, 1, 2, 3]), (150.0, [0, 2, 3])):
+        controller = AdaptiveController(SharedModels(), "model", k_max=3, m_max=1)
+        for i in range(40):
+            controller.observe(3, 3 if i % 2 else 0, 250.0 + per_token * 5, 60.0, 1.0, nodes=4,
+                               alternatives=[(1, 1, i % 4 == 0)] if i % 2 == 0 else [])
+            controller.observe(0, 0, 250.0 + per_token, 0.0, 1.0)
+        assert controller.keep(tree, sources, 60.0) == kept
+
+
+def test_a_chain_sized_by_the_choice_is_not_cut():
+    controller = AdaptiveController(SharedModels(), "model", k_max=8, m_max=1)
+    rng = random.Random(0)
+    for _ in range(60):
+        k = controller.draft_len()
+        accepted = next((i for i in range(k) if rng.random() > 0.7), k)
+        controller.observe(k, accepted, 250.0 + 20.0 * (k + 1), 50.0 * k, 1.0)
+    k = controller.draft_len()
+    assert 0 < k < 8 and controller.keep(chain(k), ("model",) * k, 50.0 * k) == list(range(k))
+
+
+def test_costly_probes_wait_longer():
+    """A probe's draft includes the drafter's catch-up on every token since its last draft: where
+    that costs more than a plain round, probes wait until they take at most PROBE_SHARE of the time."""
+    controller = AdaptiveController(SharedModels(), "model", k_max=4, m_max=1)
+    teach(controller, 40, 1.0, 0)  # drafts never land; plain rounds would take about 260 ms
+    probes = []
+    for i in range(200):
+        k = controller.draft_len()
+        if k:
+            probes.append(i)
+        controller.observe(k, 0, 250.0 + 10 * k, 300.0 * k, 1.0)
+    assert probes[0] == PROBE_AFTER - 1  # the first probe, before its cost is known
+    waits = [b - a for a, b in zip(probes, probes[1:])]
+    assert waits and min(waits) >= 300.0 / (PROBE_SHARE * 260.0)
 
 
 ADAPTIVE = {

@@ -63,6 +63,9 @@ def test_report_section_needs_its_markers():
         "a<!-- bench-report:begin -->\nnew\n<!-- bench-report:end -->b"
     with pytest.raises(ValueError, match="no <!-- bench-report:begin -->"):
         replace_section("no markers here", "new")
+    both = "<!-- bench-report:begin -->x<!-- bench-report:end --><!-- bench-report:poor:begin -->y<!-- bench-report:poor:end -->"
+    assert replace_section(both, "new", "poor") == \
+        "<!-- bench-report:begin -->x<!-- bench-report:end --><!-- bench-report:poor:begin -->\nnew\n<!-- bench-report:poor:end -->"
 
 
 def test_mtbench_second_turns_and_categories(tmp_path):

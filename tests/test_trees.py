@@ -1,4 +1,4 @@
-from specpipe.trees import first_path, merge_drafts
+from specpipe.trees import common_prefix, first_path, merge_drafts, select, tried_children
 from specpipe.types import Draft
 
 
@@ -27,3 +27,26 @@ def test_first_path_follows_first_children():
     tree = Draft((1, 9, 2, 8, 3), (-1, -1, 0, 0, 2))  # chain 1-2-3 with alternatives 9 and 8
     assert first_path(tree) == [1, 2, 3]
     assert first_path(Draft()) == []
+
+
+def test_select_keeps_the_given_nodes_of_a_tree():
+    tree = Draft((1, 9, 2, 8, 3, 4), (-1, -1, 0, 0, 2, 4))  # chain 1-2-3-4 with alternatives 9 and 8
+    cut = select(tree, [0, 1, 2, 4])
+    assert cut.tokens == (1, 9, 2, 3) and cut.parents == (-1, -1, 0, 2)
+    assert select(tree, []) == Draft() and select(tree, range(6)) == tree
+
+
+def test_tried_children_stop_at_the_accepted_one():
+    tree = Draft((1, 9, 2, 8, 3, 4), (-1, -1, 0, 0, 2, 4))
+    # 1 accepted, then its children 2 (rejected) and 8 (accepted): the leaf 8 has no children
+    assert tried_children(tree.parents, [0, 3]) == [(0, 1, 0, True), (2, 2, 0, False), (3, 2, 1, True)]
+    # nothing accepted: both first-level nodes were tried
+    assert tried_children(tree.parents, []) == [(0, 1, 0, False), (1, 1, 1, False)]
+    assert tried_children(tree.parents, [0, 2, 4, 5]) == [(0, 1, 0, True), (2, 2, 0, True), (4, 3, 0, True),
+                                                          (5, 4, 0, True)]
+
+
+def test_common_prefix_of_the_main_chain_and_the_accepted_nodes():
+    chain = [0, 2, 4]  # of the tree above
+    assert common_prefix(chain, [0, 2, 4]) == 3 and common_prefix(chain, [0, 2]) == 2
+    assert common_prefix(chain, [0, 3]) == 1 and common_prefix(chain, [1]) == 0 and common_prefix(chain, []) == 0

@@ -65,6 +65,9 @@ def register(subparsers) -> None:
     report.add_argument("--readme", default=None, metavar="README.md",
                         help="with --report: replace the README's section between <!-- bench-report:begin --> and "
                         "<!-- bench-report:end --> (default: print it)")
+    report.add_argument("--section", default=None, metavar="NAME",
+                        help="with --readme: the section between <!-- bench-report:NAME:begin --> and "
+                        "<!-- bench-report:NAME:end --> instead")
     report.add_argument("--plot-dir", default="bench-results/plots", metavar="DIR",
                         help="with --report: where the PNG plots go (default: %(default)s)")
     curve = parser.add_argument_group("forward curve")
@@ -164,7 +167,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(body)
         return 0
     try:
-        readme.write_text(replace_section(readme.read_text(), body))
+        readme.write_text(replace_section(readme.read_text(), body, args.section))
     except ValueError as err:
         raise InvalidArgument(f"{readme}: {err}") from None
     print(f"{readme}: results section regenerated from {len(args.report)} bench file(s)")

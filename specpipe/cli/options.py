@@ -67,7 +67,10 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-len", type=int, default=None, metavar="K",
                        help=f"draft depth per round; with adaptive control its cap. Given without --adaptive it "
                        f"fixes the draft depth (adaptive off) (default: {ADAPTIVE_DRAFT_LEN}, adaptive)")
-    group.add_argument("--width", type=int, default=1, help="tree width at the first draft levels; 1 = chain (default: %(default)s)")
+    group.add_argument("--width", type=int, default=1,
+                       help="tree width at the first draft levels; 1 = chain. With adaptive control the widest "
+                       "tree: each round keeps only the alternatives whose expected acceptance pays for verifying "
+                       "them (default: %(default)s)")
     group.add_argument("--schedule", default="sequential", choices=SCHEDULES,
                        help="sequential: draft, then verify; branch: while the verifier checks a round, draft the "
                        "next one for its predicted outcomes, roll back on a miss (default: %(default)s)")
@@ -78,9 +81,10 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
                        help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
                        "outcome of the main chain (default: %(default)s)")
     group.add_argument("--adaptive", default=None, choices=ADAPTIVE,
-                       help="on: choose each round's draft length (at most --draft-len, 0 = plain decoding) and "
-                       "pre-drafts (at most --hypotheses) for the most expected tokens per second, from the "
-                       "measured verify and draft times, the acceptance per depth and the verifier's entropy; "
+                       help="on: choose each round's draft length (at most --draft-len, 0 = plain decoding), "
+                       "pre-drafts (at most --hypotheses) and the draft nodes verified (the tree budget) for the "
+                       "most expected tokens per second, from the measured verify and draft times, the acceptance "
+                       "per depth, draft source and rank, and the verifier's entropy; "
                        "greedy output is unchanged, a sampled one keeps its distribution but no longer "
                        "repeats from the seed alone; off: a fixed --draft-len (default: on, unless --draft-len "
                        "is given)")
