@@ -25,7 +25,7 @@ PREDICTION_MISSES = Counter("specpipe_prediction_misses_total", "Rounds with hyp
                             ["drafter", "predictor"])
 WASTED_DRAFT_TOKENS = Counter("specpipe_wasted_draft_tokens_total", "Pre-drafted tokens dropped (rollback)", ["drafter"])
 TRIMMED_DRAFT_TOKENS = Counter("specpipe_trimmed_draft_tokens_total",
-                               "Drafted tokens not verified: adaptive cut a tail its sources' acceptance did not pay for",
+                               "Drafted tokens not verified: adaptive control cut nodes whose expected acceptance did not pay for them",
                                ["drafter"])
 HIDDEN_DRAFT_MS = Counter("specpipe_hidden_draft_ms_total", "Draft time that ran while the verifier was busy", ["drafter"])
 DRAFT_TIME_MS = Counter("specpipe_draft_time_ms_total", "Draft time of the drafts sent to the verifier", ["drafter"])

@@ -42,6 +42,18 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
     assert "| suite | specpipe's fastest |" in text and "![speedup](plots/speedup.png)" in text
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {"speedup.png", "tokens-per-round.png", "time-split.png"}
 
+    # ... or another section, from runs of other presets
+    other = tmp_path / "other.json"
+    data = json.loads(out.read_text())
+    data["meta"] |= {"suite": "noise", "preset": "smollm2"}
+    other.write_text(json.dumps(data))
+    readme.write_text(text + "<!-- bench-report:two:begin -->\n<!-- bench-report:two:end -->\n")
+    proc = bench("--report", str(out), str(other), "--readme", str(readme), "--section", "two", "--plot-dir",
+                 str(tmp_path / "plots-two"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert readme.read_text().startswith(text)
+    assert "presets `tiny` (humaneval), `smollm2` (noise)" in readme.read_text()[len(text):]
+
 
 @pytest.mark.parametrize("argv, message", [
     (["--baselines", "generate,vllm"], "unknown baselines ['vllm']"),

@@ -89,7 +89,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from specpipe.bench import benchmark, specpipe_method
     from specpipe.cli.bench_runs import (
-        bench_prompts, embedded_generators, grpc_generators, transformers_runs, with_fresh_store,
+        bench_prompts, embedded_generators, grpc_generators, own_generator, transformers_runs,
     )
     from specpipe.report import detail_table, markdown_table, sweep_table, to_json
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         for method in methods:
             speculation = method.speculation(args)
             names[method] = method.name(speculation, compiled)
-            generator = with_fresh_store(generators[method.hop_delay_ms], method.drafter)
+            generator = own_generator(generators[method.hop_delay_ms], method.drafter)
             runs[names[method]] = specpipe_method(generator, args.max_new_tokens, speculation)
         reference = names[none] if compiled else None
         references = {names[m]: reference for m in methods if reference and m is not none}

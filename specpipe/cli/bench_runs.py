@@ -136,14 +136,16 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method]):
         up_cmd.stop_all(children[::-1])
 
 
-def with_fresh_store(generator, kind: str):
-    """The generator's models with the drafters of kind over a new, empty in-memory n-gram store."""
+def own_generator(generator, kind: str):
+    """A method's own generator over the generator's models, so that no method learns from another's
+    runs: fresh adaptive estimates and branch predictor calibration, and for the drafters of kind
+    that read one, a new, empty in-memory n-gram store."""
     from cache_service.memory import InMemoryNgramCache
     from orchestrator.generator import Generator
     from specpipe.cli.wiring import build_drafters
 
     if kind not in ("ngram", "hybrid"):
-        return generator
+        return Generator(generator.tokenizer, generator.verifier, generator.drafters, generator.defaults, generator.cache)
     store = InMemoryNgramCache()
     drafters = build_drafters((kind,), store, generator.drafters.get("model"), generator.info)
     return Generator(generator.tokenizer, generator.verifier, drafters, generator.defaults, store)
