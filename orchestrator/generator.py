@@ -233,11 +233,11 @@ class Generator:
     def _observe(self, adaptive: AdaptiveController, spec: SpeculationOptions, proposal: ProposeResult,
                  result, call_ms: float, drafted: int) -> None:
         """drafted: the main chain's length as drafted (proposal's draft may be trimmed)."""
-        chain = first_path_nodes(proposal.draft)
+        chain, sources = first_path_nodes(proposal.draft), node_sources(proposal)
         alternatives = [(depth, rank, hit) for _, depth, rank, hit in
                         tried_children(proposal.draft.parents, result.accepted_nodes) if rank]
         adaptive.observe(len(chain), common_prefix(chain, result.accepted_nodes), result.verify_ms, proposal.draft_ms,
-                         result.entropy, call_ms, sources=[node_sources(proposal)[n] for n in chain],
+                         result.entropy, call_ms, sources=[sources[n] for n in chain],
                          draft_tokens=drafted, nodes=len(proposal.draft), alternatives=alternatives)
         metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=spec.drafter).observe(len(chain))
         fit = self._adaptive.verify.line()
