@@ -159,12 +159,12 @@ class Generator:
             while True:
                 round_start = time.perf_counter()
                 idle_ms = (round_start - idle_since) * 1e3 if idle_since is not None else 0.0
-                drafted = proposal
+                as_drafted = proposal
                 if adaptive:
-                    proposal = self._trim(adaptive, spec, drafted)
+                    proposal = self._trim(adaptive, spec, as_drafted)
                 if branch is None:
                     result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
-                    epoch += len(result.accepted_tokens) < len(drafted.draft)
+                    epoch += len(result.accepted_tokens) < len(as_drafted.draft)
                 else:
                     verifying = self._pool.submit(self.verifier.verify, session_id, len(context), proposal.draft,
                                                   request.sampling)
@@ -174,7 +174,7 @@ class Generator:
                 self._record(session_id, context, proposal, result)
                 if adaptive:
                     self._observe(adaptive, spec, proposal, result, (verify_end - round_start) * 1e3,
-                                  len(first_path_nodes(drafted.draft)))
+                                  len(first_path_nodes(as_drafted.draft)))
 
                 count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
                 new_tokens = list(result.emitted[:count])

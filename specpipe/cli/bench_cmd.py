@@ -26,7 +26,8 @@ def register(subparsers) -> None:
     parser.add_argument("--suite", choices=SUITES, default="humaneval",
                         help="prompt suite; random: made-up words to continue (the models copy them, so drafts "
                         "are good); noise: random base64, random passwords and poems of random words in mixed "
-                        "scripts, where drafts are poor (default: %(default)s)")
+                        "scripts (poor drafts with --preset smollm2; qwen-coder copies and repeats, so its drafts "
+                        "still land) (default: %(default)s)")
     parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                         help="your own prompts instead of --suite: one JSON object a line, {\"prompt\": ...} or "
                         "{\"messages\": [{\"role\", \"content\"}, ...]}, optional \"id\"")
