@@ -8,10 +8,10 @@ from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
 MAX_NEW_TOKENS = 48
 SHAPES = {
     "verifier only": SpeculationOptions(drafter="none"),
-    "chain k=1": SpeculationOptions(draft_len=1),
-    "chain k=4": SpeculationOptions(draft_len=4),
-    "chain k=7": SpeculationOptions(draft_len=7),
-    "tree k=4 width=3": SpeculationOptions(draft_len=4, width=3),
+    "chain k=1": SpeculationOptions(draft_len=1, adaptive="off"),
+    "chain k=4": SpeculationOptions(draft_len=4, adaptive="off"),
+    "chain k=7": SpeculationOptions(draft_len=7, adaptive="off"),
+    "tree k=4 width=3": SpeculationOptions(draft_len=4, width=3, adaptive="off"),
 }
 
 
@@ -78,7 +78,7 @@ def test_failing_drafter_changes_nothing(tiny_tokenizer, tiny_verifier, referenc
     assert drafter.calls >= len(chunks) - 1  # every round but a last one-token round tried to draft
 
 
-@pytest.mark.parametrize("speculation", [SpeculationOptions(drafter="none"), SpeculationOptions(draft_len=4)],
+@pytest.mark.parametrize("speculation", [SpeculationOptions(drafter="none"), SpeculationOptions(draft_len=4, adaptive="off")],
                          ids=["verifier only", "chain k=4"])
 def test_sampling_same_seed_same_output(tiny_generator, references, speculation):
     ids, _ = references[GOLDEN_PROMPTS[3]]

@@ -48,7 +48,7 @@ def smollm2_grpc(smollm2):
         yield Generator(generator.tokenizer, verifier_client, {"model": drafter_client}), verifier
 
 
-@pytest.mark.parametrize("speculation", [SpeculationOptions(draft_len=4), SpeculationOptions(draft_len=3, width=3)],
+@pytest.mark.parametrize("speculation", [SpeculationOptions(draft_len=4, adaptive="off"), SpeculationOptions(draft_len=3, width=3, adaptive="off")],
                          ids=["chain k=4", "tree k=3 width=3"])
 def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation):
     generator, verifier = smollm2
@@ -66,7 +66,7 @@ def test_smollm2_over_grpc_equals_verifier_greedy(smollm2_grpc):
     generator, verifier = smollm2_grpc
     for chat in CHATS[:2]:
         ids = generator.encode(messages=[("user", chat)])
-        tokens, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4)))
+        tokens, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, adaptive="off")))
         assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
 
 
@@ -81,7 +81,7 @@ def test_smollm2_compiled_equals_verifier_greedy(smollm2, smollm2_compiled, sche
         ids = compiled.encode(messages=[("user", chat)])
         expected = reference_greedy(compiled_verifier.model, ids, MAX_NEW_TOKENS)
         alone, _ = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("none")))
-        speculation = SpeculationOptions(draft_len=4, schedule=schedule)
+        speculation = SpeculationOptions(draft_len=4, schedule=schedule, adaptive="off")
         tokens, chunks = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
         assert tokens == alone == expected, chat
         drafted += sum(c.round.drafted for c in chunks)
