@@ -5,8 +5,8 @@ as a Markdown table and PNG plots of aggregate tokens/s and p99 latency against 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from specpipe.loadstats import LevelSummary, Slo, markdown_table
 

@@ -5,7 +5,7 @@ time, so they are tested without Locust; None means the run is over."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from specpipe.errors import InvalidArgument
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from specpipe.errors import InvalidArgument
 
@@ -138,8 +138,8 @@ def _ms(value: float | None) -> str:
 def markdown_table(levels: Sequence[LevelSummary], slo: Slo) -> str:
     bounds = ", ".join(f"{name} <= {value:g} ms" for name, value in (("TTFT", slo.ttft_ms), ("ITL", slo.itl_ms))
                        if math.isfinite(value)) or "none"
-    rows = ["| users | requests | tokens/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | e2e p50 (ms) | "
-            f"goodput (req/s; SLO {bounds}) | errors |",
+    rows = [("| users | requests | tokens/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | e2e p50 (ms) | "
+             f"goodput (req/s; SLO {bounds}) | errors |"),
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for s in levels:
         errors = ", ".join(f"{code} {count}" for code, count in s.errors.items()) or "0"

@@ -16,19 +16,21 @@ import grpc.experimental.gevent as grpc_gevent
 
 grpc_gevent.init_gevent()  # locust patched the stdlib when it loaded; grpc must be patched before any channel
 
-import itertools  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+import itertools
+import os
+import random
+import time
+from dataclasses import dataclass
 
-from locust import User, constant, events, task  # noqa: E402
+import gevent
+from locust import User, constant, events, task
+from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from specpipe import types  # noqa: E402
-from specpipe.errors import SpecpipeError  # noqa: E402
-from specpipe.loadstats import OK, RequestRecord, itl_per_token, write_record  # noqa: E402
-from specpipe.prompts import Prompt, load_suite  # noqa: E402
-from specpipe.rpc.clients import GenerationClient  # noqa: E402
+from specpipe import types
+from specpipe.errors import SpecpipeError
+from specpipe.loadstats import OK, RequestRecord, itl_per_token, write_record
+from specpipe.prompts import Prompt, load_suite
+from specpipe.rpc.clients import GenerationClient
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
 
@@ -68,8 +70,8 @@ def workload(options) -> Workload:
     loaded = [load_suite(name, limit=options.prompt_limit) for name in suites]
     prompts = [p for group in itertools.zip_longest(*loaded) for p in group if p is not None]  # suites in turn
     random.Random(options.seed).shuffle(prompts)
-    given = dict(drafter=options.drafter, draft_len=options.draft_len, width=options.width,
-                 schedule=options.schedule, adaptive=options.adaptive)
+    given = {"drafter": options.drafter, "draft_len": options.draft_len, "width": options.width,
+             "schedule": options.schedule, "adaptive": options.adaptive}
     # Fields left empty / 0 on the wire take the server's defaults (convert.speculation_from_proto).
     speculation = types.SpeculationOptions(**given, predictor="", hypotheses=0) if any(given.values()) else None
     return Workload(tuple(prompts), options.max_new_tokens, options.deadline_s, options.temperature, options.top_p,
@@ -80,7 +82,7 @@ class RecordLog:
     """The --records file: one JSON line per call (gevent runs one greenlet at a time, so lines never interleave)."""
 
     def __init__(self, path: str):
-        self.stream = open(path, "a", encoding="utf-8") if path else None
+        self.stream = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (open for the run)
 
     def write(self, record: RequestRecord) -> None:
         if self.stream is not None:
@@ -98,6 +100,12 @@ def _on_init(environment, **_kwargs) -> None:
         GenerateUser.workload = workload(environment.parsed_options)
         GenerateUser.records = RecordLog(environment.parsed_options.records)
         GenerateUser.order = itertools.count()
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment, **_kwargs) -> None:
+    # Locust's CSV is a snapshot taken once a CSV_STATS_INTERVAL_SEC: let one be taken after the last call.
+    gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
 
 
 @events.quitting.add_listener

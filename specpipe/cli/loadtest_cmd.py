@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         for drafter in drafters:
             run_dir = out_dir / drafter if len(drafters) > 1 else out_dir
             locust_run = loadtest_runs.LocustRun(host, run_dir, args.shape, args.users, args.run_time, args.levels,
-                                                 args.hold_s, workload_flags(args, drafter))
+                                                 args.hold_s, workload_flags(args, drafter), args.deadline_s)
             print(f"specpipe loadtest: drafter {drafter}, {args.shape} load on {host}; output in {run_dir}",
                   file=sys.stderr, flush=True)
             statuses[drafter] = loadtest_runs.run_locust(locust_run)

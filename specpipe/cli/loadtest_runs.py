@@ -89,6 +89,7 @@ class LocustRun:
     levels: str               # shapes: user counts
     hold_s: float             # shapes: seconds per level
     workload: tuple[str, ...] = field(default=())  # the locustfile's own flags (--suite, --drafter, ...)
+    stop_timeout_s: float = 120.0                  # at the end, wait this long for calls in flight
 
     @property
     def records(self) -> Path:
@@ -101,7 +102,8 @@ def locust_command(run: LocustRun) -> list[str]:
             else ["--shape", run.shape, "--levels", run.levels, "--hold-s", f"{run.hold_s:g}"])
     return [sys.executable, "-m", "locust", "-f", files, "--headless", "--host", run.host, *load,
             "--csv", str(run.out_dir / "locust"), "--csv-full-history", "--html", str(run.out_dir / "locust.html"),
-            "--records", str(run.records), "--only-summary", "--loglevel", "WARNING", "--stop-timeout", "0",
+            "--records", str(run.records), "--only-summary", "--loglevel", "WARNING",
+            "--stop-timeout", f"{run.stop_timeout_s:g}",  # users end their call: every call is counted
             *run.workload]
 
 
@@ -111,7 +113,7 @@ def run_locust(run: LocustRun) -> int:
     run.records.unlink(missing_ok=True)
     with open(run.out_dir / "locust.log", "wb") as log:
         return subprocess.run(locust_command(run), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              env=child_env(), cwd=run.out_dir).returncode
+                              env=child_env(), cwd=run.out_dir, check=False).returncode
 
 
 class MemorySampler(threading.Thread):
