@@ -270,3 +270,15 @@ def test_soak_memory_flat_and_no_errors(tmp_path):
     for role, trend in summary["memory"].items():
         assert trend is not None, role
         assert trend["growth_mb"] < 32.0, (role, trend)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--drafter", "none,fast"], "--drafter takes default, model, ngram, hybrid, none"),
+    (["--report", "pyproject.toml"], "needs a Markdown file with a <!-- bench-report:load:begin -->"),
+    (["--addr", "127.0.0.1:1", "--memory-every", "5"], "--memory-every samples the services"),
+])
+def test_loadtest_rejects_before_starting(flags, message, capsys):
+    from specpipe.cli.main import main
+
+    assert main(["loadtest", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import tempfile
 from dataclasses import asdict
@@ -20,8 +21,10 @@ from specpipe import loadstats
 from specpipe.errors import InvalidArgument
 from specpipe.loadshapes import SHAPES, parse_levels
 from specpipe.presets import PRESETS
+from specpipe.types import DRAFTER_KINDS
 
 SERVER_DEFAULT = "default"  # a --drafter value: the server's own default speculation
+SUITES = ("mix", "humaneval", "mtbench", "gsm8k", "random", "noise")  # mix: the first three in turn
 
 
 def register(subparsers) -> None:
@@ -42,7 +45,7 @@ def register(subparsers) -> None:
     load.add_argument("--users", type=int, default=4, help="constant: users (default: %(default)s)")
     load.add_argument("--run-time", type=float, default=60.0, metavar="S", help="constant: seconds (default: %(default)s)")
     work = parser.add_argument_group("requests (flags of deploy/locust/locustfile.py)")
-    work.add_argument("--suite", default="mix", help="humaneval, mtbench, gsm8k, random, noise or mix (default: %(default)s)")
+    work.add_argument("--suite", default="mix", choices=SUITES, help="mix: code, chat and math in turn (default: %(default)s)")
     work.add_argument("--prompt-limit", type=int, default=20, help="prompts per suite (default: %(default)s)")
     work.add_argument("--max-new-tokens", type=int, default=int(os.environ.get("SPECPIPE_MAX_NEW_TOKENS", "64")),
                       help="(default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
@@ -94,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
     from specpipe.cli import loadtest_runs
 
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
+    if not drafters or set(drafters) - {SERVER_DEFAULT, *DRAFTER_KINDS}:
+        raise InvalidArgument(f"--drafter takes {', '.join((SERVER_DEFAULT, *DRAFTER_KINDS))}, comma-separated; "
+                              f"got {args.drafter!r}")
+    if args.report:
+        _check_report(Path(args.report))  # before the run, not after it
     if args.memory_every > 0 and args.addr:
         raise InvalidArgument("--memory-every samples the services of the `specpipe up` loadtest starts: drop --addr")
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="specpipe-loadtest-"))
@@ -161,5 +169,14 @@ def _write_report(args: argparse.Namespace, runs: dict) -> None:
             "levels": args.levels, "hold s": f"{args.hold_s:g}", "suite": args.suite,
             "max new tokens": args.max_new_tokens, "temperature": f"{args.temperature:g}",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
-    command = "specpipe loadtest " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["loadtest"] else "specpipe loadtest"
+    command = "specpipe loadtest " + shlex.join(sys.argv[2:]) if sys.argv[1:2] == ["loadtest"] else "specpipe loadtest"
     loadreport.write_report(path, loadreport.report_markdown(runs, args.slo, meta, images, path.parent, command))
+
+
+def _check_report(path: Path) -> None:
+    from specpipe import loadreport
+    from specpipe.report import markers
+
+    begin, end = markers(loadreport.SECTION)
+    if not path.is_file() or begin not in (text := path.read_text()) or end not in text:
+        raise InvalidArgument(f"--report {path}: needs a Markdown file with a {begin} ... {end} section")
