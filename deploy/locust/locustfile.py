@@ -68,8 +68,8 @@ class Workload:
 def workload(options) -> Workload:
     suites = MIX if options.suite == "mix" else (options.suite,)
     loaded = [load_suite(name, limit=options.prompt_limit) for name in suites]
-    prompts = [p for group in itertools.zip_longest(*loaded) for p in group if p is not None]  # suites in turn
-    random.Random(options.seed).shuffle(prompts)
+    prompts = [p for group in loaded for p in group]
+    random.Random(options.seed).shuffle(prompts)  # one fixed order for every run with this seed
     given = {"drafter": options.drafter, "draft_len": options.draft_len, "width": options.width,
              "schedule": options.schedule, "adaptive": options.adaptive}
     # Fields left empty / 0 on the wire take the server's defaults (convert.speculation_from_proto).
@@ -108,8 +108,8 @@ def _on_test_stop(environment, **_kwargs) -> None:
     gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
 
 
-@events.quitting.add_listener
-def _on_quitting(environment, **_kwargs) -> None:
+@events.quit.add_listener
+def _on_quit(exit_code, **_kwargs) -> None:  # after the users are stopped
     GenerateUser.records.close()
 
 
