@@ -282,3 +282,15 @@ def test_loadtest_rejects_before_starting(flags, message, capsys):
 
     assert main(["loadtest", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_workload_flags_leave_server_defaults_out():
+    from specpipe.cli.loadtest_cmd import workload_flags
+    from specpipe.cli.main import build_parser
+
+    args = build_parser().parse_args(["loadtest", "--suite", "gsm8k", "--temperature", "0.7", "--schedule", "branch"])
+    default = workload_flags(args, "default")
+    assert "--drafter" not in default and "--adaptive" not in default
+    assert default[default.index("--schedule") + 1] == "branch" and default[default.index("--temperature") + 1] == "0.7"
+    none = workload_flags(args, "none")
+    assert none[none.index("--drafter") + 1] == "none" and none[none.index("--suite") + 1] == "gsm8k"

@@ -51,11 +51,13 @@ def register(subparsers) -> None:
                       help="(default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
     work.add_argument("--deadline-s", type=float, default=120.0, help="client deadline per call (default: %(default)s)")
     work.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    work.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
     work.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     work.add_argument("--drafter", default=SERVER_DEFAULT,
                       help="per-request drafter, comma-separated for one run each: model, ngram, hybrid, none "
                       f"(speculation off) or {SERVER_DEFAULT} (the server's) (default: %(default)s)")
     work.add_argument("--draft-len", type=int, default=0, help="0 = the server's (default: %(default)s)")
+    work.add_argument("--width", type=int, default=0, help="0 = the server's (default: %(default)s)")
     work.add_argument("--schedule", default="", help="sequential or branch; empty = the server's")
     work.add_argument("--adaptive", default="", help="on or off; empty = the server's")
     out = parser.add_argument_group("output")
@@ -84,8 +86,8 @@ def _slo(text: str) -> loadstats.Slo:
 
 def workload_flags(args: argparse.Namespace, drafter: str) -> tuple[str, ...]:
     flags = ["--suite", args.suite, "--prompt-limit", str(args.prompt_limit), "--max-new-tokens", str(args.max_new_tokens),
-             "--deadline-s", f"{args.deadline_s:g}", "--temperature", f"{args.temperature:g}", "--seed", str(args.seed),
-             "--draft-len", str(args.draft_len)]
+             "--deadline-s", f"{args.deadline_s:g}", "--temperature", f"{args.temperature:g}", "--top-p", f"{args.top_p:g}",
+             "--seed", str(args.seed), "--draft-len", str(args.draft_len), "--width", str(args.width)]
     for name, value in (("--drafter", "" if drafter == SERVER_DEFAULT else drafter), ("--schedule", args.schedule),
                         ("--adaptive", args.adaptive)):
         if value:
