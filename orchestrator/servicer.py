@@ -4,18 +4,24 @@ closing the generation releases its verifier and drafter sessions."""
 
 from __future__ import annotations
 
+from orchestrator.admission import Admission
+from orchestrator.generator import Generator
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
 from specpipe.v1 import generation_pb2, generation_pb2_grpc
-from orchestrator.generator import Generator
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, generator: Generator):
+    def __init__(self, generator: Generator, admission: Admission | None = None):
         self._generator = generator
+        self._admission = admission or Admission()
 
     @rpc_method
     def Generate(self, request, context):
+        with self._admission.slot(context.time_remaining()):  # refused or queued before any work
+            yield from self._generate(request, context)
+
+    def _generate(self, request, context):
         source, generation = convert.generate_request_from_proto(request, self._generator.defaults)
         prompt_ids = self._generator.encode(**source.encode_kwargs())
         chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
@@ -28,9 +34,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             chunks.close()
 
 
-def service(generator: Generator) -> Service:
+def service(generator: Generator, admission: Admission | None = None) -> Service:
     return Service(
         service_name(generation_pb2, "Generation"),
-        GenerationServicer(generator),
+        GenerationServicer(generator, admission),
         generation_pb2_grpc.add_GenerationServicer_to_server,
     )

@@ -8,7 +8,7 @@ round). Growth copies once per doubling: amortised O(1) per token. Rollback is i
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -28,7 +28,7 @@ from verifier_service.kv import SlotKV
 class BatchConfig:
     max_batch_tokens: int = 512  # tokens per forward, all sessions together
     prefill_chunk: int = 256     # prompt tokens a prefill feeds per forward
-    max_queue: int = 256         # requests waiting for the model; beyond: RESOURCE_EXHAUSTED
+    max_queue: int = 64          # requests waiting for the model; beyond: RESOURCE_EXHAUSTED
 
     def __post_init__(self):
         for name in ("max_batch_tokens", "prefill_chunk", "max_queue"):

@@ -16,8 +16,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -28,7 +28,13 @@ from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
 from specpipe.sampling import check_sampling, rejection_sample_chain, warp
 from specpipe.types import Draft, ModelInfo, SamplingParams, VerifyResult
-from specpipe.verification import check_token_ids, check_tree, tree_allowed, tree_position_ids, verify_greedy
+from specpipe.verification import (
+    check_token_ids,
+    check_tree,
+    tree_allowed,
+    tree_position_ids,
+    verify_greedy,
+)
 from verifier_service import batched
 from verifier_service.kv import SlotKV
 from verifier_service.scheduler import BatchConfig, Scheduler, Work
@@ -53,7 +59,7 @@ def entropy(logits: torch.Tensor) -> float:
 
 class ModelVerifier:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
-                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig = BatchConfig()):
+                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None):
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets)  # packed: packs the linears the batch uses
         self._runner.warm_up()  # graphs: every forward bucket now, before the first request
@@ -63,7 +69,7 @@ class ModelVerifier:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
         unbatched = "the CUDA graphs mode" if mode == "graphs" else batched.supports(model)
-        self._scheduler = Scheduler(model, batch) if unbatched is None else None
+        self._scheduler = Scheduler(model, batch or BatchConfig()) if unbatched is None else None
         if unbatched is not None:
             log.info("verifier runs one session per forward", extra={"reason": unbatched})
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time per model
