@@ -54,3 +54,7 @@ QUEUE_DEPTH = Gauge("specpipe_queue_depth", "Requests waiting: verifier rounds a
                     "orchestrator generations for a session slot", ["role"])
 QUEUE_WAIT_MS = Histogram("specpipe_queue_wait_ms", "Time a request waited before its work started", ["role"],
                           buckets=_MS_BUCKETS)
+TTFT_MS = Histogram("specpipe_ttft_ms", "Orchestrator: time from a Generate request to its first chunk of tokens",
+                    buckets=_MS_BUCKETS)
+INTER_TOKEN_MS = Histogram("specpipe_inter_token_ms", "Orchestrator: time between streamed tokens (a chunk of n "
+                           "tokens counts its gap n times, each gap / n)", buckets=_MS_BUCKETS)

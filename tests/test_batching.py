@@ -160,8 +160,12 @@ def test_concurrent_streams_equal_verifier_greedy_over_grpc():
         return [t for chunk in cluster.generation_client.generate(token_ids=ids, max_new_tokens=MAX_NEW_TOKENS,
                                                                   speculation=speculation) for t in chunk.token_ids]
 
+    first_tokens = metrics.TTFT_MS.collect()[0].samples
+    ttft_before = next(s.value for s in first_tokens if s.name.endswith("_count"))
     outputs = _concurrently([lambda ids=ids, s=s: stream(ids, s) for ids, s in zip(prompts, speculations)])
     assert outputs == expected
+    ttft_after = next(s.value for s in metrics.TTFT_MS.collect()[0].samples if s.name.endswith("_count"))
+    assert ttft_after - ttft_before == len(prompts)  # one time-to-first-token per stream
 
 
 def test_max_sessions_refuses_before_any_forward():
@@ -209,3 +213,25 @@ def test_verify_after_batched_tree_rollback_matches_a_fresh_prefill():
     a = verifier.verify("tree", len(context), chain, SamplingParams())
     b = verifier.verify("fresh", len(context), chain, SamplingParams())
     assert a.node_argmax == b.node_argmax
+
+
+@pytest.mark.slow
+def test_concurrent_sessions_equal_verifier_greedy_smollm2():
+    """A real Llama-family model: four chats at once through the batched verifier, each == generate()."""
+    from drafter_service.model_drafter import ModelDrafter
+    from specpipe import packaged
+    from specpipe.models import load_tokenizer
+    from specpipe.presets import model_specs
+    from tests.test_golden_smollm2 import CHATS
+
+    packaged.prepare("smollm2-135m", progress=False)
+    verifier_spec, drafter_spec = model_specs("smollm2")
+    verifier = ModelVerifier.load(verifier_spec, batch=BatchConfig(prefill_chunk=8))
+    assert verifier.batched
+    tokenizer = load_tokenizer(verifier_spec)
+    generator = Generator(tokenizer, verifier, {"model": ModelDrafter.load(drafter_spec)})
+    prompts = [tuple(tokenizer(chat)["input_ids"]) for chat in CHATS]
+    expected = [reference_greedy(verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
+    outputs = _concurrently([lambda ids=ids, w=1 + i % 2: run(generator, GenerationRequest(
+        ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, width=w)))[0] for i, ids in enumerate(prompts)])
+    assert outputs == expected

@@ -59,7 +59,9 @@ def entropy(logits: torch.Tensor) -> float:
 
 class ModelVerifier:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
-                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None):
+                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None,
+                 batching: bool = True):
+        """batching: False runs one session per forward even where batching is supported (to compare)."""
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets)  # packed: packs the linears the batch uses
         self._runner.warm_up()  # graphs: every forward bucket now, before the first request
@@ -69,6 +71,7 @@ class ModelVerifier:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
         unbatched = "the CUDA graphs mode" if mode == "graphs" else batched.supports(model)
+        unbatched = unbatched if batching else "batching off"
         self._scheduler = Scheduler(model, batch or BatchConfig()) if unbatched is None else None
         if unbatched is not None:
             log.info("verifier runs one session per forward", extra={"reason": unbatched})
