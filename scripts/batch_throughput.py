@@ -61,11 +61,14 @@ def main() -> None:
         from drafter_service.model_drafter import ModelDrafter
 
         drafters["model"] = ModelDrafter.load(drafter_spec, mode=mode)
-    verifiers = {"one session per forward": ModelVerifier(model, model_info(verifier_spec, model), mode=mode,
-                                                          batching=False),
-                 "batched": ModelVerifier(model, model_info(verifier_spec, model), mode="eager")}  # packed once
+    info = model_info(verifier_spec, model)  # before packing (it reads the lm_head's weight)
+    verifiers = {"one session per forward": ModelVerifier(model, info, mode=mode, batching=False),
+                 "batched": ModelVerifier(model, info, mode="eager")}  # the model is packed once, by the first
     speculation = SpeculationOptions(drafter=args.drafter, draft_len=4)
     prompts = [tuple(tokenizer(p)["input_ids"]) for p in GOLDEN_PROMPTS]
+    for verifier in verifiers.values():  # warm-up: first-call costs are not the batching's
+        generate_concurrently(Generator(tokenizer, verifier, drafters, speculation),
+                              [GenerationRequest(prompts[0], 8, speculation=speculation)])
     print(f"preset {args.preset}, drafter {args.drafter}, {mode}, {args.max_new_tokens} new tokens per stream")
     print(f"{'streams':>7} | " + " | ".join(f"{name:>24}" for name in verifiers) + " | speed-up")
     for n in (int(c) for c in args.concurrency.split(",")):
