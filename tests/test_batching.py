@@ -235,3 +235,27 @@ def test_concurrent_sessions_equal_verifier_greedy_smollm2():
     outputs = _concurrently([lambda ids=ids, w=1 + i % 2: run(generator, GenerationRequest(
         ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, width=w)))[0] for i, ids in enumerate(prompts)])
     assert outputs == expected
+
+
+def test_a_round_does_not_wait_for_a_long_prefill():
+    """A round queued while a long prompt prefills in chunks runs in the next forward, mixed with
+    the next chunk: it returns while the prompt is still entering."""
+    model = tiny_model()
+    scheduler = Scheduler(model, BatchConfig(prefill_chunk=4))
+    try:
+        long_prefill = Work(new_slot(model, 2048), tuple(range(1, 255)) * 4)  # ~250 chunks
+        thread = threading.Thread(target=scheduler.run, args=(long_prefill,))
+        thread.start()
+        from tests.grpc_harness import wait_until
+
+        assert wait_until(lambda: long_prefill.started, timeout_s=10)
+        kv = new_slot(model, 2048)
+        scheduler.run(Work(kv, (5, 6, 7)))  # a prompt of its own
+        round_ = scheduler.run(Work(kv, (8, 9), positions=torch.tensor([3, 4]),
+                                    allowed=torch.ones(2, 2, dtype=torch.bool).tril()))
+        fed_when_done = long_prefill.fed
+        thread.join()
+        assert round_.logits.shape == (2, 257)
+        assert fed_when_done < len(long_prefill.token_ids)
+    finally:
+        scheduler.close()
