@@ -109,7 +109,7 @@ def _forwards() -> tuple[float, float]:
     return samples["specpipe_verify_batch_sessions_count"], samples["specpipe_verify_batch_sessions_sum"]
 
 
-SPECULATIONS = [SpeculationOptions(drafter=drafter, draft_len=k, width=width, schedule=schedule)
+SPECULATIONS = [SpeculationOptions(drafter=drafter, draft_len=k, width=width, schedule=schedule, adaptive="off")
                 for drafter, k, width, schedule in [
                     ("model", 4, 1, "sequential"), ("model", 3, 2, "branch"), ("ngram", 4, 1, "sequential"),
                     ("hybrid", 4, 2, "sequential"), ("model", 5, 1, "branch"), ("none", 1, 1, "sequential"),
@@ -141,7 +141,8 @@ def test_sampled_output_is_the_same_with_and_without_batch_mates(tiny_tokenizer,
     generator = Generator(tiny_tokenizer, verifier, {"model": tiny_drafter})
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
     prompts = _prompts(6, seed=3)[1:]
-    requests = [GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling) for ids in prompts]
+    fixed = SpeculationOptions(draft_len=4, adaptive="off")  # adaptive k follows timings: not repeatable from the seed
+    requests = [GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling, speculation=fixed) for ids in prompts]
     alone = run(generator, requests[0])[0]
     together = _concurrently([lambda r=r: run(generator, r)[0] for r in requests])
     assert together[0] == alone
@@ -154,7 +155,7 @@ def test_concurrent_streams_equal_verifier_greedy_over_grpc():
     prompts = _prompts(8, seed=5)
     expected = [reference_greedy(cluster.verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
     speculations = [SpeculationOptions(drafter="model", draft_len=4, width=1 + i % 2,
-                                       schedule=("sequential", "branch")[i % 2]) for i in range(len(prompts))]
+                                       schedule=("sequential", "branch")[i % 2], adaptive="off") for i in range(len(prompts))]
 
     def stream(ids, speculation):
         return [t for chunk in cluster.generation_client.generate(token_ids=ids, max_new_tokens=MAX_NEW_TOKENS,
@@ -233,7 +234,7 @@ def test_concurrent_sessions_equal_verifier_greedy_smollm2():
     prompts = [tuple(tokenizer(chat)["input_ids"]) for chat in CHATS]
     expected = [reference_greedy(verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
     outputs = _concurrently([lambda ids=ids, w=1 + i % 2: run(generator, GenerationRequest(
-        ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, width=w)))[0] for i, ids in enumerate(prompts)])
+        ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, width=w, adaptive="off")))[0] for i, ids in enumerate(prompts)])
     assert outputs == expected
 
 
