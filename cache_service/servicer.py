@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specpipe.limits import DEFAULT_LIMITS, Limits, check_lookup
 from specpipe.protocols import NgramCache
 from specpipe.rpc import cache_convert
 from specpipe.rpc.server import Service, rpc_method, service_name
@@ -9,11 +10,13 @@ from specpipe.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 
 class CacheServicer(cache_pb2_grpc.CacheServicer):
-    def __init__(self, cache: NgramCache):
+    def __init__(self, cache: NgramCache, limits: Limits = DEFAULT_LIMITS):
         self._cache = cache
+        self._limits = limits
 
     @rpc_method
     def Lookup(self, request, context):
+        check_lookup(request.session_id, request.context_suffix, self._limits)
         result = self._cache.lookup(request.session_id, tuple(request.context_suffix), request.k, request.width)
         return cache_convert.ngram_draft_to_proto(result)
 
@@ -31,5 +34,6 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         return common_pb2.ReleaseReply(released=self._cache.release(request.session_id))
 
 
-def service(cache: NgramCache) -> Service:
-    return Service(service_name(cache_pb2, "Cache"), CacheServicer(cache), cache_pb2_grpc.add_CacheServicer_to_server)
+def service(cache: NgramCache, limits: Limits = DEFAULT_LIMITS) -> Service:
+    return Service(service_name(cache_pb2, "Cache"), CacheServicer(cache, limits),
+                   cache_pb2_grpc.add_CacheServicer_to_server)

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from specpipe.errors import FailedPrecondition
+from specpipe.limits import DEFAULT_LIMITS, Limits, check_propose
 from specpipe.protocols import Drafter
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
@@ -14,10 +15,11 @@ from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, drafters: Mapping[str, Drafter]):
+    def __init__(self, drafters: Mapping[str, Drafter], limits: Limits = DEFAULT_LIMITS):
         if not drafters:
             raise ValueError("a drafter service needs at least one draft method")
         self._drafters = dict(drafters)  # method -> drafter; the first is the default
+        self._limits = limits  # an orchestrator's own Generate caps draft_len and width; any other caller, here
 
     def _drafter(self, method: str) -> Drafter:
         drafter = self._drafters.get(method or next(iter(self._drafters)))
@@ -32,7 +34,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     @rpc_method
     def Propose(self, request, context):
-        result = self._drafter(request.method).propose(convert.propose_request_from_proto(request))
+        propose = convert.propose_request_from_proto(request)
+        check_propose(propose, self._limits)
+        result = self._drafter(request.method).propose(propose)
         return convert.propose_result_to_proto(result)
 
     @rpc_method
@@ -41,9 +45,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return common_pb2.ReleaseReply(released=any(released))
 
 
-def service(drafters: Mapping[str, Drafter]) -> Service:
+def service(drafters: Mapping[str, Drafter], limits: Limits = DEFAULT_LIMITS) -> Service:
     return Service(
         service_name(drafter_pb2, "Drafter"),
-        DrafterServicer(drafters),
+        DrafterServicer(drafters, limits),
         drafter_pb2_grpc.add_DrafterServicer_to_server,
     )

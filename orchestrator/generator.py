@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Mapping, Sequence
 
 from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
+from specpipe.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
 from specpipe.types import (
@@ -64,11 +65,13 @@ class Generator:
         defaults: SpeculationOptions = SpeculationOptions(),
         cache: NgramCache | None = None,
         learn_global: bool = True,
+        limits: Limits = DEFAULT_LIMITS,
     ):
         self.tokenizer = tokenizer
         self.verifier = verifier
         self.drafters = dict(drafters)
         self.defaults = defaults
+        self.limits = limits  # input caps (specpipe.limits), checked before any work
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
         self.observer = RoundObserver(cache, learn_global)
         self.info = verifier.info()
@@ -93,6 +96,7 @@ class Generator:
         if messages is not None:
             if not messages or not any(content for _, content in messages):
                 raise InvalidArgument("messages are empty")
+            check_prompt_text("".join(content for _, content in messages), self.limits)
             if getattr(self.tokenizer, "chat_template", None):
                 chat = [{"role": role, "content": content} for role, content in messages]
                 ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
@@ -100,9 +104,11 @@ class Generator:
             prompt = "\n".join(content for _, content in messages)  # a base model: plain text
         if not prompt:
             raise InvalidArgument("prompt is empty")
+        check_prompt_text(prompt, self.limits)
         return tuple(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def validate(self, request: GenerationRequest) -> None:
+        check_generation(request, self.limits)
         check_token_ids(request.prompt_ids, self.info.vocab_size, "prompt")
         check_sampling(request.sampling)
         if request.max_new_tokens <= 0:

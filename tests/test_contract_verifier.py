@@ -129,8 +129,8 @@ BAD_VERIFIES = [
                                                  SamplingParams(temperature=1.0)), InvalidArgument, "q distributions"),
     ("sampled tree", lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1, -1)), SamplingParams(temperature=1.0)),
      InvalidArgument, "chains only"),
-    ("draft beyond the context window", lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1] * 2100), GREEDY),
-     InvalidArgument, "context window"),
+    ("draft beyond the node cap (and the context window)",
+     lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1] * 2100), GREEDY), InvalidArgument, "draft nodes is 2100"),
 ]
 
 

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from specpipe import metrics, runner
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from specpipe.limits import DEFAULT_LIMITS, Limits, check_draft, check_prefill, draft_nodes_label
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
 from specpipe.sampling import check_sampling, rejection_sample_chain, warp
@@ -60,13 +61,14 @@ def entropy(logits: torch.Tensor) -> float:
 class ModelVerifier:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
                  mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None,
-                 batching: bool = True):
+                 batching: bool = True, limits: Limits = DEFAULT_LIMITS):
         """batching: False runs one session per forward even where batching is supported (to compare)."""
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets)  # packed: packs the linears the batch uses
         self._runner.warm_up()  # graphs: every forward bucket now, before the first request
         self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
+        self._limits = limits
         self._session_ttl_s = session_ttl_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
@@ -96,6 +98,7 @@ class ModelVerifier:
     def prefill(self, session_id: str, prompt_ids: Sequence[int]) -> int:
         if not session_id:
             raise InvalidArgument("session_id is empty")
+        check_prefill(session_id, prompt_ids, self._limits)
         check_token_ids(prompt_ids, self._info.vocab_size, "prompt")
         if len(prompt_ids) >= self._info.max_context:
             raise InvalidArgument(
@@ -150,6 +153,7 @@ class ModelVerifier:
 
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         check_sampling(sampling)
+        check_draft(draft, self._limits)
         check_tree(draft.tokens, draft.parents, self._info.vocab_size)
         if draft.q is not None and len(draft.q) != len(draft):
             raise InvalidArgument(f"draft has {len(draft)} nodes but {len(draft.q)} q distributions")
@@ -175,7 +179,7 @@ class ModelVerifier:
         tree = not draft.is_chain
         logits, verify_ms = self._forward(  # [1 + n, vocab]; verify_ms: the (batched) forward's time
             session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
-        metrics.VERIFY_MS.labels(draft_nodes=str(len(draft))).observe(verify_ms)
+        metrics.VERIFY_MS.labels(draft_nodes=draft_nodes_label(len(draft))).observe(verify_ms)
 
         node_argmax = logits.argmax(dim=-1).tolist()
         if sampling.greedy:

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from specpipe.cli import options
+from specpipe.cli import options, security_args
 from specpipe.errors import InvalidArgument
 
 DEFAULT_PORTS = {"orchestrator": 50051, "verifier": 50052, "drafter": 50053, "cache": 50054}
@@ -56,6 +56,7 @@ def register(subparsers) -> None:
             options.add_speculation_args(sub)
         if role in ("verifier", "orchestrator"):
             options.add_admission_args(sub, role)
+        security_args.add_limit_args(sub)
         sub.set_defaults(func=run)
 
 
@@ -78,7 +79,8 @@ def _verifier(args: argparse.Namespace):
     from specpipe.presets import model_specs
 
     spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
-    verifier = ModelVerifier.load(spec, args.device, mode=options.forward_mode(args), **options.verifier_options(args))
+    verifier = ModelVerifier.load(spec, args.device, mode=options.forward_mode(args), **options.verifier_options(args),
+                                  limits=security_args.limits(args))
     return service(verifier)
 
 
@@ -91,15 +93,16 @@ def _drafter(args: argparse.Namespace):
     spec = model_specs(args.preset, args.verifier, args.draft_model)[1]
     model = ModelDrafter.load(spec, args.device, **options.drafter_forward(args))
     if not args.cache:
-        return service({"model": model})
-    return service(build_drafters(("model", "ngram", "hybrid"), ngram_cache(args.cache), model, model.info()))
+        return service({"model": model}, security_args.limits(args))
+    drafters = build_drafters(("model", "ngram", "hybrid"), ngram_cache(args.cache), model, model.info())
+    return service(drafters, security_args.limits(args))
 
 
 def _cache(args: argparse.Namespace):
     from cache_service.servicer import service
     from specpipe.cli.wiring import ngram_cache
 
-    return service(ngram_cache(args.cache))
+    return service(ngram_cache(args.cache), security_args.limits(args))
 
 
 def _orchestrator(args: argparse.Namespace):
@@ -112,7 +115,7 @@ def _orchestrator(args: argparse.Namespace):
     generator = remote_generator(tokenizer_spec, args.verifier_addr, args.drafter_addr,
                                  options.speculation_options(args), cache_url=args.cache,
                                  rpc_timeout_s=args.rpc_timeout or None, connect_timeout_s=args.connect_timeout,
-                                 hop_delay_ms=args.hop_delay_ms)
+                                 hop_delay_ms=args.hop_delay_ms, limits=security_args.limits(args))
     return service(generator, Admission(AdmissionConfig(args.max_sessions, args.max_queue)))
 
 
@@ -138,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     options.set_threads(getattr(args, "threads", 0))
     handle = serve([BUILDERS[args.role](args)], ServerConfig(
         host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=options.worker_threads(args),
+        max_request_bytes=security_args.limits(args).max_request_bytes,
     ))
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(f"specpipe serve {args.role}: listening on {handle.address} (metrics port {metrics})", flush=True)

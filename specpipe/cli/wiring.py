@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 
+from specpipe.cli import security_args
 from specpipe.cli.options import drafter_forward, forward_mode, set_threads, speculation_options, verifier_options
 from specpipe.errors import SpecpipeError
+from specpipe.limits import DEFAULT_LIMITS
 from specpipe.models import load_tokenizer
 from specpipe.presets import model_specs
 
@@ -57,12 +59,12 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     model = ModelDrafter.load(drafter_spec, args.device, **forward) if uses_model else None
     drafters = build_drafters(kinds, store, model, verifier.info())
     return Generator(load_tokenizer(verifier_spec), verifier, drafters, speculation_options(args),
-                     store if uses_store else None)  # the store is fed only if drafted from
+                     store if uses_store else None, limits=security_args.limits(args))  # the store is fed only if drafted from
 
 
 def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
                      cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
-                     hop_delay_ms: float = 0.0):
+                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS):
     """The orchestrator of a distributed deployment: the verifier and the drafter service are gRPC
     clients. Each draft method the drafter service serves (ModelInfo.methods) goes through it; the
     n-gram and hybrid methods it does not serve run here, over the n-gram store cache_url, which this
@@ -87,4 +89,4 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
                   for method in methods}
     local = build_drafters(("ngram", "hybrid") if "model" in served else ("ngram",), store, served.get("model"),
                            verifier.info())
-    return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store)
+    return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store, limits=limits)

@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specpipe.errors import SpecpipeError, Unavailable
+from specpipe.limits import DEFAULT_LIMITS
 
 log = logging.getLogger("specpipe.rpc")
 
@@ -50,6 +51,7 @@ class ServerConfig:
     metrics_port: int | None = None  # Prometheus HTTP; None = off, 0 = a free port
     max_workers: int = 64            # concurrent RPCs (a Generate stream holds one for its lifetime)
     grace_s: float = 5.0             # in-flight RPCs get this long on stop
+    max_request_bytes: int = DEFAULT_LIMITS.max_request_bytes  # a larger request: RESOURCE_EXHAUSTED, unread
 
 
 def service_name(pb2_module, name: str) -> str:
@@ -154,7 +156,9 @@ class ServerHandle:
 
 def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) -> ServerHandle:
     """Start a server with the given (ready) servicers; health turns SERVING once it listens."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=SERVER_OPTIONS)
+    options = tuple(o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length")
+    options += (("grpc.max_receive_message_length", config.max_request_bytes),)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=options)
     for service in services:
         service.add_to_server(service.servicer, server)
 

@@ -1,0 +1,45 @@
+"""Flags of the hardening settings (docs/security.md): input caps, one flag per specpipe.limits.Limits
+field (--limit-prompt-tokens for max_prompt_tokens, ...)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from specpipe.errors import InvalidArgument
+from specpipe.limits import DEFAULT_LIMITS, Limits
+
+HELP = {
+    "max_prompt_tokens": "prompt tokens of a generation or a prefill",
+    "max_new_tokens": "max_new_tokens of a generation",
+    "max_draft_len": "draft_len (k) a request may ask for",
+    "max_width": "tree width a request may ask for",
+    "max_hypotheses": "branch-schedule hypotheses a request may ask for",
+    "max_stops": "stop strings per generation",
+    "max_stop_chars": "characters of one stop string",
+    "max_draft_nodes": "nodes of a draft tree sent to the verifier",
+    "max_q_entries": "entries of one draft node's sparse q",
+    "max_id_chars": "characters of a session or request id",
+    "max_prompt_chars": "characters of a text prompt",
+    "max_request_bytes": "bytes of one gRPC request message (beyond: RESOURCE_EXHAUSTED)",
+}
+
+
+def flag(field_name: str) -> str:
+    return "--limit-" + field_name.removeprefix("max_").replace("_", "-")
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("input caps (beyond one: INVALID_ARGUMENT before any work)")
+    for f in fields(Limits):
+        group.add_argument(flag(f.name), dest=f"limit_{f.name}", type=int, default=getattr(DEFAULT_LIMITS, f.name),
+                           metavar="N", help=f"{HELP[f.name]} (default: %(default)s)")
+
+
+def limits(args: argparse.Namespace) -> Limits:
+    """The caps the flags give (the defaults for a command without them)."""
+    values = {f.name: getattr(args, f"limit_{f.name}", getattr(DEFAULT_LIMITS, f.name)) for f in fields(Limits)}
+    try:
+        return Limits(**values)
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
