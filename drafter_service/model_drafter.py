@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from specpipe import metrics, runner
 from specpipe.errors import Aborted, InvalidArgument
+from specpipe.lifecycle import Sweeper, evict_idle, sweep_period
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
 from specpipe.sampling import STREAM_DRAFT, check_sampling, sample_sparse, truncate, uniform, warp
@@ -72,12 +73,13 @@ class _Nodes:
 class _Session:
     branches: list[_Branch]  # least recently used first
     epoch: int = 0           # the newest seen
+    last_used: float = field(default_factory=time.monotonic)
 
 
 class ModelDrafter:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
                  max_branches: int = 4, mode: str = "eager", weights: str = "fp32",
-                 buckets: Sequence[int] = runner.BUCKETS):
+                 buckets: Sequence[int] = runner.BUCKETS, session_ttl_s: float = 600.0):
         self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)
         self._runner.warm_up()  # graphs: every forward bucket now, before the first request
         self._info = runner.served_info(info, self._runner)
@@ -87,6 +89,8 @@ class ModelDrafter:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # LRU: the cache is soft state
         self._sessions_lock = threading.Lock()
         self._forward_lock = threading.Lock()
+        self._session_ttl_s = session_ttl_s  # idle sessions are swept: their KV caches are freed
+        self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "drafter-session-sweeper")
 
     @classmethod
     def load(cls, spec: ModelSpec, device: str = "cpu", **kwargs) -> ModelDrafter:
@@ -178,10 +182,16 @@ class ModelDrafter:
         with self._sessions_lock:
             return self._sessions.pop(session_id, None) is not None
 
+    def evict_idle(self) -> int:
+        """Drop sessions idle for longer than the TTL (the sweeper calls this). Returns how many."""
+        with self._sessions_lock:
+            return evict_idle(self._sessions, self._session_ttl_s)
+
     def _session(self, session_id: str, epoch: int) -> _Session:
         with self._sessions_lock:
             session = self._sessions.pop(session_id, None) or _Session([_Branch(self._runner.new_cache())])
             self._sessions[session_id] = session  # most recently used last
+            session.last_used = time.monotonic()
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
             if epoch < session.epoch:

@@ -16,10 +16,11 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Iterator, Mapping, Sequence
 
 from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
+from specpipe.lifecycle import ContextPool, deadline_scope, random_seed
 from specpipe.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
@@ -75,7 +76,7 @@ class Generator:
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
         self.observer = RoundObserver(cache, learn_global)
         self.info = verifier.info()
-        self._pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="specpipe-branch")  # verify + pre-drafts
+        self._pool = ContextPool(max_workers=128, thread_name_prefix="specpipe-branch")  # verify + pre-drafts
         self._predictor_state: dict[tuple[str, str], object] = {}  # (drafter, predictor) -> state shared by sessions
         self._adaptive = SharedModels()  # cost lines and acceptance rates that adaptive sessions learn together
         self._load = Load()
@@ -142,6 +143,8 @@ class Generator:
     def generate(self, request: GenerationRequest) -> Iterator[GenerationChunk]:
         """Validate now, then stream chunks; closing the iterator releases the sessions."""
         self.validate(request)
+        if not request.sampling.greedy and request.sampling.seed == 0:  # no seed given: this request's own
+            request = replace(request, sampling=replace(request.sampling, seed=random_seed()))
         # Sessions are per generation: two requests that share a request_id must not share a KV cache.
         gen = Generation.open(request, f"{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}")
         return self._rounds(gen)
@@ -190,7 +193,8 @@ class Generator:
         count_round(gen.request.speculation, proposal, result, len(new_tokens), resolution, idle_ms, round_ms)
         stats = RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms, result.verify_ms,
                            resolution.issued, resolution.hit, resolution.wasted, resolution.hidden_ms, idle_ms)
-        return GenerationChunk(gen.request.request_id or gen.session_id, tuple(new_tokens), delta, gen.finish, stats)
+        return GenerationChunk(gen.request.request_id or gen.session_id, tuple(new_tokens), delta, gen.finish, stats,
+                               gen.request.sampling.seed)
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -214,14 +218,15 @@ class Generator:
         return FixedPolicy(spec)
 
     def _release(self, session_id: str, drafter: Drafter | None) -> None:
-        self.observer.released(session_id)
-        for peer in (self.verifier, drafter):
-            if peer is None:
-                continue
-            try:
-                peer.release(session_id)
-            except Exception as err:  # the session expires by TTL / LRU on the peer anyway
-                log.warning("release failed", extra={"session_id": session_id, "error": str(err)})
+        with deadline_scope(None):  # releasing is cleanup: it runs past the client's deadline too
+            self.observer.released(session_id)
+            for peer in (self.verifier, drafter):
+                if peer is None:
+                    continue
+                try:
+                    peer.release(session_id)
+                except Exception as err:  # the session expires by TTL / LRU on the peer anyway
+                    log.warning("release failed", extra={"session_id": session_id, "error": str(err)})
 
 
 def check_same_vocab(kind: str, drafter: Drafter, fingerprint: str) -> None:

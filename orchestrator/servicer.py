@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from specpipe import metrics
+from specpipe.lifecycle import deadline_scope
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
 from specpipe.v1 import generation_pb2, generation_pb2_grpc
@@ -23,7 +24,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def Generate(self, request, context):
         start = time.perf_counter()  # time to first token counts the wait for a slot
         with self._admission.slot(context.time_remaining()):  # refused or queued before any work
-            yield from self._generate(request, context, start)
+            with deadline_scope(context.time_remaining()):  # every internal call ends by the client's deadline
+                yield from self._generate(request, context, start)
 
     def _generate(self, request, context, start: float):
         source, generation = convert.generate_request_from_proto(request, self._generator.defaults)

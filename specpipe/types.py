@@ -13,7 +13,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0        # nucleus mass in (0, 1]
     top_k: int = 0            # 0 = off
-    seed: int = 0
+    seed: int = 0             # 0 in a generation request: a fresh random seed (specpipe.lifecycle.random_seed)
 
     @property
     def greedy(self) -> bool:
@@ -192,3 +192,4 @@ class GenerationChunk:
     text: str                   # text delta
     finish_reason: str          # "" while running, else "eos" | "stop" | "length"
     round: RoundStats | None = None
+    seed: int = 0               # the seed the generation samples with (random if the request gave 0); 0 = greedy

@@ -46,7 +46,7 @@ def test_grpc_chat_prompt_text_equals_embedded(cluster):
     assert remote == "".join(c.text for c in chunks)
 
 
-@pytest.mark.parametrize("seed", [0, 7, 12345])
+@pytest.mark.parametrize("seed", [1, 7, 12345])  # seed 0 = none given: a random one (tests/test_lifecycle.py)
 def test_grpc_sampling_same_seed_as_embedded(cluster, seed):
     sampling = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=seed)
     speculation = SpeculationOptions(draft_len=4, width=1, adaptive="off")

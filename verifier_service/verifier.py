@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from specpipe import metrics, runner
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from specpipe.lifecycle import Sweeper, evict_idle, sweep_period
 from specpipe.limits import DEFAULT_LIMITS, Limits, check_draft, check_prefill, draft_nodes_label
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
@@ -78,6 +79,7 @@ class ModelVerifier:
         if unbatched is not None:
             log.info("verifier runs one session per forward", extra={"reason": unbatched})
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time per model
+        self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "verifier-session-sweeper")
 
     @classmethod
     def load(cls, spec: ModelSpec, device: str = "cpu", **kwargs) -> ModelVerifier:
@@ -117,12 +119,12 @@ class ModelVerifier:
                     if self._sessions.get(session_id) is session:
                         del self._sessions[session_id]
                 raise
-            session.ready = True
+            session.ready, session.last_used = True, time.monotonic()
         return len(session.context)
 
     def _admit(self, session_id: str, session: _Session) -> None:
         with self._sessions_lock:
-            self._evict_idle()
+            evict_idle(self._sessions, self._session_ttl_s)
             if session_id in self._sessions:
                 raise FailedPrecondition(f"session {session_id!r} is already open; release it or use a new id")
             if len(self._sessions) >= self._max_sessions:
@@ -219,8 +221,8 @@ class ModelVerifier:
             raise FailedPrecondition(f"unknown session {session_id!r}: prefill it first (or it expired)")
         return session
 
-    def _evict_idle(self) -> None:
-        """Drop sessions idle for longer than the TTL (clients that went away without releasing)."""
-        now = time.monotonic()
-        for sid in [s for s, sess in self._sessions.items() if now - sess.last_used > self._session_ttl_s]:
-            del self._sessions[sid]
+    def evict_idle(self) -> int:
+        """Drop sessions idle for longer than the TTL (clients that went away without releasing, a
+        prefill whose caller gave up); the sweeper calls this in the background. Returns how many."""
+        with self._sessions_lock:
+            return evict_idle(self._sessions, self._session_ttl_s)

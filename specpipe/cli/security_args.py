@@ -1,5 +1,6 @@
 """Flags of the hardening settings (docs/security.md): input caps, one flag per specpipe.limits.Limits
-field (--limit-prompt-tokens for max_prompt_tokens, ...)."""
+field (--limit-prompt-tokens for max_prompt_tokens, ...), and the session TTL of the verifier and
+the drafter."""
 
 from __future__ import annotations
 
@@ -43,3 +44,15 @@ def limits(args: argparse.Namespace) -> Limits:
         return Limits(**values)
     except ValueError as err:
         raise InvalidArgument(str(err)) from None
+
+
+def add_session_ttl_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--session-ttl", type=float, default=600.0, metavar="S",
+                        help="a session idle this long is evicted by a background sweeper, its KV cache freed "
+                        "(clients that went away without releasing) (default: %(default)s)")
+
+
+def session_ttl_s(args: argparse.Namespace) -> float:
+    if args.session_ttl <= 0:
+        raise InvalidArgument(f"--session-ttl must be > 0, got {args.session_ttl}")
+    return args.session_ttl

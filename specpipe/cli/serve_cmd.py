@@ -57,6 +57,8 @@ def register(subparsers) -> None:
         if role in ("verifier", "orchestrator"):
             options.add_admission_args(sub, role)
         security_args.add_limit_args(sub)
+        if role in ("verifier", "drafter"):
+            security_args.add_session_ttl_arg(sub)
         sub.set_defaults(func=run)
 
 
@@ -80,7 +82,7 @@ def _verifier(args: argparse.Namespace):
 
     spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
     verifier = ModelVerifier.load(spec, args.device, mode=options.forward_mode(args), **options.verifier_options(args),
-                                  limits=security_args.limits(args))
+                                  limits=security_args.limits(args), session_ttl_s=security_args.session_ttl_s(args))
     return service(verifier)
 
 
@@ -91,7 +93,8 @@ def _drafter(args: argparse.Namespace):
     from specpipe.presets import model_specs
 
     spec = model_specs(args.preset, args.verifier, args.draft_model)[1]
-    model = ModelDrafter.load(spec, args.device, **options.drafter_forward(args))
+    model = ModelDrafter.load(spec, args.device, **options.drafter_forward(args),
+                              session_ttl_s=security_args.session_ttl_s(args))
     if not args.cache:
         return service({"model": model}, security_args.limits(args))
     drafters = build_drafters(("model", "ngram", "hybrid"), ngram_cache(args.cache), model, model.info())

@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specpipe import errors, types
+from specpipe.lifecycle import call_timeout
 from specpipe.rpc import convert
 from specpipe.rpc.server import MAX_MESSAGE_BYTES
 from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
@@ -70,8 +71,9 @@ class Client:
     def _call(self, method, request):
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the request's way
+        timeout_s = call_timeout(self.timeout_s, f"{self.target} {type(request).__name__}")  # the client's, if less
         with rpc_errors():
-            reply = method(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
+            reply = method(request, timeout=timeout_s, wait_for_ready=self.wait_for_ready)
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the reply's way
         return reply

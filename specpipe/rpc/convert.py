@@ -181,6 +181,7 @@ def chunk_to_proto(chunk: types.GenerationChunk) -> generation_pb2.GenerateChunk
         text=chunk.text,
         finish_reason=FINISH_TO_PROTO[chunk.finish_reason],
         round=round_to_proto(chunk.round) if chunk.round is not None else None,
+        seed=chunk.seed,
     )
 
 
@@ -191,6 +192,7 @@ def chunk_from_proto(msg: generation_pb2.GenerateChunk) -> types.GenerationChunk
         text=msg.text,
         finish_reason=FINISH_FROM_PROTO.get(msg.finish_reason, ""),
         round=round_from_proto(msg.round) if msg.HasField("round") else None,
+        seed=msg.seed,
     )
 
 

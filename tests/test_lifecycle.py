@@ -1,0 +1,121 @@
+"""Session lifecycle (specpipe.lifecycle): the client's deadline reaches every internal call, idle
+sessions are swept in the verifier and the drafter, a cancelled generation releases its sessions,
+and a request without a seed gets its own (reported, and reproducible with it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specpipe.errors import DeadlineExceeded, FailedPrecondition
+from specpipe.lifecycle import ContextPool, call_timeout, deadline_scope, idle, sweep_period
+from specpipe.types import GREEDY, Draft, GenerationRequest, ProposeRequest, SamplingParams, SpeculationOptions
+from tests.grpc_harness import shared_tiny_cluster, wait_until
+
+PROMPT = (10, 20, 30)
+
+
+def test_idle_sessions():
+    assert idle({"a": 0.0, "b": 5.0, "c": 9.5}, now=10.0, ttl_s=1.0) == ["a", "b"]
+    assert idle({}, now=10.0, ttl_s=1.0) == []
+    assert sweep_period(600) == 30.0 and sweep_period(0.2) == 0.05 and sweep_period(8) == 2.0
+
+
+def test_call_timeout_is_the_shorter_of_its_own_and_the_scope():
+    assert call_timeout(60.0, "x") == 60.0 and call_timeout(None, "x") is None  # no scope: its own
+    with deadline_scope(5.0):
+        assert 0 < call_timeout(60.0, "x") <= 5.0
+        assert 0 < call_timeout(None, "x") <= 5.0
+        assert call_timeout(1.0, "x") == 1.0
+    with deadline_scope(None):
+        assert call_timeout(60.0, "x") == 60.0
+    with deadline_scope(-1.0), pytest.raises(DeadlineExceeded, match="deadline has passed"):
+        call_timeout(60.0, "verify")
+
+
+def test_the_deadline_reaches_the_branch_schedules_threads():
+    with ContextPool(max_workers=2) as pool:
+        with deadline_scope(5.0):
+            inside = pool.submit(call_timeout, 60.0, "x").result()
+        outside = pool.submit(call_timeout, 60.0, "x").result()
+    assert 0 < inside <= 5.0 and outside == 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return shared_tiny_cluster()
+
+
+def test_a_client_with_no_time_left_makes_no_internal_call(cluster):
+    with deadline_scope(-1.0):
+        for call in (cluster.verifier_client.info, cluster.drafter_client.info,
+                     lambda: cluster.verifier_client.prefill("late", PROMPT)):
+            with pytest.raises(DeadlineExceeded):
+                call()
+    with pytest.raises(FailedPrecondition, match="unknown session"):  # the prefill never reached the verifier
+        cluster.verifier.verify("late", len(PROMPT), Draft(), GREEDY)
+
+
+def test_idle_sessions_are_swept_in_the_verifier_and_the_drafter():
+    from drafter_service.model_drafter import ModelDrafter
+    from specpipe.models import model_info, tiny_model
+    from specpipe.presets import ModelSpec
+    from verifier_service.verifier import ModelVerifier
+
+    model = tiny_model(1)
+    verifier = ModelVerifier(model, model_info(ModelSpec("tiny", 1), model), session_ttl_s=0.2, batching=False)
+    drafter = ModelDrafter(model, model_info(ModelSpec("tiny", 1), model), session_ttl_s=0.2)
+    verifier.prefill("idle", PROMPT)
+    drafter.propose(ProposeRequest("idle", PROMPT, 2))
+    assert "idle" in drafter._sessions
+
+    def verifier_forgot() -> bool:
+        try:
+            verifier.verify("idle", len(PROMPT), Draft(), GREEDY)
+        except FailedPrecondition as err:
+            return "unknown session" in str(err)
+        return False
+
+    assert wait_until(verifier_forgot, timeout_s=10.0)  # no new session arrived: the sweeper did it
+    assert wait_until(lambda: "idle" not in drafter._sessions, timeout_s=10.0)
+
+
+def test_a_cancelled_generation_releases_its_sessions(cluster):
+    spec = SpeculationOptions(drafter="model", draft_len=2, adaptive="off")
+    chunks = cluster.generation_client.generate(token_ids=PROMPT, max_new_tokens=200, speculation=spec,
+                                                request_id="cancelled")
+    next(chunks)
+    chunks.close()  # the client goes away mid-stream
+    assert wait_until(lambda: not any(s.startswith("cancelled") for s in cluster.verifier._sessions), 10.0)
+    assert wait_until(lambda: not any(s.startswith("cancelled") for s in cluster.drafter._sessions), 10.0)
+
+
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+def sample(generate, seed: int) -> tuple[tuple[int, ...], int]:
+    chunks = list(generate(SamplingParams(temperature=1.0, seed=seed)))
+    seeds = {c.seed for c in chunks}
+    assert len(seeds) == 1  # every chunk reports the one seed
+    return sum((c.token_ids for c in chunks), ()), seeds.pop()
+
+
+@pytest.mark.parametrize("path", ["embedded", "grpc"])
+def test_a_request_without_a_seed_gets_its_own(cluster, path):
+    spec = SpeculationOptions(drafter="model", draft_len=3, adaptive="off")
+    if path == "grpc":
+        def generate(sampling):
+            return cluster.generation_client.generate(token_ids=PROMPT, max_new_tokens=24, sampling=sampling,
+                                                      speculation=spec)
+    else:
+        def generate(sampling):
+            return cluster.generator.generate(GenerationRequest(PROMPT, 24, sampling=sampling, speculation=spec))
+
+    runs = [sample(generate, 0) for _ in range(3)]
+    assert all(seed != 0 for _, seed in runs)
+    assert len({seed for _, seed in runs}) == 3
+    assert len({tokens for tokens, _ in runs}) > 1  # 24 tokens at temperature 1 over 256 ids: distinct samples
+    tokens, seed = runs[0]
+    assert sample(generate, seed) == (tokens, seed)  # the reported seed reproduces the sample
+    assert sample(generate, 42)[1] == 42
+    greedy = list(generate(GREEDY))
+    assert {c.seed for c in greedy} == {0}
