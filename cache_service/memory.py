@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from specpipe import ngram
 from specpipe.ngram import NgramConfig, NgramDraft, Table
+from specpipe.tenancy import check_tenant
 
 
 @dataclass
@@ -27,17 +28,19 @@ class InMemoryNgramCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
-        self._global: Table = {}
+        self._global: dict[str, Table] = {}  # tenant -> its global table
         self._next_sweep = 0.0
 
-    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
+    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,
+               tenant: str = "") -> NgramDraft:
         ngram.check_lookup(session_id, context_suffix, k, width)
+        check_tenant(tenant)
         k = min(k, self.config.max_draft_len)
         with self._lock:
             session = self._live(session_id) or _Session()
             tables = [session.verifier]  # TABLES order
             if self.config.use_global:
-                tables.append(self._global)
+                tables.append(self._global.get(tenant, {}))
             return ngram.mln_lookup(tables, list(context_suffix), k, width, self.config.max_n)
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
@@ -49,10 +52,12 @@ class InMemoryNgramCache:
             session = self._touch(session_id, True)
             return ngram.apply_branches(session.verifier, branches, self.config)
 
-    def update_global(self, tokens: Sequence[int]) -> int:
+    def update_global(self, tokens: Sequence[int], tenant: str = "") -> int:
         ngram.check_tokens(tokens, "tokens")
+        check_tenant(tenant)
         with self._lock:
-            return ngram.apply_updates(self._global, list(tokens), 0, self.config, self.config.max_global_prefixes)
+            table = self._global.setdefault(tenant, {})
+            return ngram.apply_updates(table, list(tokens), 0, self.config, self.config.max_global_prefixes)
 
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)

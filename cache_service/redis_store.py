@@ -28,9 +28,15 @@ from redis.retry import Retry
 from specpipe import ngram
 from specpipe.errors import SpecpipeError, Unavailable
 from specpipe.ngram import TABLES, NgramConfig, NgramDraft
+from specpipe.tenancy import check_tenant
 from specpipe.types import Draft
 
-GLOBAL_KEY = "{g}:ngram"
+GLOBAL_KEY = "{g}:ngram"  # the default tenant's global table
+
+
+def global_key(tenant: str) -> str:
+    """A tenant's global table (specpipe.tenancy); the default tenant keeps the key it always had."""
+    return f"{{g:{tenant}}}:ngram" if tenant else GLOBAL_KEY
 
 
 def _lua(name: str) -> str:
@@ -82,14 +88,16 @@ class RedisNgramCache:
     def from_url(cls, url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0) -> RedisNgramCache:
         return cls(connect(url, timeout_s), config, redacted(url))
 
-    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
+    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,
+               tenant: str = "") -> NgramDraft:
         ngram.check_lookup(session_id, context_suffix, k, width)
+        check_tenant(tenant)
         k = min(k, self.config.max_draft_len)
         if k == 0:
             return ngram.EMPTY_NGRAM_DRAFT
         keys = [verifier_key(session_id)]  # TABLES order
         if self.config.use_global:
-            keys.append(GLOBAL_KEY)
+            keys.append(global_key(tenant))
         suffix = list(context_suffix)[max(0, len(context_suffix) - (self.config.max_n - 1)):]
         with _errors(self._url):
             tokens, parents, levels, sources = self._lookup(keys=keys, args=[self.config.max_n, k, width, *suffix])
@@ -104,9 +112,10 @@ class RedisNgramCache:
         segments = [(len(b[-self.config.max_n:]) - 1, b[-self.config.max_n:]) for b in branches]
         return self._record([verifier_key(session_id)], segments, self._ttl_ms())
 
-    def update_global(self, tokens: Sequence[int]) -> int:
+    def update_global(self, tokens: Sequence[int], tenant: str = "") -> int:
         ngram.check_tokens(tokens, "tokens")
-        return self._record([GLOBAL_KEY], [(0, tokens)], 0, self.config.max_global_prefixes)
+        check_tenant(tenant)
+        return self._record([global_key(tenant)], [(0, tokens)], 0, self.config.max_global_prefixes)
 
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)

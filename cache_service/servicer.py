@@ -17,7 +17,8 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     @rpc_method
     def Lookup(self, request, context):
         check_lookup(request.session_id, request.context_suffix, self._limits)
-        result = self._cache.lookup(request.session_id, tuple(request.context_suffix), request.k, request.width)
+        result = self._cache.lookup(request.session_id, tuple(request.context_suffix), request.k, request.width,
+                                    request.tenant)
         return cache_convert.ngram_draft_to_proto(result)
 
     @rpc_method
@@ -27,7 +28,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
 
     @rpc_method
     def UpdateGlobal(self, request, context):
-        return cache_pb2.UpdateReply(recorded=self._cache.update_global(tuple(request.tokens)))
+        return cache_pb2.UpdateReply(recorded=self._cache.update_global(tuple(request.tokens), request.tenant))
 
     @rpc_method
     def Release(self, request, context):

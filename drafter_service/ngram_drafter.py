@@ -50,7 +50,7 @@ class NgramDrafter:
         """The store's continuation after the context and chain; a store that fails costs its part."""
         suffix = [*request.context[-SUFFIX_TOKENS:], *chain][-SUFFIX_TOKENS:]
         try:
-            return self._cache.lookup(request.session_id, suffix, k, width)
+            return self._cache.lookup(request.session_id, suffix, k, width, request.tenant)
         except Exception as err:
             metrics.CACHE_FAILURES.labels(call="lookup").inc()
             log.warning("n-gram store lookup failed, drafting from the context only",

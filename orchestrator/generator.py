@@ -24,6 +24,7 @@ from specpipe.lifecycle import ContextPool, deadline_scope, random_seed
 from specpipe.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
+from specpipe.tenancy import check_tenant, session_prefix
 from specpipe.types import (
     ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest,
     ProposeRequest, ProposeResult, RoundStats, SpeculationOptions,
@@ -65,7 +66,7 @@ class Generator:
         drafters: Mapping[str, Drafter],
         defaults: SpeculationOptions = SpeculationOptions(),
         cache: NgramCache | None = None,
-        learn_global: bool = True,
+        learn_global: bool = False,
         limits: Limits = DEFAULT_LIMITS,
     ):
         self.tokenizer = tokenizer
@@ -110,6 +111,7 @@ class Generator:
 
     def validate(self, request: GenerationRequest) -> None:
         check_generation(request, self.limits)
+        check_tenant(request.tenant)
         check_token_ids(request.prompt_ids, self.info.vocab_size, "prompt")
         check_sampling(request.sampling)
         if request.max_new_tokens <= 0:
@@ -146,7 +148,8 @@ class Generator:
         if not request.sampling.greedy and request.sampling.seed == 0:  # no seed given: this request's own
             request = replace(request, sampling=replace(request.sampling, seed=random_seed()))
         # Sessions are per generation: two requests that share a request_id must not share a KV cache.
-        gen = Generation.open(request, f"{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}")
+        session_id = f"{session_prefix(request.tenant)}{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}"
+        gen = Generation.open(request, session_id)
         return self._rounds(gen)
 
     def _rounds(self, gen: Generation) -> Iterator[GenerationChunk]:
@@ -201,7 +204,7 @@ class Generator:
 
     def _proposer(self, gen: Generation) -> Proposer:
         spec = gen.request.speculation
-        template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling)
+        template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling, tenant=gen.request.tenant)
         return Proposer(self.drafters.get(spec.drafter), spec.drafter, template)
 
     def _schedule(self, gen: Generation, proposer: Proposer) -> Schedule:

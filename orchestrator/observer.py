@@ -21,7 +21,9 @@ log = logging.getLogger("specpipe.orchestrator")
 class RoundObserver:
     def __init__(self, store: NgramCache | None, learn_global: bool):
         self.store = store
-        self.learn_global = learn_global  # finished outputs go to the store's global (corpus) table
+        # Finished outputs go to their tenant's global (corpus) table only if learn_global (off by default:
+        # docs/security.md); otherwise it holds `specpipe cache seed` corpora alone.
+        self.learn_global = learn_global
 
     def verified(self, gen: Generation, proposal: ProposeResult, result: VerifyResult) -> None:
         """Before gen confirms the round: the verifier's argmax after each rejected draft node to the
@@ -35,7 +37,7 @@ class RoundObserver:
 
     def finished(self, gen: Generation) -> None:
         if self.store is not None and self.learn_global and gen.output:
-            self._guard("update_global", self.store.update_global, gen.output)
+            self._guard("update_global", self.store.update_global, gen.output, gen.request.tenant)
         metrics.GENERATIONS.labels(finish_reason=gen.finish).inc()
 
     def released(self, session_id: str) -> None:

@@ -5,9 +5,11 @@ closing the generation releases its verifier and drafter sessions."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from specpipe import metrics
 from specpipe.lifecycle import deadline_scope
+from specpipe.tenancy import tenant_from_metadata
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
 from specpipe.v1 import generation_pb2, generation_pb2_grpc
@@ -29,6 +31,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     def _generate(self, request, context, start: float):
         source, generation = convert.generate_request_from_proto(request, self._generator.defaults)
+        generation = replace(generation, tenant=tenant_from_metadata(context.invocation_metadata()))
         prompt_ids = self._generator.encode(**source.encode_kwargs())
         chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
         last = start

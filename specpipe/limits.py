@@ -26,7 +26,8 @@ class Limits:
     max_stop_chars: int = 256             # characters of one stop string
     max_draft_nodes: int = 512            # nodes of one verified draft tree
     max_q_entries: int = 1024             # entries of one node's sparse q
-    max_id_chars: int = 256               # a session id or a request id
+    max_id_chars: int = 128               # a request id
+    max_session_id_chars: int = 512       # a session id (the orchestrator's: tenant/request id-suffix)
     max_prompt_chars: int = 1 << 20       # characters of a text prompt (before tokenising)
     max_request_bytes: int = 8 << 20      # one gRPC request message (the server's receive limit)
 
@@ -50,7 +51,8 @@ def at_most(value: int, cap: int, what: str) -> None:
 
 
 def check_id(value: str, what: str, limits: Limits) -> None:
-    at_most(len(value), limits.max_id_chars, f"{what} length")
+    cap = limits.max_session_id_chars if what == "session_id" else limits.max_id_chars
+    at_most(len(value), cap, f"{what} length")
 
 
 def check_generation(request: GenerationRequest, limits: Limits) -> None:

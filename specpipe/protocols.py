@@ -40,15 +40,17 @@ class NgramCache(Protocol):
     (NgramConfig.max_global_prefixes). A session's own context is searched by the n-gram drafter in
     the context it is given (specpipe.ngram.context_lookup), not stored."""
 
-    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
-        """Multi-Level N-gram draft of up to k tokens after context_suffix (only its last N-1 matter)."""
+    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,
+               tenant: str = "") -> NgramDraft:
+        """Multi-Level N-gram draft of up to k tokens after context_suffix (only its last N-1 matter),
+        from the session's table and the tenant's global table (specpipe.tenancy)."""
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
         """For each branch, record its last token after its last 1..N-1 tokens before it, in the
         session's verifier table (specpipe.ngram.verifier_branches builds them). Returns pairs recorded."""
 
-    def update_global(self, tokens: Sequence[int]) -> int:
-        """Record all of tokens in the global table, shared by every session (no TTL)."""
+    def update_global(self, tokens: Sequence[int], tenant: str = "") -> int:
+        """Record all of tokens in the tenant's global table, shared by the tenant's sessions (no TTL)."""
 
     def release(self, session_id: str) -> bool:
         """Drop a session's tables; False if it had none (never updated, released or expired)."""

@@ -127,6 +127,7 @@ class ProposeRequest:
     width: int = 1                   # tree width at the first levels; 1 = chain
     sampling: SamplingParams = GREEDY
     epoch: int = 0  # branch schedule: the session's rollback count; a drafter aborts a proposal older than it saw
+    tenant: str = ""  # whose n-gram global table drafts (specpipe.tenancy); "" = the default tenant
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = GREEDY
     speculation: SpeculationOptions = field(default_factory=SpeculationOptions)
+    tenant: str = ""  # who it is for (specpipe.tenancy): its sessions and n-gram tables are the tenant's
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from tests.grpc_harness import assert_serving, shared_tiny_cluster
 
 PROMPT = (10, 20, 30)
 SMALL = Limits(max_prompt_tokens=8, max_new_tokens=16, max_draft_len=8, max_width=2, max_hypotheses=3, max_stops=2,
-               max_stop_chars=5, max_draft_nodes=6, max_q_entries=3, max_id_chars=10)
+               max_stop_chars=5, max_draft_nodes=6, max_q_entries=3, max_id_chars=10, max_session_id_chars=12)
 
 
 def spec(**kw) -> SpeculationOptions:
@@ -66,7 +66,7 @@ def test_check_propose():
     for request, message in ((ProposeRequest("s", (1,) * 25, 4), "context tokens is 25"),
                              (ProposeRequest("s", PROMPT, 9), "draft_len is 9"),
                              (ProposeRequest("s", PROMPT, 4, 3), "width is 3"),
-                             (ProposeRequest("s" * 11, PROMPT, 4), "session_id length is 11")):
+                             (ProposeRequest("s" * 13, PROMPT, 4), "session_id length is 13")):
         with pytest.raises(InvalidArgument, match=message):
             check_propose(request, SMALL)
 

@@ -20,7 +20,8 @@ HELP = {
     "max_stop_chars": "characters of one stop string",
     "max_draft_nodes": "nodes of a draft tree sent to the verifier",
     "max_q_entries": "entries of one draft node's sparse q",
-    "max_id_chars": "characters of a session or request id",
+    "max_id_chars": "characters of a request id",
+    "max_session_id_chars": "characters of a session id",
     "max_prompt_chars": "characters of a text prompt",
     "max_request_bytes": "bytes of one gRPC request message (beyond: RESOURCE_EXHAUSTED)",
 }
@@ -56,3 +57,10 @@ def session_ttl_s(args: argparse.Namespace) -> float:
     if args.session_ttl <= 0:
         raise InvalidArgument(f"--session-ttl must be > 0, got {args.session_ttl}")
     return args.session_ttl
+
+
+def add_learn_global_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--learn-global", default="off", choices=("off", "on"),
+                        help="on: finished outputs feed their tenant's global n-gram table; off: it holds "
+                        "`specpipe cache seed` corpora only, so no output ever drafts for another request "
+                        "(default: %(default)s; docs/security.md)")

@@ -54,6 +54,7 @@ def register(subparsers) -> None:
                                "(default: %(default)s)")
             options.add_hop_delay_arg(group)
             options.add_speculation_args(sub)
+            security_args.add_learn_global_arg(sub)
         if role in ("verifier", "orchestrator"):
             options.add_admission_args(sub, role)
         security_args.add_limit_args(sub)
@@ -118,7 +119,8 @@ def _orchestrator(args: argparse.Namespace):
     generator = remote_generator(tokenizer_spec, args.verifier_addr, args.drafter_addr,
                                  options.speculation_options(args), cache_url=args.cache,
                                  rpc_timeout_s=args.rpc_timeout or None, connect_timeout_s=args.connect_timeout,
-                                 hop_delay_ms=args.hop_delay_ms, limits=security_args.limits(args))
+                                 hop_delay_ms=args.hop_delay_ms, limits=security_args.limits(args),
+                                 learn_global=args.learn_global == "on")
     return service(generator, Admission(AdmissionConfig(args.max_sessions, args.max_queue)))
 
 

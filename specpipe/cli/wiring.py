@@ -64,7 +64,7 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
 
 def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
                      cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
-                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS):
+                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS, learn_global: bool = False):
     """The orchestrator of a distributed deployment: the verifier and the drafter service are gRPC
     clients. Each draft method the drafter service serves (ModelInfo.methods) goes through it; the
     n-gram and hybrid methods it does not serve run here, over the n-gram store cache_url, which this
@@ -89,4 +89,5 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
                   for method in methods}
     local = build_drafters(("ngram", "hybrid") if "model" in served else ("ngram",), store, served.get("model"),
                            verifier.info())
-    return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store, limits=limits)
+    return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store, limits=limits,
+                     learn_global=learn_global)

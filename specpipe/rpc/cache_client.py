@@ -17,9 +17,10 @@ class CacheClient(Client):
         super().__init__(target, timeout_s, wait_for_ready)
         self._stub = cache_pb2_grpc.CacheStub(self._channel)
 
-    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
+    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,
+               tenant: str = "") -> NgramDraft:
         with encoding("lookup request"):
-            request = cache_convert.lookup_request_to_proto(session_id, context_suffix, k, width)
+            request = cache_convert.lookup_request_to_proto(session_id, context_suffix, k, width, tenant)
         return cache_convert.ngram_draft_from_proto(self._call(self._stub.Lookup, request))
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
@@ -30,9 +31,9 @@ class CacheClient(Client):
             request = cache_convert.record_branches_request_to_proto(session_id, branches)
         return self._call(self._stub.RecordBranches, request).recorded
 
-    def update_global(self, tokens: Sequence[int]) -> int:
+    def update_global(self, tokens: Sequence[int], tenant: str = "") -> int:
         with encoding("update_global request"):
-            request = cache_pb2.UpdateGlobalRequest(tokens=tokens)
+            request = cache_pb2.UpdateGlobalRequest(tokens=tokens, tenant=tenant)
         return self._call(self._stub.UpdateGlobal, request).recorded
 
     def release(self, session_id: str) -> bool:

@@ -10,8 +10,10 @@ from specpipe.rpc.convert import draft_from_proto, draft_to_proto, sources_from_
 from specpipe.v1 import cache_pb2
 
 
-def lookup_request_to_proto(session_id: str, context_suffix: Sequence[int], k: int, width: int) -> cache_pb2.LookupRequest:
-    return cache_pb2.LookupRequest(session_id=session_id, context_suffix=context_suffix, k=k, width=width)
+def lookup_request_to_proto(session_id: str, context_suffix: Sequence[int], k: int, width: int,
+                            tenant: str = "") -> cache_pb2.LookupRequest:
+    return cache_pb2.LookupRequest(session_id=session_id, context_suffix=context_suffix, k=k, width=width,
+                                   tenant=tenant)
 
 
 def ngram_draft_to_proto(result: NgramDraft) -> cache_pb2.LookupReply:

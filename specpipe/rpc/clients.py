@@ -12,6 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specpipe import errors, types
 from specpipe.lifecycle import call_timeout
+from specpipe.tenancy import TENANT_METADATA
 from specpipe.rpc import convert
 from specpipe.rpc.server import MAX_MESSAGE_BYTES
 from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
@@ -169,6 +170,7 @@ class GenerationClient(Client):
         sampling: types.SamplingParams = types.GREEDY,
         speculation: types.SpeculationOptions | None = None,  # None = the server's defaults
         request_id: str = "",
+        tenant: str = "",
     ) -> Iterator[types.GenerationChunk]:
         """Exactly one of prompt / messages / token_ids (none: the server answers INVALID_ARGUMENT).
         Closing the iterator early cancels the RPC, which releases the sessions on the server."""
@@ -181,7 +183,9 @@ class GenerationClient(Client):
             raise errors.InvalidArgument("give exactly one of prompt, messages or token_ids")
         with encoding("generate request"):
             request = convert.generate_request_to_proto(source, max_new_tokens, request_id, stop, sampling, speculation)
-        call = self._stub.Generate(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
+        metadata = ((TENANT_METADATA, tenant),) if tenant else None  # tenant: specpipe.tenancy
+        call = self._stub.Generate(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready,
+                                   metadata=metadata)
         return self._chunks(call)
 
     @staticmethod

@@ -87,13 +87,13 @@ def sources_from_proto(values: Sequence[int]) -> tuple[str, ...]:
 def propose_request_to_proto(request: types.ProposeRequest, method: str = "") -> drafter_pb2.ProposeRequest:
     return drafter_pb2.ProposeRequest(
         session_id=request.session_id, context=request.context, draft_len=request.draft_len, width=request.width,
-        sampling=sampling_to_proto(request.sampling), method=method, epoch=request.epoch,
+        sampling=sampling_to_proto(request.sampling), method=method, epoch=request.epoch, tenant=request.tenant,
     )
 
 
 def propose_request_from_proto(msg: drafter_pb2.ProposeRequest) -> types.ProposeRequest:
     return types.ProposeRequest(msg.session_id, tuple(msg.context), msg.draft_len, msg.width,
-                                sampling_from_proto(msg.sampling), msg.epoch)
+                                sampling_from_proto(msg.sampling), msg.epoch, msg.tenant)
 
 
 def propose_result_to_proto(result: types.ProposeResult) -> drafter_pb2.ProposeReply:

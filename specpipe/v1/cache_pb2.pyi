@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LookupRequest(_message.Message):
-    __slots__ = ("session_id", "context_suffix", "k", "width")
+    __slots__ = ("session_id", "context_suffix", "k", "width", "tenant")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_SUFFIX_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     context_suffix: _containers.RepeatedScalarFieldContainer[int]
     k: int
     width: int
-    def __init__(self, session_id: _Optional[str] = ..., context_suffix: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, session_id: _Optional[str] = ..., context_suffix: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., width: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class LookupReply(_message.Message):
     __slots__ = ("draft", "levels", "sources")
@@ -44,10 +46,12 @@ class RecordBranchesRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ...) -> None: ...
 
 class UpdateGlobalRequest(_message.Message):
-    __slots__ = ("tokens",)
+    __slots__ = ("tokens", "tenant")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    tenant: str
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class UpdateReply(_message.Message):
     __slots__ = ("recorded",)
