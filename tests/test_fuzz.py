@@ -1,0 +1,176 @@
+"""Fuzz every field of every RPC of every service (hypothesis; requests built from the proto
+descriptors, tests/fuzz_harness.py): the servicers in this process, a few thousand cases, then
+fewer over real gRPC servers. Each case ends with an allowed status (never INTERNAL or UNKNOWN),
+within its deadline over gRPC (no hang), and every server answers a valid request and its health
+check afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specpipe.limits import Limits
+from specpipe.types import SpeculationOptions
+from specpipe.v1 import cache_pb2, common_pb2, drafter_pb2, generation_pb2, verifier_pb2
+from tests.fuzz_harness import ALLOWED, call, messages
+
+LIMITS = Limits(max_prompt_tokens=64, max_new_tokens=12, max_draft_len=8, max_width=3, max_hypotheses=4,
+                max_prompt_chars=512)  # small caps: a valid case stays cheap
+PROMPT = (10, 20, 30)
+SERVICES = {"Generation": generation_pb2, "Verifier": verifier_pb2, "Drafter": drafter_pb2, "Cache": cache_pb2}
+RPCS = [(name, method.name) for name, module in SERVICES.items()
+        for method in module.DESCRIPTOR.services_by_name[name].methods]
+EXAMPLES = {"Generate": 500, "Verify": 450, "Prefill": 250, "Propose": 450, "Lookup": 250, "RecordBranches": 200,
+            "UpdateGlobal": 150, "Release": 60, "Info": 10}  # in-process cases per RPC
+GRPC_EXAMPLES = 80  # per RPC over real gRPC
+
+
+# Valid-looking requests next to the generic ones, so that cases reach past the first check.
+TOKENS = st.lists(st.integers(0, 260), max_size=10)
+SAMPLING = st.builds(common_pb2.SamplingParams, temperature=st.sampled_from([0.0, 0.7, 1.0]),
+                     top_p=st.sampled_from([0.0, 0.9]), top_k=st.integers(0, 5), seed=st.integers(0, 9))
+CHAIN = TOKENS.map(lambda t: common_pb2.DraftTree(tokens=t, parents=range(-1, len(t) - 1)))
+SPECULATION = st.builds(
+    generation_pb2.SpeculationOptions, drafter=st.sampled_from(["", "model", "ngram", "hybrid", "none"]),
+    draft_len=st.integers(0, 9), width=st.integers(0, 4), schedule=st.sampled_from(["", "sequential", "branch"]),
+    hypotheses=st.integers(-1, 5), adaptive=st.sampled_from(["", "on", "off"]))
+OVERRIDES = {
+    "specpipe.v1.VerifyRequest": st.builds(verifier_pb2.VerifyRequest, session_id=st.just("fz"),
+                                           context_len=st.sampled_from([3, 3, 4]), draft=CHAIN, sampling=SAMPLING),
+    "specpipe.v1.ProposeRequest": st.builds(drafter_pb2.ProposeRequest, session_id=st.just("fz"), context=TOKENS,
+                                            draft_len=st.integers(-1, 9), width=st.integers(0, 4), sampling=SAMPLING,
+                                            method=st.sampled_from(["", "model", "ngram", "hybrid", "x"])),
+    "specpipe.v1.GenerateRequest": st.builds(generation_pb2.GenerateRequest,
+                                             token_ids=TOKENS.map(lambda t: generation_pb2.TokenIds(ids=t)),
+                                             max_new_tokens=st.integers(-1, 13), sampling=SAMPLING,
+                                             speculation=SPECULATION, stop=st.lists(st.text(max_size=3), max_size=3)),
+    "specpipe.v1.LookupRequest": st.builds(cache_pb2.LookupRequest, session_id=st.just("fz"), context_suffix=TOKENS,
+                                           k=st.integers(-1, 9), width=st.integers(0, 4)),
+}
+TENANTS = ["acme", "b", "no/slash", "x" * 65]
+METADATA = st.one_of(st.just(()), st.tuples(st.tuples(st.just("x-specpipe-tenant"), st.sampled_from(TENANTS + ["é"]))))
+WIRE_METADATA = st.one_of(st.just(()), st.tuples(st.tuples(st.just("x-specpipe-tenant"), st.sampled_from(TENANTS))))
+# (a gRPC client cannot send a non-ASCII metadata value at all)
+
+
+@pytest.fixture(scope="module")
+def fuzz_services(tiny_tokenizer):
+    """The four servicers over tiny models with small caps (the gRPC services are these objects)."""
+    from cache_service import servicer as cache_servicer
+    from cache_service.memory import InMemoryNgramCache
+    from drafter_service import servicer as drafter_servicer
+    from drafter_service.model_drafter import ModelDrafter
+    from orchestrator import servicer as generation_servicer
+    from orchestrator.generator import Generator
+    from specpipe.cli.wiring import build_drafters
+    from specpipe.models import model_info, tiny_model
+    from specpipe.presets import ModelSpec
+    from verifier_service import servicer as verifier_servicer
+    from verifier_service.verifier import ModelVerifier
+
+    verifier_model, drafter_model = tiny_model(), tiny_model(2)
+    verifier = ModelVerifier(verifier_model, model_info(ModelSpec("tiny"), verifier_model), limits=LIMITS)
+    model = ModelDrafter(drafter_model, model_info(ModelSpec("tiny", 2), drafter_model))
+    store = InMemoryNgramCache()
+    drafters = build_drafters(("model", "ngram", "hybrid"), store, model, verifier.info())
+    defaults = SpeculationOptions(draft_len=4)
+    generator = Generator(tiny_tokenizer, verifier, drafters, defaults, store, limits=LIMITS)
+    return {"Generation": generation_servicer.service(generator), "Verifier": verifier_servicer.service(verifier, ),
+            "Drafter": drafter_servicer.service(drafters, LIMITS), "Cache": cache_servicer.service(store, LIMITS)}
+
+
+def input_class(service: str, rpc: str):
+    method = SERVICES[service].DESCRIPTOR.services_by_name[service].methods_by_name[rpc]
+    return method.input_type._concrete_class
+
+
+def reset_session(services) -> None:
+    """Each Verify case starts from a fresh 3-token session "fz" (so a case may get past the session checks)."""
+    verifier = services["Verifier"].servicer
+    call(verifier.Release, common_pb2.ReleaseRequest(session_id="fz"))
+    code, details = call(verifier.Prefill, verifier_pb2.PrefillRequest(session_id="fz", prompt_ids=PROMPT))
+    assert code == grpc.StatusCode.OK, details
+
+
+def assert_healthy(services) -> None:
+    """Every servicer still serves a valid request."""
+    valid = {
+        "Generation": ("Generate", generation_pb2.GenerateRequest(
+            token_ids=generation_pb2.TokenIds(ids=PROMPT), max_new_tokens=4)),
+        "Verifier": ("Prefill", verifier_pb2.PrefillRequest(session_id="healthy", prompt_ids=PROMPT)),
+        "Drafter": ("Propose", drafter_pb2.ProposeRequest(session_id="healthy", context=PROMPT, draft_len=3, width=1)),
+        "Cache": ("Lookup", cache_pb2.LookupRequest(session_id="healthy", context_suffix=PROMPT, k=3, width=1)),
+    }
+    for service, (rpc, request) in valid.items():
+        servicer = services[service].servicer
+        code, details = call(getattr(servicer, rpc), request)
+        assert code == grpc.StatusCode.OK, f"{service}.{rpc} after fuzzing: {code} {details}"
+    call(services["Verifier"].servicer.Release, common_pb2.ReleaseRequest(session_id="healthy"))
+
+
+@pytest.mark.parametrize("service,rpc", RPCS, ids=[f"{s}.{r}" for s, r in RPCS])
+def test_fuzz_in_process(fuzz_services, service, rpc):
+    method = getattr(fuzz_services[service].servicer, rpc)
+    requests = messages(input_class(service, rpc), overrides=OVERRIDES)
+
+    @settings(max_examples=EXAMPLES[rpc], deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(request=requests, metadata=METADATA)
+    def case(request, metadata):
+        if rpc == "Verify":
+            reset_session(fuzz_services)
+        code, details = call(method, request, metadata)
+        assert code in ALLOWED, f"{service}.{rpc}({request!r:.300}) -> {code}: {details}"
+        seen.add(code)
+
+    seen: set[grpc.StatusCode] = set()
+    case()
+    assert grpc.StatusCode.OK in seen  # the cases reach the work, not only the checks
+    if rpc not in ("Info", "Release"):
+        assert grpc.StatusCode.INVALID_ARGUMENT in seen, seen
+    assert_healthy(fuzz_services)
+
+
+@pytest.mark.parametrize("service,rpc", RPCS, ids=[f"{s}.{r}" for s, r in RPCS])
+def test_fuzz_over_grpc(fuzz_services, service, rpc):
+    """The same cases (fewer) through a real server: the wire adds its own codes for nothing else."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from specpipe.rpc.clients import channel
+    from specpipe.rpc.server import ServerConfig, serve
+
+    module = SERVICES[service]
+    requests = messages(input_class(service, rpc), overrides=OVERRIDES)
+    with contextlib.ExitStack() as stack:
+        handle = stack.enter_context(serve([fuzz_services[service]], ServerConfig(port=0, grace_s=0.5)))
+        chan = stack.enter_context(channel(handle.address))
+        stub = getattr(module, f"{service}Stub", None) or getattr(_grpc_module(module), f"{service}Stub")
+        method = getattr(stub(chan), rpc)
+
+        @settings(max_examples=GRPC_EXAMPLES, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(request=requests, metadata=WIRE_METADATA)
+        def case(request, metadata):
+            if rpc == "Verify":
+                reset_session(fuzz_services)
+            try:
+                reply = method(request, timeout=30.0, metadata=metadata or None)
+                if hasattr(reply, "__next__"):
+                    list(reply)
+            except grpc.RpcError as err:  # DEADLINE_EXCEEDED (a hang) is not allowed
+                assert err.code() in ALLOWED, f"{service}.{rpc}({request!r:.300}) -> {err.code()}: {err.details()}"
+
+        case()
+        health = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=10.0)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert_healthy(fuzz_services)
+
+
+def _grpc_module(module):
+    import importlib
+
+    return importlib.import_module(module.__name__ + "_grpc")
