@@ -11,11 +11,13 @@ import contextlib
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Iterator
+from urllib.parse import quote, urlencode
 
 from specpipe.errors import FailedPrecondition, Unavailable
 
@@ -34,11 +36,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class RedisTls:
+    """TLS files of a redis-server: clients connect with rediss:// and present a certificate (mTLS)."""
+
+    cert: str
+    key: str
+    ca: str
+
+
 @dataclass
 class LocalRedis:
     process: subprocess.Popen
     port: int
     workdir: str  # its --dir and log file; removed by stop()
+    password: str | None = None  # requirepass: the default user's password
+    tls: RedisTls | None = None  # the port speaks TLS only
 
     @property
     def address(self) -> str:
@@ -46,7 +59,12 @@ class LocalRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.address}"
+        """redis://[:password@]host:port, or rediss://... with the TLS files as query parameters (redis-py)."""
+        credentials = f":{quote(self.password, safe='')}@" if self.password else ""
+        if self.tls is None:
+            return f"redis://{credentials}{self.address}"
+        files = urlencode({"ssl_ca_certs": self.tls.ca, "ssl_certfile": self.tls.cert, "ssl_keyfile": self.tls.key})
+        return f"rediss://{credentials}{self.address}?{files}"
 
     def stop(self) -> None:
         """SIGTERM (redis shuts down at once: nothing to save), SIGKILL after 5 s; idempotent."""
@@ -60,24 +78,30 @@ class LocalRedis:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start(port: int | None = None, timeout_s: float = 10.0) -> LocalRedis:
-    """Start redis-server on port (default: a free one) and wait until it answers PING.
+def start(port: int | None = None, timeout_s: float = 10.0, password: str | None = None,
+          tls: RedisTls | None = None) -> LocalRedis:
+    """Start redis-server on port (default: a free one) and wait until it answers PING. password:
+    requirepass; tls: the port speaks TLS only, clients must present a certificate of tls.ca.
     FailedPrecondition when the binary is missing, Unavailable when it does not come up."""
     binary = find_binary()
     if binary is None:
         raise FailedPrecondition(NOT_FOUND)
     port = port or free_port()
     workdir = tempfile.mkdtemp(prefix="specpipe-redis-")
+    listen = ["--port", str(port)] if tls is None else [
+        "--port", "0", "--tls-port", str(port), "--tls-cert-file", tls.cert, "--tls-key-file", tls.key,
+        "--tls-ca-cert-file", tls.ca, "--tls-auth-clients", "yes"]
+    secret = ["--requirepass", password] if password else []  # (visible in ps to this machine's users)
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--logfile", f"{workdir}/redis.log"],
+        [binary, *listen, "--bind", HOST, "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--logfile", f"{workdir}/redis.log", *secret],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # a terminal's Ctrl-C goes to our process, which stops it last
         preexec_fn=_die_with_parent,
     )
-    server = LocalRedis(process, port, workdir)
+    server = LocalRedis(process, port, workdir, password, tls)
     deadline = time.monotonic() + timeout_s
-    while not _ping(port):
+    while not _ping(port, tls):
         if process.poll() is not None or time.monotonic() > deadline:
             log = _log_tail(workdir)
             server.stop()
@@ -95,10 +119,16 @@ def local_redis(port: int | None = None, timeout_s: float = 10.0) -> Iterator[Lo
         server.stop()
 
 
-def _ping(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2) as sock:
+def _ping(port: int, tls: RedisTls | None = None) -> bool:
+    """Whether the server answers (NOAUTH is an answer: it is up and wants the password)."""
+    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2) as raw:
+        sock = raw
+        if tls is not None:
+            context = ssl.create_default_context(cafile=tls.ca)
+            context.load_cert_chain(tls.cert, tls.key)
+            sock = context.wrap_socket(raw, server_hostname=HOST)
         sock.sendall(b"PING\r\n")
-        return sock.recv(16).startswith(b"+PONG")
+        return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     return False
 
 

@@ -12,11 +12,11 @@ FORMS = ("memory (this process)", "redis://[user:password@]host:port[/db]", "red
          "unix:///path/to/redis.sock", "grpc://host:port (a cache service)")
 
 
-def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0) -> NgramCache:
+def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0, tls=None) -> NgramCache:
     """The store named by url: "memory" -> InMemoryNgramCache, a Redis URL -> RedisNgramCache (shared
     by every replica), "grpc://host:port" -> a client of a cache service. timeout_s bounds each call
     (Redis socket timeouts, the gRPC deadline); config applies to the stores in this process only (a
-    cache service has its own)."""
+    cache service has its own); tls: of the channel to a cache service (specpipe.rpc.security.Tls)."""
     if url == "memory":
         from cache_service.memory import InMemoryNgramCache
 
@@ -28,6 +28,6 @@ def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float =
     if url.startswith(GRPC_SCHEME) and url[len(GRPC_SCHEME):]:
         from specpipe.rpc.cache_client import CacheClient
 
-        return CacheClient(url[len(GRPC_SCHEME):], timeout_s=timeout_s)
+        return CacheClient(url[len(GRPC_SCHEME):], timeout_s=timeout_s, tls=tls)
     hint = " (the bare word redis, a local redis-server, is for `specpipe up` only)" if url == "redis" else ""
     raise InvalidArgument(f"unknown n-gram store {url!r}{hint}; use one of: {', '.join(FORMS)}")

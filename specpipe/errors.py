@@ -39,8 +39,14 @@ class DeadlineExceeded(SpecpipeError):
     code = "DEADLINE_EXCEEDED"
 
 
+class Unauthenticated(SpecpipeError):
+    """No or a wrong bearer token on the public API (specpipe.rpc.security)."""
+
+    code = "UNAUTHENTICATED"
+
+
 BY_CODE = {cls.code: cls for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Aborted, Unavailable,
-                                     DeadlineExceeded)}
+                                     DeadlineExceeded, Unauthenticated)}
 
 
 def from_code(code: str, message: str) -> SpecpipeError:

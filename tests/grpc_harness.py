@@ -62,7 +62,7 @@ def tiny_cluster(timeout_s: float = 30.0) -> Iterator[Cluster]:
     generator = Generator(tokenizer, verifier, {"model": drafter}, DEFAULTS)
 
     with contextlib.ExitStack() as stack:
-        config = ServerConfig(host="127.0.0.1", port=0, grace_s=1.0)
+        config = ServerConfig(host="127.0.0.1", port=0, grace_s=1.0, reflection=True)
         verifier_server = stack.enter_context(serve([verifier_servicer.service(verifier)], config))
         drafter_server = stack.enter_context(serve([drafter_servicer.service({"model": drafter})], config))
         verifier_client = stack.enter_context(VerifierClient(verifier_server.address, timeout_s=timeout_s))

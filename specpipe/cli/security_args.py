@@ -1,14 +1,16 @@
 """Flags of the hardening settings (docs/security.md): input caps, one flag per specpipe.limits.Limits
-field (--limit-prompt-tokens for max_prompt_tokens, ...), and the session TTL of the verifier and
-the drafter."""
+field (--limit-prompt-tokens for max_prompt_tokens, ...), the session TTL of the verifier and the
+drafter, the global table's learning, and TLS / mTLS, reflection and the bearer token."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+import os
+from dataclasses import fields, replace
 
 from specpipe.errors import InvalidArgument
 from specpipe.limits import DEFAULT_LIMITS, Limits
+from specpipe.rpc.security import Tls
 
 HELP = {
     "max_prompt_tokens": "prompt tokens of a generation or a prefill",
@@ -64,3 +66,38 @@ def add_learn_global_arg(parser: argparse.ArgumentParser) -> None:
                         help="on: finished outputs feed their tenant's global n-gram table; off: it holds "
                         "`specpipe cache seed` corpora only, so no output ever drafts for another request "
                         "(default: %(default)s; docs/security.md)")
+
+
+def add_tls_args(parser: argparse.ArgumentParser, role: str) -> None:
+    """TLS of the server (and of its calls to peers), reflection, and the public API's token."""
+    group = parser.add_argument_group("transport security (docs/security.md)")
+    group.add_argument("--tls-cert", default=os.environ.get("SPECPIPE_TLS_CERT"), metavar="PEM",
+                       help="this service's certificate: served over TLS, and presented to peers for mutual TLS "
+                       "(env SPECPIPE_TLS_CERT; default: plaintext)")
+    group.add_argument("--tls-key", default=os.environ.get("SPECPIPE_TLS_KEY"), metavar="PEM",
+                       help="the private key of --tls-cert (env SPECPIPE_TLS_KEY)")
+    group.add_argument("--tls-ca", default=os.environ.get("SPECPIPE_TLS_CA"), metavar="PEM",
+                       help="CA that peers' certificates must chain to; a server given one requires client "
+                       "certificates (mutual TLS) (env SPECPIPE_TLS_CA)")
+    group.add_argument("--reflection", action="store_true", help="serve gRPC reflection (default: off)")
+    if role == "orchestrator":
+        group.add_argument("--auth-token-file", default=os.environ.get("SPECPIPE_AUTH_TOKEN_FILE"), metavar="FILE",
+                           help="require 'authorization: Bearer <the file's token>' on the Generation API; "
+                           "UNAUTHENTICATED otherwise (env SPECPIPE_AUTH_TOKEN_FILE; default: no token)")
+
+
+def tls(args: argparse.Namespace) -> Tls | None:
+    return Tls.from_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
+                          getattr(args, "tls_ca", None))
+
+
+def server_tls(args: argparse.Namespace, role: str) -> Tls | None:
+    """The server side: mutual TLS between services; the public API (orchestrator) asks no client
+    certificate (its clients bring a bearer token), its --tls-ca is for its own calls to peers."""
+    files = tls(args)
+    return replace(files, client_certs=role != "orchestrator") if files is not None else None
+
+
+def tls_flags(cert: str, key: str, ca: str) -> tuple[str, ...]:
+    """The flags that give a child process its TLS files (specpipe up --tls)."""
+    return ("--tls-cert", cert, "--tls-key", key, "--tls-ca", ca)

@@ -58,6 +58,7 @@ def register(subparsers) -> None:
         if role in ("verifier", "orchestrator"):
             options.add_admission_args(sub, role)
         security_args.add_limit_args(sub)
+        security_args.add_tls_args(sub, role)
         if role in ("verifier", "drafter"):
             security_args.add_session_ttl_arg(sub)
         sub.set_defaults(func=run)
@@ -98,7 +99,8 @@ def _drafter(args: argparse.Namespace):
                               session_ttl_s=security_args.session_ttl_s(args))
     if not args.cache:
         return service({"model": model}, security_args.limits(args))
-    drafters = build_drafters(("model", "ngram", "hybrid"), ngram_cache(args.cache), model, model.info())
+    store = ngram_cache(args.cache, security_args.tls(args))
+    drafters = build_drafters(("model", "ngram", "hybrid"), store, model, model.info())
     return service(drafters, security_args.limits(args))
 
 
@@ -106,7 +108,7 @@ def _cache(args: argparse.Namespace):
     from cache_service.servicer import service
     from specpipe.cli.wiring import ngram_cache
 
-    return service(ngram_cache(args.cache), security_args.limits(args))
+    return service(ngram_cache(args.cache, security_args.tls(args)), security_args.limits(args))
 
 
 def _orchestrator(args: argparse.Namespace):
@@ -120,7 +122,7 @@ def _orchestrator(args: argparse.Namespace):
                                  options.speculation_options(args), cache_url=args.cache,
                                  rpc_timeout_s=args.rpc_timeout or None, connect_timeout_s=args.connect_timeout,
                                  hop_delay_ms=args.hop_delay_ms, limits=security_args.limits(args),
-                                 learn_global=args.learn_global == "on")
+                                 learn_global=args.learn_global == "on", tls=security_args.tls(args))
     return service(generator, Admission(AdmissionConfig(args.max_sessions, args.max_queue)))
 
 
@@ -138,6 +140,7 @@ def check_peers(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specpipe import logs
+    from specpipe.rpc.security import read_token
     from specpipe.rpc.server import ServerConfig, serve
 
     if args.role == "orchestrator":
@@ -146,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     options.set_threads(getattr(args, "threads", 0))
     handle = serve([BUILDERS[args.role](args)], ServerConfig(
         host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=options.worker_threads(args),
-        max_request_bytes=security_args.limits(args).max_request_bytes,
+        max_request_bytes=security_args.limits(args).max_request_bytes, tls=security_args.server_tls(args, args.role),
+        reflection=args.reflection, auth_token=read_token(getattr(args, "auth_token_file", None)),
     ))
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(f"specpipe serve {args.role}: listening on {handle.address} (metrics port {metrics})", flush=True)

@@ -15,11 +15,12 @@ from specpipe.presets import model_specs
 log = logging.getLogger("specpipe.cli")
 
 
-def ngram_cache(url: str):
-    """The n-gram store named by --cache: memory (this process), redis://... (shared) or grpc://..."""
+def ngram_cache(url: str, tls=None):
+    """The n-gram store named by --cache: memory (this process), redis://... (shared) or grpc://...
+    (tls: of the channel to a cache service)."""
     from cache_service.stores import open_store
 
-    return open_store(url)
+    return open_store(url, tls=tls)
 
 
 def build_drafters(kinds, store, model_drafter, info) -> dict:
@@ -64,7 +65,7 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
 
 def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
                      cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
-                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS, learn_global: bool = False):
+                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS, learn_global: bool = False, tls=None):
     """The orchestrator of a distributed deployment: the verifier and the drafter service are gRPC
     clients. Each draft method the drafter service serves (ModelInfo.methods) goes through it; the
     n-gram and hybrid methods it does not serve run here, over the n-gram store cache_url, which this
@@ -74,19 +75,19 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
     from orchestrator.generator import Generator
     from specpipe.rpc.clients import DrafterClient, VerifierClient
 
-    verifier = VerifierClient(verifier_addr, timeout_s=rpc_timeout_s, hop_delay_ms=hop_delay_ms)
+    verifier = VerifierClient(verifier_addr, timeout_s=rpc_timeout_s, hop_delay_ms=hop_delay_ms, tls=tls)
     verifier.wait_ready(connect_timeout_s)
-    store = ngram_cache(cache_url)
+    store = ngram_cache(cache_url, tls)
     served: dict = {}
     if drafter_addr is not None:
         methods = ("model",)
         try:
-            with DrafterClient(drafter_addr, timeout_s=rpc_timeout_s) as probe:
+            with DrafterClient(drafter_addr, timeout_s=rpc_timeout_s, tls=tls) as probe:
                 methods = probe.info().methods or methods
         except SpecpipeError as err:  # not up yet: assume the small model alone
             log.warning("drafter service unreachable at start", extra={"error": str(err)})
-        served = {method: DrafterClient(drafter_addr, timeout_s=rpc_timeout_s, method=method, hop_delay_ms=hop_delay_ms)
-                  for method in methods}
+        served = {method: DrafterClient(drafter_addr, timeout_s=rpc_timeout_s, method=method, hop_delay_ms=hop_delay_ms,
+                                        tls=tls) for method in methods}
     local = build_drafters(("ngram", "hybrid") if "model" in served else ("ngram",), store, served.get("model"),
                            verifier.info())
     return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store, limits=limits,

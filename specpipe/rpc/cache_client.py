@@ -9,12 +9,14 @@ from specpipe import ngram
 from specpipe.ngram import NgramDraft
 from specpipe.rpc import cache_convert
 from specpipe.rpc.clients import Client, encoding
+from specpipe.rpc.security import Tls
 from specpipe.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 
 class CacheClient(Client):
-    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
-        super().__init__(target, timeout_s, wait_for_ready)
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
+                 tls: Tls | None = None):
+        super().__init__(target, timeout_s, wait_for_ready, tls=tls)
         self._stub = cache_pb2_grpc.CacheStub(self._channel)
 
     def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,

@@ -14,6 +14,7 @@ from specpipe import errors, types
 from specpipe.lifecycle import call_timeout
 from specpipe.tenancy import TENANT_METADATA
 from specpipe.rpc import convert
+from specpipe.rpc.security import Tls, bearer_metadata
 from specpipe.rpc.server import MAX_MESSAGE_BYTES
 from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specpipe.v1 import generation_pb2_grpc
@@ -29,7 +30,10 @@ CHANNEL_OPTIONS = (
 )
 
 
-def channel(target: str) -> grpc.Channel:
+def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
+    """A channel to target: TLS (mutual with tls.cert) when tls is given, else plaintext."""
+    if tls is not None:
+        return grpc.secure_channel(target, tls.channel_credentials(), options=CHANNEL_OPTIONS)
     return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
@@ -59,15 +63,16 @@ def encoding(what: str):
 
 class Client:
     """A channel to one target; timeout_s is the per-call deadline (None = none); hop_delay_ms is
-    latency added to each direction of every call (an emulated network, for benchmarks)."""
+    latency added to each direction of every call (an emulated network, for benchmarks); tls: TLS
+    (mutual with a client certificate) instead of plaintext."""
 
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
-                 hop_delay_ms: float = 0.0):
+                 hop_delay_ms: float = 0.0, tls: Tls | None = None):
         self.target = target
         self.timeout_s = timeout_s
         self.wait_for_ready = wait_for_ready  # True: calls wait for the server (startup) instead of failing fast
         self.hop_delay_s = hop_delay_ms / 1e3
-        self._channel = channel(target)
+        self._channel = channel(target, tls)
 
     def _call(self, method, request):
         if self.hop_delay_s:
@@ -106,8 +111,8 @@ class VerifierClient(Client):
     """specpipe.protocols.Verifier over gRPC."""
 
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
-                 hop_delay_ms: float = 0.0):
-        super().__init__(target, timeout_s, wait_for_ready, hop_delay_ms)
+                 hop_delay_ms: float = 0.0, tls: Tls | None = None):
+        super().__init__(target, timeout_s, wait_for_ready, hop_delay_ms, tls)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
 
     def info(self) -> types.ModelInfo:
@@ -136,8 +141,8 @@ class DrafterClient(Client):
     """specpipe.protocols.Drafter over gRPC: one draft method (ModelInfo.methods) of a drafter service."""
 
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False, method: str = "",
-                 hop_delay_ms: float = 0.0):
-        super().__init__(target, timeout_s, wait_for_ready, hop_delay_ms)
+                 hop_delay_ms: float = 0.0, tls: Tls | None = None):
+        super().__init__(target, timeout_s, wait_for_ready, hop_delay_ms, tls)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self.method = method  # "" = the service's first method
 
@@ -156,9 +161,11 @@ class DrafterClient(Client):
 class GenerationClient(Client):
     """The public API: a stream of verified chunks for one prompt."""
 
-    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
-        super().__init__(target, timeout_s, wait_for_ready)
+    def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
+                 tls: Tls | None = None, auth_token: str | None = None):
+        super().__init__(target, timeout_s, wait_for_ready, tls=tls)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+        self._auth = bearer_metadata(auth_token)  # the public API's bearer token, if it requires one
 
     def generate(
         self,
@@ -183,9 +190,9 @@ class GenerationClient(Client):
             raise errors.InvalidArgument("give exactly one of prompt, messages or token_ids")
         with encoding("generate request"):
             request = convert.generate_request_to_proto(source, max_new_tokens, request_id, stop, sampling, speculation)
-        metadata = ((TENANT_METADATA, tenant),) if tenant else None  # tenant: specpipe.tenancy
+        metadata = self._auth + (((TENANT_METADATA, tenant),) if tenant else ())  # tenant: specpipe.tenancy
         call = self._stub.Generate(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready,
-                                   metadata=metadata)
+                                   metadata=metadata or None)
         return self._chunks(call)
 
     @staticmethod

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from specpipe.errors import SpecpipeError, Unavailable
 from specpipe.limits import DEFAULT_LIMITS
+from specpipe.rpc.security import TokenAuth, Tls
 
 log = logging.getLogger("specpipe.rpc")
 
@@ -52,6 +53,9 @@ class ServerConfig:
     max_workers: int = 64            # concurrent RPCs (a Generate stream holds one for its lifetime)
     grace_s: float = 5.0             # in-flight RPCs get this long on stop
     max_request_bytes: int = DEFAULT_LIMITS.max_request_bytes  # a larger request: RESOURCE_EXHAUSTED, unread
+    tls: Tls | None = None           # None = plaintext; with a CA, mutual TLS (specpipe.rpc.security)
+    auth_token: str | None = None    # the services (not health, reflection) require "authorization: Bearer <it>"
+    reflection: bool = False         # server reflection (grpcurl without protos): off unless asked for
 
 
 def service_name(pb2_module, name: str) -> str:
@@ -158,17 +162,24 @@ def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) ->
     """Start a server with the given (ready) servicers; health turns SERVING once it listens."""
     options = tuple(o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length")
     options += (("grpc.max_receive_message_length", config.max_request_bytes),)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=options)
+    names = tuple(s.name for s in services)
+    interceptors = [TokenAuth(config.auth_token, names)] if config.auth_token else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=options,
+                         interceptors=interceptors)
     for service in services:
         service.add_to_server(service.servicer, server)
 
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = tuple(s.name for s in services)
-    reflection.enable_server_reflection(names + (health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if config.reflection:
+        reflection.enable_server_reflection(names + (health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
     try:
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        if config.tls is not None:
+            port = server.add_secure_port(address, config.tls.server_credentials())
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError as err:
         raise Unavailable(f"cannot listen on {config.host}:{config.port}: {err}") from None
     if port == 0:
