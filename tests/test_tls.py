@@ -101,3 +101,23 @@ def test_tls_flags_must_come_in_pairs(tmp_path):
     with pytest.raises(InvalidArgument, match="cannot read"):
         Tls.from_files(None, None, str(tmp_path / "missing.pem"))
     assert Tls.from_files(None, None, None) is None
+
+
+@pytest.mark.slow
+def test_specpipe_up_tls_serves_only_over_tls(tmp_path):
+    """`specpipe up --tls --cache redis`: mutual TLS between the services, rediss:// with a password,
+    and the public port answers a TLS client with the generated client certificate, not plaintext."""
+    from specpipe.rpc.clients import GenerationClient
+    from tests.test_contract_generation import specpipe_up
+
+    with specpipe_up(tmp_path, "--tls", "--cache", "redis") as (proc, lines):
+        table = {line.split()[0]: line.split()[1] for line in lines if line.split()[:1] and
+                 line.split()[0] in ("orchestrator", "verifier", "drafter")}
+        tls_dir = tmp_path / "tls"
+        client_tls = Tls.from_files(str(tls_dir / "client.pem"), str(tls_dir / "client.key"), str(tls_dir / "ca.pem"))
+        with GenerationClient(table["orchestrator"], timeout_s=60, tls=client_tls) as client:
+            chunks = list(client.generate(prompt="hello", max_new_tokens=6, speculation=None))
+        assert sum(len(c.token_ids) for c in chunks) == 6
+        for role, address in table.items():
+            with GenerationClient(address, timeout_s=5) as plaintext, pytest.raises(Unavailable):
+                plaintext.health()

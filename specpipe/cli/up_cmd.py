@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from cache_service import local_redis
-from specpipe.cli import options
+from specpipe.cli import options, up_security
 from specpipe.errors import SpecpipeError, Unavailable
 from specpipe.presets import DEFAULT_PRESET, PRESETS
 
@@ -48,6 +48,7 @@ class UpConfig:
     log_level: str
     speculation: tuple[str, ...]  # orchestrator flags: --drafter ... --schedule ... --hop-delay-ms ...
     cache: str                    # --cache: memory, redis (a local redis-server) or a store URL
+    tls: bool = False             # a private CA: mutual TLS between the services, TLS on the public port
 
 
 @dataclass
@@ -78,6 +79,8 @@ def register(subparsers) -> None:
                         help="gRPC ports N (orchestrator), N+1 (verifier), N+2 (drafter), metrics ports "
                         f"N+{METRICS_OFFSET}..; 0 = free ports (default: %(default)s)")
     parser.add_argument("--threads-per-service", type=int, default=1, help="torch threads per service (default: %(default)s)")
+    parser.add_argument("--tls", action="store_true", help="generate a private CA and certificates (in the log "
+                        "dir): mutual TLS between the services, TLS on the public port, rediss:// to --cache redis")
     parser.add_argument("--pin", action="store_true", help="pin each service to its own CPU core when there are enough")
     parser.add_argument("--startup-timeout", type=float, default=300.0, metavar="S", help="(default: %(default)s)")
     parser.add_argument("--log-dir", default=None, help="where the services' stdout / stderr go (default: a temp dir)")
@@ -102,7 +105,7 @@ def _up(args: argparse.Namespace) -> int:
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
         log_level=args.log_level,
         speculation=options.speculation_flags(args) + ("--hop-delay-ms", str(args.hop_delay_ms)),
-        cache=args.cache,
+        cache=args.cache, tls=args.tls,
     )
     config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
@@ -113,24 +116,26 @@ def _up(args: argparse.Namespace) -> int:
     children: dict[str, Child] = {}
     redis: local_redis.LocalRedis | None = None
     try:
+        pki = up_security.prepare(config.log_dir, config.tls)
         cache_url = config.cache
         if cache_url == LOCAL_REDIS:
-            redis = local_redis.start()
-            cache_url = redis.url
+            redis, cache_url = up_security.start_redis(pki)  # a random password; TLS with --tls
         # The drafter serves the ngram / hybrid methods from the store the orchestrator feeds; with the
         # orchestrator's private memory store there is none to share, so the drafter gets no --cache.
         store = () if cache_url == "memory" else ("--cache", cache_url)
         for role in ("verifier", "drafter"):
-            children[role] = start_service(role, config, cores.get(role), store if role == "drafter" else ())
+            children[role] = start_service(role, config, cores.get(role), (store if role == "drafter" else ())
+                                           + up_security.service_flags(pki, role))
         for role in ("verifier", "drafter"):
-            wait_serving(children[role], config.startup_timeout_s, stop)
+            wait_serving(children[role], config.startup_timeout_s, stop, up_security.client_tls(pki))
         peers = ("--verifier-addr", children["verifier"].address, "--drafter-addr", children["drafter"].address)
         children["orchestrator"] = start_service("orchestrator", config, cores.get("orchestrator"),
-                                          peers + config.speculation + ("--cache", cache_url))
-        wait_serving(children["orchestrator"], config.startup_timeout_s, stop)
+                                          peers + config.speculation + ("--cache", cache_url)
+                                          + up_security.service_flags(pki, "orchestrator"))
+        wait_serving(children["orchestrator"], config.startup_timeout_s, stop, up_security.client_tls(pki))
         if stop.is_set():
             return 0
-        _print_table(children, config, redis)
+        _print_table(children, config, redis, up_security.describe(pki))
         while not stop.wait(0.1):
             for child in children.values():
                 if child.proc.poll() is not None:
@@ -202,7 +207,7 @@ def _child_setup(core: int | None) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def wait_serving(child: Child, timeout_s: float, stop: threading.Event) -> None:
+def wait_serving(child: Child, timeout_s: float, stop: threading.Event, tls=None) -> None:
     """Wait for the child's ready line, then for its health to be SERVING."""
     from specpipe.cli.serve_cmd import READY_RE
     from specpipe.rpc.clients import VerifierClient
@@ -220,7 +225,7 @@ def wait_serving(child: Child, timeout_s: float, stop: threading.Event) -> None:
                 child.port = int(match.group(3))
                 child.metrics_port = None if match.group(4) == "off" else int(match.group(4))
         time.sleep(0.1)
-    with VerifierClient(child.address, timeout_s=1.0) as client:  # any client has health()
+    with VerifierClient(child.address, timeout_s=1.0, tls=tls) as client:  # any client has health()
         while True:
             if stop.is_set():
                 raise _Stopped
@@ -242,7 +247,8 @@ def _died(child: Child) -> str:
     return f"{child.role} exited with status {child.proc.returncode}; last lines of {child.stderr_path}:\n{tail}"
 
 
-def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redis.LocalRedis | None) -> None:
+def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redis.LocalRedis | None,
+                 security: str = "") -> None:
     rows = [("service", "address", "metrics", "pid", "core")]
     for role in ("orchestrator", "verifier", "drafter"):
         c = children[role]
@@ -252,8 +258,8 @@ def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redi
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    print(f"specpipe up: ready (preset {config.preset}); logs in {config.log_dir}; Ctrl-C stops all services",
-          flush=True)
+    print(f"specpipe up: ready (preset {config.preset}); logs in {config.log_dir}; Ctrl-C stops all services"
+          f"{security}", flush=True)
 
 
 def stop_all(children: list[Child]) -> None:
