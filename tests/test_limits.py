@@ -35,15 +35,6 @@ GENERATION_CASES = {
 }
 
 
-@pytest.mark.parametrize("request_,message", GENERATION_CASES.values(), ids=GENERATION_CASES.keys())
-def test_check_generation(request_, message):
-    if message is None:
-        check_generation(request_, SMALL)
-    else:
-        with pytest.raises(InvalidArgument, match=message):
-            check_generation(request_, SMALL)
-
-
 DRAFT_CASES = {
     "six nodes": (Draft.chain(range(6)), None),
     "seven nodes": (Draft.chain(range(7)), "draft nodes is 7"),
@@ -52,13 +43,18 @@ DRAFT_CASES = {
 }
 
 
-@pytest.mark.parametrize("draft,message", DRAFT_CASES.values(), ids=DRAFT_CASES.keys())
-def test_check_draft(draft, message):
+CHECK_CASES = [(check_generation, *case) for case in GENERATION_CASES.values()] + \
+    [(check_draft, *case) for case in DRAFT_CASES.values()]
+
+
+@pytest.mark.parametrize("check,value,message", CHECK_CASES, ids=[*GENERATION_CASES, *DRAFT_CASES])
+def test_check(check, value, message):
+    """None: within the caps; else the InvalidArgument message."""
     if message is None:
-        check_draft(draft, SMALL)
-    else:
-        with pytest.raises(InvalidArgument, match=message):
-            check_draft(draft, SMALL)
+        check(value, SMALL)
+        return
+    with pytest.raises(InvalidArgument, match=message):
+        check(value, SMALL)
 
 
 def test_check_propose():
