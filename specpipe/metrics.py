@@ -45,3 +45,13 @@ ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + veri
 NGRAM_LOOKUPS = Counter("specpipe_ngram_lookups_total", "N-gram store lookups by the n-gram drafter")
 NGRAM_DRAFT_TOKENS = Counter("specpipe_ngram_draft_tokens_total", "N-gram draft tokens, by the n of the matching n-gram", ["level"])
 CACHE_FAILURES = Counter("specpipe_cache_failures_total", "N-gram store calls that failed (generation went on without them)", ["call"])
+
+# Replicas and serving (specpipe.failover, specpipe.rpc.server): the autoscalers' signals.
+VERIFIER_FAILOVERS = Counter("specpipe_verifier_failovers_total", "Sessions re-prefilled on another verifier replica "
+                             "(theirs died, drained or lost the session)", ["reason"])
+DRAFTER_FAILOVERS = Counter("specpipe_drafter_failovers_total", "Proposals retried on another drafter replica")
+RPC_INFLIGHT = Gauge("specpipe_rpc_inflight", "RPCs being served now (a Generate stream counts for its lifetime)",
+                     ["method"])
+RPC_SECONDS = Counter("specpipe_rpc_seconds_total", "Time spent serving RPCs; its rate is the busy ratio "
+                      "(1.0 = one call always running)", ["method"])
+DRAINING = Gauge("specpipe_draining", "1 while the server drains (SIGTERM): health NOT_SERVING, no new sessions")

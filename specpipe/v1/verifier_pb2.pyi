@@ -84,3 +84,17 @@ class ReleaseReply(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoadReply(_message.Message):
+    __slots__ = ("open_sessions", "max_sessions", "queued")
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    open_sessions: int
+    max_sessions: int
+    queued: int
+    def __init__(self, open_sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
