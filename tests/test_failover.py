@@ -45,10 +45,12 @@ def replicas(verifiers: int, drafters: int):
 
     config = ServerConfig(port=0, grace_s=0.5, drain_timeout_s=5.0)
     with contextlib.ExitStack() as stack:
+        v_models = [tiny_model() for _ in range(verifiers)]
+        d_models = [tiny_model(2) for _ in range(drafters)]
         v_handles = [stack.enter_context(serve([verifier_servicer.service(
-            ModelVerifier(m, model_info(ModelSpec("tiny"), m)))], config)) for m in map(lambda _: tiny_model(), range(verifiers))]
-        d_handles = [stack.enter_context(serve([drafter_servicer.service({"model": ModelDrafter(
-            m, model_info(ModelSpec("tiny", 2), m))})], config)) for m in map(lambda _: tiny_model(2), range(drafters))]
+            ModelVerifier(m, model_info(ModelSpec("tiny"), m)))], config)) for m in v_models]
+        d_handles = [stack.enter_context(serve([drafter_servicer.service(
+            {"model": ModelDrafter(m, model_info(ModelSpec("tiny", 2), m))})], config)) for m in d_models]
         v_set = stack.enter_context(ReplicaSet(",".join(h.address for h in v_handles),
                                                lambda a: VerifierClient(a, 10.0), verifier_probe, FAST))
         d_set = stack.enter_context(ReplicaSet(",".join(h.address for h in d_handles),
