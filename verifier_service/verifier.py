@@ -26,6 +26,7 @@ from specpipe import metrics, runner
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
+from specpipe.replicas import VerifierLoad
 from specpipe.sampling import check_sampling, rejection_sample_chain, warp
 from specpipe.types import Draft, ModelInfo, SamplingParams, VerifyResult
 from specpipe.verification import (
@@ -223,3 +224,10 @@ class ModelVerifier:
         now = time.monotonic()
         for sid in [s for s, sess in self._sessions.items() if now - sess.last_used > self._session_ttl_s]:
             del self._sessions[sid]
+
+    def serving_load(self) -> VerifierLoad:
+        """Open sessions and queued work, for least-loaded routing of new sessions (specpipe.replicas).
+        queued is 1 while a forward runs (one at a time here); a batching queue reports its depth."""
+        with self._sessions_lock:
+            open_sessions = len(self._sessions)
+        return VerifierLoad(open_sessions, self._max_sessions, int(self._forward_lock.locked()))

@@ -60,3 +60,17 @@ class VerifyReply(_message.Message):
     batch_sessions: int
     batch_tokens: int
     def __init__(self, accepted_tokens: _Optional[_Iterable[int]] = ..., accepted_nodes: _Optional[_Iterable[int]] = ..., correction_token: _Optional[int] = ..., entropy: _Optional[float] = ..., node_argmax: _Optional[_Iterable[int]] = ..., verify_ms: _Optional[float] = ..., context_len: _Optional[int] = ..., batch_sessions: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoadReply(_message.Message):
+    __slots__ = ("open_sessions", "max_sessions", "queued")
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    open_sessions: int
+    max_sessions: int
+    queued: int
+    def __init__(self, open_sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
