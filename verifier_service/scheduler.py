@@ -114,6 +114,12 @@ class Scheduler:
             raise work.error
         return work
 
+    @property
+    def depth(self) -> int:
+        """Requests queued or in the forward now."""
+        with self._cond:
+            return len(self._pending)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

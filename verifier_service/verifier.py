@@ -226,8 +226,9 @@ class ModelVerifier:
             del self._sessions[sid]
 
     def serving_load(self) -> VerifierLoad:
-        """Open sessions and queued work, for least-loaded routing of new sessions (specpipe.replicas).
-        queued is 1 while a forward runs (one at a time here); a batching queue reports its depth."""
+        """Open sessions and queued work (the batch queue's depth; unbatched: 1 while a forward runs),
+        for least-loaded routing of new sessions (specpipe.replicas)."""
         with self._sessions_lock:
             open_sessions = len(self._sessions)
-        return VerifierLoad(open_sessions, self._max_sessions, int(self._forward_lock.locked()))
+        queued = self._scheduler.depth if self._scheduler is not None else int(self._forward_lock.locked())
+        return VerifierLoad(open_sessions, self._max_sessions, queued)
