@@ -1,4 +1,5 @@
-"""Redis n-gram store: every replica of every service shares one store (DESIGN section 4).
+"""Redis n-gram store: every replica of every service shares one store
+(docs/design.md, "Drafting").
 
 Layout: one hash per table (specpipe.ngram.TABLES). A session's context table (all levels n = 2..N) is
 the hash `{s:<id>}:ngram`, its verifier table `{s:<id>}:verifier`, the global (corpus) table is
