@@ -13,7 +13,6 @@ from specpipe.errors import FailedPrecondition, InvalidArgument
 from specpipe.presets import PRESETS, model_specs
 
 
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "models", help="prepare and list the packaged models",
