@@ -1,6 +1,6 @@
 """`specpipe models prepare|list`: convert the packaged GGUF models once to the local safetensors
-cache, and show what is there (docs/design.md, "Models"). Every command that loads a packaged model
-prepares it first when it is missing (`prepare_missing`), unless told --no-prepare."""
+cache, and show what is there (docs/design.md, "Models"). generate, up, serve and bench prepare a
+packaged model they load first when it is missing (`prepare_missing`), unless told --no-prepare."""
 
 from __future__ import annotations
 
@@ -109,9 +109,7 @@ def roles_to_load(args: argparse.Namespace) -> tuple[str, ...]:
         return () if args.report else ("verifier", "drafter")
     if command == "up":
         return ("verifier", "drafter")
-    if command == "cache":
-        return ("verifier",)  # cache seed tokenizes with the verifier's tokenizer
-    return ()
+    return ()  # cache seed checks its store first, then needs the tokenizer: not prepared is an error there
 
 
 def models_to_prepare(args: argparse.Namespace) -> list[str]:
