@@ -5,7 +5,7 @@ from __future__ import annotations
 from specpipe.protocols import NgramCache
 from specpipe.rpc import cache_convert
 from specpipe.rpc.server import Service, rpc_method, service_name
-from specpipe.v1 import cache_pb2, cache_pb2_grpc, verifier_pb2
+from specpipe.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 
 class CacheServicer(cache_pb2_grpc.CacheServicer):
@@ -33,7 +33,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
 
     @rpc_method
     def Release(self, request, context):
-        return verifier_pb2.ReleaseReply(released=self._cache.release(request.session_id))
+        return common_pb2.ReleaseReply(released=self._cache.release(request.session_id))
 
 
 def service(cache: NgramCache) -> Service:

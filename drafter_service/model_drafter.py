@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from transformers import PreTrainedModel
@@ -26,7 +26,7 @@ from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
 from specpipe.sampling import STREAM_DRAFT, check_sampling, sample_sparse, truncate, uniform, warp
 from specpipe.trees import common_prefix
-from specpipe.types import ROOT, Draft, ModelInfo, ProposeResult, SamplingParams, SparseDist
+from specpipe.types import ROOT, Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, SparseDist
 from specpipe.verification import check_token_ids
 
 BRANCH_LEVELS = 2  # tree drafts add the top-(width - 1) alternatives at this many first levels
@@ -38,6 +38,34 @@ class _Branch:
     tokens: list[int] = field(default_factory=list)  # the tokens whose KV the cache holds
     epoch: int = 0                                   # of the last proposal that used it
     busy: bool = False
+
+
+@dataclass
+class _Nodes:
+    """A draft being built, one column per Draft field."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    q: list[SparseDist] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    runner_up: list[int] = field(default_factory=list)
+    runner_up_confidence: list[float] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, probs, runner_up: int, q: SparseDist | None = None) -> int:
+        """Append a node (probs: the drafter's distribution there); returns its index."""
+        self.tokens.append(token)
+        self.parents.append(parent)
+        if q is not None:
+            self.q.append(q)
+        self.confidence.append(float(probs[token]))
+        self.runner_up.append(runner_up)
+        self.runner_up_confidence.append(float(probs[runner_up]) if runner_up >= 0 else 0.0)
+        return len(self.tokens) - 1
+
+    def draft(self, sampled: bool) -> Draft:
+        return Draft(tuple(self.tokens), tuple(self.parents), tuple(self.q) if sampled else None,
+                     confidence=tuple(self.confidence), runner_up=tuple(self.runner_up),
+                     runner_up_confidence=tuple(self.runner_up_confidence))
 
 
 @dataclass
@@ -68,69 +96,52 @@ class ModelDrafter:
     def info(self) -> ModelInfo:
         return self._info
 
-    def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams,
-        epoch: int = 0,
-    ) -> ProposeResult:
-        if not session_id:
+    def propose(self, request: ProposeRequest) -> ProposeResult:
+        if not request.session_id:
             raise InvalidArgument("session_id is empty")
-        check_token_ids(context, self._info.vocab_size, "context")
-        check_sampling(sampling)
-        if draft_len < 0 or width < 1:
-            raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {draft_len} and {width}")
-        draft_len = min(draft_len, self._info.max_context - len(context) - 1)
+        check_token_ids(request.context, self._info.vocab_size, "context")
+        check_sampling(request.sampling)
+        if request.draft_len < 0 or request.width < 1:
+            raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {request.draft_len} and {request.width}")
+        draft_len = min(request.draft_len, self._info.max_context - len(request.context) - 1)
         if draft_len <= 0:
             return ProposeResult(Draft(), 0.0)
-        session = self._session(session_id, epoch)
+        session = self._session(request.session_id, request.epoch)
         start = time.perf_counter()
-        branch = self._checkout(session, list(context), epoch)
+        context = list(request.context)
+        branch = self._checkout(session, context, request.epoch)
         try:
-            result = self._draft(session, branch, list(context), draft_len, width if sampling.greedy else 1, sampling, epoch)
+            width = request.width if request.sampling.greedy else 1
+            draft = self._draft(session, branch, context, draft_len, width, request.sampling, request.epoch)
         finally:
             branch.busy = False
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.DRAFT_MS.labels(drafter="model").observe(draft_ms)
-        return replace(result, draft_ms=draft_ms)
+        return ProposeResult(draft, draft_ms)
 
     def _draft(self, session: _Session, branch: _Branch, context: list[int], draft_len: int, width: int,
-               sampling: SamplingParams, epoch: int) -> ProposeResult:
+               sampling: SamplingParams, epoch: int) -> Draft:
         keep = len(branch.tokens)  # _checkout cropped it to a prefix of context
         logits = self._forward(session, branch, context[keep:], epoch)  # [vocab]
-
-        tokens: list[int] = []
-        parents: list[int] = []
-        q: list[SparseDist] = []
-        confidence: list[float] = []
-        runner_up: list[int] = []
-        runner_up_confidence: list[float] = []
+        nodes = _Nodes()
         parent = ROOT
         for depth in range(draft_len):
             probs = logits.softmax(-1)
             branches = width if depth < BRANCH_LEVELS else 1
             top = probs.topk(min(max(2, branches), probs.shape[-1])).indices.tolist()
+            q = None
             if sampling.greedy:
                 token, alternatives = top[0], top[1:branches]
             else:
-                dist = truncate(warp(logits, sampling), self._max_q_entries)
-                token, alternatives = sample_sparse(dist, uniform(sampling.seed, len(context) + depth, STREAM_DRAFT)), []
-                q.append(dist)
+                q = truncate(warp(logits, sampling), self._max_q_entries)
+                token, alternatives = sample_sparse(q, uniform(sampling.seed, len(context) + depth, STREAM_DRAFT)), []
             other = next((t for t in top if t != token), -1)
-            tokens.append(token)
-            parents.append(parent)
-            confidence.append(float(probs[token]))
-            runner_up.append(other)
-            runner_up_confidence.append(float(probs[other]) if other >= 0 else 0.0)
-            parent = len(tokens) - 1
+            chain_parent, parent = parent, nodes.add(token, parent, probs, other, q)
             for alternative in alternatives:  # siblings of the chain node: leaves of the tree
-                tokens.append(alternative)
-                parents.append(parents[parent])
-                confidence.append(float(probs[alternative]))
-                runner_up.append(-1)
-                runner_up_confidence.append(0.0)
+                nodes.add(alternative, chain_parent, probs, -1)
             if depth + 1 < draft_len:
                 logits = self._forward(session, branch, [token], epoch)
-        draft = Draft(tuple(tokens), tuple(parents), tuple(q) if q else None)
-        return ProposeResult(draft, 0.0, (), tuple(confidence), tuple(runner_up), tuple(runner_up_confidence))
+        return nodes.draft(sampled=not sampling.greedy)
 
     def _forward(self, session: _Session, branch: _Branch, token_ids: list[int], epoch: int):
         with self._forward_lock:

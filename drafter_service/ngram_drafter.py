@@ -5,12 +5,12 @@ sampling accepts a token x with probability p(x) (DESIGN section 3)."""
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from dataclasses import replace
 
 from specpipe import metrics
 from specpipe.ngram import SUFFIX_TOKENS
 from specpipe.protocols import NgramCache
-from specpipe.types import Draft, ModelInfo, ProposeResult, SamplingParams
+from specpipe.types import ModelInfo, ProposeRequest, ProposeResult
 
 
 class NgramDrafter:
@@ -21,20 +21,17 @@ class NgramDrafter:
     def info(self) -> ModelInfo:
         return self._info
 
-    def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams,
-        epoch: int = 0,
-    ) -> ProposeResult:
-        """A lookup has no state to protect, so every epoch is served."""
+    def propose(self, request: ProposeRequest) -> ProposeResult:
+        """A lookup has no state to protect: every epoch is served."""
         start = time.perf_counter()
-        found = self._cache.lookup(session_id, list(context[-SUFFIX_TOKENS:]), draft_len,
-                                   width if sampling.greedy else 1)
+        width = request.width if request.sampling.greedy else 1
+        found = self._cache.lookup(request.session_id, list(request.context[-SUFFIX_TOKENS:]), request.draft_len, width)
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.NGRAM_LOOKUPS.inc()
         for level in found.levels:
             metrics.NGRAM_DRAFT_TOKENS.labels(level=str(level)).inc()
         metrics.DRAFT_MS.labels(drafter="ngram").observe(draft_ms)
-        return ProposeResult(Draft(found.draft.tokens, found.draft.parents), draft_ms, found.sources)
+        return ProposeResult(replace(found.draft, sources=found.sources), draft_ms)
 
     def release(self, session_id: str) -> bool:
         return False  # the store's session tables belong to the orchestrator's session lifecycle

@@ -10,7 +10,7 @@ from specpipe.errors import FailedPrecondition
 from specpipe.protocols import Drafter
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
-from specpipe.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2
+from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
@@ -32,20 +32,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     @rpc_method
     def Propose(self, request, context):
-        result = self._drafter(request.method).propose(
-            request.session_id,
-            tuple(request.context),
-            request.draft_len,
-            request.width,
-            convert.sampling_from_proto(request.sampling),
-            request.epoch,
-        )
+        result = self._drafter(request.method).propose(convert.propose_request_from_proto(request))
         return convert.propose_result_to_proto(result)
 
     @rpc_method
     def Release(self, request, context):
         released = [drafter.release(request.session_id) for drafter in self._drafters.values()]
-        return verifier_pb2.ReleaseReply(released=any(released))
+        return common_pb2.ReleaseReply(released=any(released))
 
 
 def service(drafters: Mapping[str, Drafter]) -> Service:

@@ -39,10 +39,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from specpipe.types import ROOT
-from orchestrator.predictors import Rates, shrink
+from orchestrator.estimates import Acceptance, Rates, depth_key, shrink
 
 ENTROPY_EDGES = (0.1, 0.5, 1.0, 2.0, 3.0)  # nats: upper edges of the entropy bins, the last bin open
-MAX_DEPTH = 16            # acceptance is estimated per depth up to this one
 PRIOR_ACCEPTANCE = 0.6    # a_i before any round was seen: optimistic enough to try drafting
 PRIOR_WEIGHT = 2.0        # pseudo-rounds of the prior in the shared estimate
 SOURCE_WEIGHT = 4.0       # pseudo-rounds of the all-sources rate in a source's shared estimate
@@ -198,7 +197,7 @@ class AdaptiveController:
         self._kind = kind
         self._k_max = k_max
         self._m_max = m_max
-        self._session = Rates()
+        self._acceptance = Acceptance(shared.acceptance, SESSION_WEIGHT)
         self._hits = [0, 0]            # branch schedule: rounds whose draft came from a pre-draft, rounds
         self._entropy_bin = -1         # of the verifier at the last position
         self._since_draft = 0          # rounds in a row without a draft
@@ -207,15 +206,14 @@ class AdaptiveController:
 
     def _key(self, depth: int, source: str | None = None) -> tuple:
         """The first depth by the current entropy bin, the others by depth; optionally per source."""
-        at = ("first", self._entropy_bin) if depth == 1 else ("depth", min(depth, MAX_DEPTH))
+        at = ("first", self._entropy_bin) if depth == 1 else ("depth", depth_key(depth))
         return (self._kind, *at) if source is None else (self._kind, source, *at)
 
     def _alternative_key(self, depth: int, rank: int) -> tuple:
-        return self._kind, "alternative", min(depth, MAX_DEPTH), rank
+        return self._kind, "alternative", depth_key(depth), rank
 
     def _rate(self, key: tuple, prior: float = PRIOR_ACCEPTANCE, prior_weight: float = PRIOR_WEIGHT) -> float:
-        estimate = shrink(*self._shared.acceptance.get(key), prior, prior_weight)
-        return shrink(*self._session.get(key), estimate, SESSION_WEIGHT)
+        return self._acceptance.rate(key, prior, prior_weight)
 
     def _source_rate(self, depth: int, source: str) -> float:
         return self._rate(self._key(depth, source), self._rate(self._key(depth)), SOURCE_WEIGHT)
@@ -284,8 +282,7 @@ class AdaptiveController:
         probe = drafted > 0 and self._probe_due()  # as draft_len saw it, before this round's timings
         self._shared.verify.add((drafted if nodes is None else nodes) + 1, verify_ms)
         for depth, rank, hit in alternatives:
-            self._shared.acceptance.add(self._alternative_key(depth, rank), hit)
-            self._session.add(self._alternative_key(depth, rank), hit)
+            self._acceptance.add(self._alternative_key(depth, rank), hit)
         if call_ms is not None:
             self._shared.overhead.add(0, max(0.0, call_ms - verify_ms))
         if drafted:
@@ -294,8 +291,7 @@ class AdaptiveController:
             for depth in range(1, min(drafted, accepted + 1) + 1):  # the depths that were tried
                 source = sources[depth - 1] if sources else "model"
                 for key in (self._key(depth), self._key(depth, source)):
-                    self._shared.acceptance.add(key, depth <= accepted)
-                    self._session.add(key, depth <= accepted)
+                    self._acceptance.add(key, depth <= accepted)
             if probe:
                 self._shared.probe_fit(self._kind).add(0, draft_ms)
                 self._probe_after = PROBE_AFTER if accepted else min(2 * self._probe_after, MAX_PROBE_AFTER)

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from specpipe.protocols import Drafter
 from specpipe.trees import first_path_nodes, subtree
-from specpipe.types import ROOT, Draft, ProposeResult, SamplingParams, VerifyResult
+from specpipe.types import ROOT, ProposeRequest, ProposeResult, VerifyResult
 from orchestrator.predictors import BONUS, Hypothesis, Predictor
 
 
@@ -68,16 +68,7 @@ def usable_draft(pre: PreDraft, accepted: Sequence[int], correction: int) -> Pro
 
 def sub_result(result: ProposeResult, root: int) -> ProposeResult:
     """The proposal of the subtree under node root."""
-    return picked(result, *subtree(result.draft, root))
-
-
-def picked(result: ProposeResult, draft: Draft, nodes: Sequence[int]) -> ProposeResult:
-    """The proposal of draft, made of the given nodes of result's draft (their per-node values kept)."""
-    def pick(values: tuple) -> tuple:
-        return tuple(values[n] for n in nodes) if values else ()
-
-    return replace(result, draft=draft, sources=pick(result.sources), confidence=pick(result.confidence),
-                   runner_up=pick(result.runner_up), runner_up_confidence=pick(result.runner_up_confidence))
+    return replace(result, draft=subtree(result.draft, root)[0])
 
 
 def overlap_ms(start: float, end: float, other_start: float, other_end: float) -> float:
@@ -87,15 +78,14 @@ def overlap_ms(start: float, end: float, other_start: float, other_end: float) -
 class BranchScheduler:
     """Per generation: the pre-drafts of the round in flight and the session's epoch."""
 
-    def __init__(self, pool: Executor, drafter: Drafter, predictor: Predictor, session_id: str, width: int,
-                 sampling: SamplingParams, on_error: Callable[[Exception], None]):
+    def __init__(self, pool: Executor, drafter: Drafter, predictor: Predictor, request: ProposeRequest,
+                 on_error: Callable[[Exception], None]):
+        """request: the session's proposals as they all are (session, width, sampling)."""
         self.epoch = 0
         self._pool = pool
         self._drafter = drafter
         self._predictor = predictor
-        self._session_id = session_id
-        self._width = width
-        self._sampling = sampling
+        self._request = request
         self._on_error = on_error
         self._pending: list[PreDraft] = []
         self._lock = threading.Lock()  # guards _resolved against the worker starting a pre-draft
@@ -125,8 +115,8 @@ class BranchScheduler:
                     return
                 pre.started = time.perf_counter()
             try:
-                pre.result = self._drafter.propose(self._session_id, pre.context, pre.draft_len, self._width,
-                                                   self._sampling, epoch)
+                pre.result = self._drafter.propose(
+                    replace(self._request, context=pre.context, draft_len=pre.draft_len, epoch=epoch))
             except Exception as err:  # stale (Aborted) or failing: this hypothesis has no draft
                 self._on_error(err)
             finally:

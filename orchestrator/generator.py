@@ -1,6 +1,11 @@
 """The generation loop: draft -> verify -> emit, written once against the Drafter and Verifier
 protocols, so the embedded default and the distributed deployment run the same code.
 
+A round is composed of parts: the Generation (per-request state, orchestrator/generation.py), a
+Schedule (sequential or branch: where the next draft comes from, orchestrator/schedules.py), a
+DraftPolicy (fixed or adaptive: how much to draft and verify, orchestrator/policies.py) and a
+RoundObserver (metrics and the n-gram store, orchestrator/observer.py).
+
 Only the verifier's tokens are emitted: each round emits the accepted draft tokens and the
 correction. A failing drafter costs speed, never correctness: the round goes on without a draft.
 """
@@ -14,23 +19,40 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Mapping, Sequence
 
-from specpipe import metrics
-from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
-from specpipe.errors import Aborted, FailedPrecondition, InvalidArgument, SpecpipeError
+from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
-from specpipe.trees import common_prefix, first_path_nodes, select, tried_children
 from specpipe.types import (
-    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, EMPTY_DRAFT, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest,
-    ProposeResult, RoundStats, SpeculationOptions,
+    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest,
+    ProposeRequest, ProposeResult, RoundStats, SpeculationOptions,
 )
 from specpipe.verification import check_token_ids
-from orchestrator.adaptive import AdaptiveController, SharedModels
-from orchestrator.branch import NO_SPECULATION, BranchScheduler, Resolution, picked
-from orchestrator.predictors import Hypothesis, new_predictor, new_shared
-from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
+from orchestrator.adaptive import SharedModels
+from orchestrator.branch import NO_SPECULATION, Resolution
+from orchestrator.generation import Generation
+from orchestrator.observer import RoundObserver, count_prediction, count_round
+from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
+from orchestrator.predictors import new_predictor, new_shared
+from orchestrator.schedules import Branch, Proposer, Schedule, Sequential
 
 log = logging.getLogger("specpipe.orchestrator")
+
+
+class Load:
+    """Generations running now: they share the verifier and the drafter (adaptive control's load)."""
+
+    def __init__(self):
+        self.active = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Load:
+        with self._lock:
+            self.active += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self.active -= 1
 
 
 class Generator:
@@ -48,14 +70,12 @@ class Generator:
         self.drafters = dict(drafters)
         self.defaults = defaults
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
-        self.learn_global = learn_global  # finished outputs go to the store's global (corpus) table
+        self.observer = RoundObserver(cache, learn_global)
         self.info = verifier.info()
-        self._eos = set(self.info.eos_token_ids)
         self._pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="specpipe-branch")  # verify + pre-drafts
         self._predictor_state: dict[tuple[str, str], object] = {}  # (drafter, predictor) -> state shared by sessions
         self._adaptive = SharedModels()  # cost lines and acceptance rates that adaptive sessions learn together
-        self._active = 0                 # generations running now: they share the verifier (adaptive load)
-        self._active_lock = threading.Lock()
+        self._load = Load()
         for kind, drafter in self.drafters.items():
             check_same_vocab(kind, drafter, self.info.vocab_fingerprint)
 
@@ -117,183 +137,79 @@ class Generator:
         """Validate now, then stream chunks; closing the iterator releases the sessions."""
         self.validate(request)
         # Sessions are per generation: two requests that share a request_id must not share a KV cache.
-        session_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}"
-        return self._rounds(request, session_id)
+        gen = Generation.open(request, f"{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}")
+        return self._rounds(gen)
 
-    def _rounds(self, request: GenerationRequest, session_id: str) -> Iterator[GenerationChunk]:
-        spec = request.speculation
-        drafter = self.drafters.get(spec.drafter)
-        context = list(request.prompt_ids)
-        self._cache_call("update", session_id, context, 0)
-        output: list[int] = []
-        sent_text = ""
-        finish = ""
-        branch = self._branch_scheduler(spec, drafter, session_id, request.sampling)
-        adaptive = self._controller(spec) if drafter is not None else None
-        epoch = 0  # bumped on every rollback: rejected draft tokens (sequential), dropped pre-drafts (branch)
+    def _rounds(self, gen: Generation) -> Iterator[GenerationChunk]:
+        spec = gen.request.speculation
+        proposer = self._proposer(gen)
+        schedule = self._schedule(gen, proposer)
+        policy = self._policy(spec, proposer)
+        branch = isinstance(schedule, Branch)
 
-        def next_draft_len(emitted: int) -> int:  # draft only what can still be emitted; the correction takes one
-            k = adaptive.draft_len(self._active, branch is not None) if adaptive else spec.draft_len
-            return min(k, request.max_new_tokens - emitted - 1)
+        def draft_len(emitted: int | None = None) -> int:  # draft only what can still be emitted
+            return min(policy.draft_len(self._load.active, branch), gen.room(emitted))
 
-        def hypothesis_draft_len(h: Hypothesis) -> int:  # 0: the generation would end with that outcome
-            ends = bool(self._eos.intersection(h.accepted)) or h.correction in self._eos
-            return 0 if ends else next_draft_len(len(output) + len(h.accepted) + 1)
-
-        def hypotheses(in_flight: ProposeResult) -> int:  # pre-drafts that fit in the in-flight round's verify
-            if adaptive is None:
-                return spec.hypotheses
-            return adaptive.hypotheses(len(first_path_nodes(in_flight.draft)), self._active)
-
-        with self._active_lock:
-            self._active += 1
-        try:
-            if branch is None:
-                self.verifier.prefill(session_id, request.prompt_ids)
-                proposal = self._propose(drafter, spec, session_id, context, next_draft_len(0), request, epoch)
-            else:  # the first draft (and the drafter's own prefill) runs while the verifier prefills
-                prefilling = self._pool.submit(self.verifier.prefill, session_id, request.prompt_ids)
-                proposal = self._propose(drafter, spec, session_id, context, next_draft_len(0), request, epoch)
-                prefilling.result()
-            resolution, idle_since = NO_SPECULATION, None
-            while True:
-                round_start = time.perf_counter()
-                idle_ms = (round_start - idle_since) * 1e3 if idle_since is not None else 0.0
-                as_drafted = proposal
-                if adaptive:
-                    proposal = self._trim(adaptive, spec, as_drafted)
-                if branch is None:
-                    result = self.verifier.verify(session_id, len(context), proposal.draft, request.sampling)
-                    epoch += len(result.accepted_tokens) < len(as_drafted.draft)
-                else:
-                    verifying = self._pool.submit(self.verifier.verify, session_id, len(context), proposal.draft,
-                                                  request.sampling)
-                    branch.speculate(context, proposal, hypotheses(proposal), hypothesis_draft_len)
-                    result = verifying.result()
-                verify_end = idle_since = time.perf_counter()
-                self._record(session_id, context, proposal, result)
-                if adaptive:
-                    self._observe(adaptive, spec, proposal, result, (verify_end - round_start) * 1e3,
-                                  len(first_path_nodes(as_drafted.draft)))
-
-                count, finish = first_finish(result.emitted, len(output), request.max_new_tokens, self.info.eos_token_ids)
-                new_tokens = list(result.emitted[:count])
-                text, new_tokens, stopped = self._decode(output, new_tokens, request.stop, len(sent_text))
-                finish = FINISH_STOP if stopped else finish
-                output.extend(new_tokens)
-                delta = text[len(sent_text):] if finish else streamable(text, request.stop)[len(sent_text):]
-                sent_text += delta
-                count_round(spec, proposal, result, len(new_tokens), resolution.hidden_ms, idle_ms)
-                metrics.ROUND_MS.labels(drafter=spec.drafter).observe((time.perf_counter() - round_start) * 1e3)
-                yield GenerationChunk(
-                    request_id=request.request_id or session_id,
-                    token_ids=tuple(new_tokens),
-                    text=delta,
-                    finish_reason=finish,
-                    round=RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms,
-                                     result.verify_ms, resolution.issued, resolution.hit, resolution.wasted,
-                                     resolution.hidden_ms, idle_ms),
-                )
-                if finish:
-                    break
-                context.extend(result.emitted)
-                if branch is not None:  # this round's pre-drafts: one may be the next draft
-                    resolution = branch.resolve(proposal, result, round_start, verify_end)
+        self.observer.opened(gen)
+        with self._load:
+            try:
+                proposal, resolution, idle_since = schedule.first(gen, draft_len()), NO_SPECULATION, None
+                while True:
+                    start = time.perf_counter()
+                    as_drafted, proposal = proposal, policy.trim(proposal, self._load.active)
+                    result = schedule.verify(gen, proposal, as_drafted, policy.hypotheses(proposal, self._load.active),
+                                             draft_len)
+                    verify_end = time.perf_counter()
+                    self.observer.verified(gen, proposal, result)
+                    policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3))
+                    idle_ms = (start - idle_since) * 1e3 if idle_since is not None else 0.0
+                    yield self._emit(gen, proposal, result, resolution, idle_ms, start)
+                    if gen.finish:
+                        break
+                    gen.confirm(result)
+                    proposal, resolution = schedule.next(gen, proposal, result, draft_len, start, verify_end)
                     count_prediction(spec, resolution)
-                    epoch = branch.epoch
-                    if adaptive and resolution.issued:
-                        adaptive.observe_prediction(resolution.proposal is not None)
-                proposal = resolution.proposal or self._propose(
-                    drafter, spec, session_id, context, next_draft_len(len(output)), request, epoch)
-            if self.learn_global and output:
-                self._cache_call("update_global", output)
-            metrics.GENERATIONS.labels(finish_reason=finish).inc()
-        finally:
-            with self._active_lock:
-                self._active -= 1
-            if branch is not None:
-                branch.close()
-            self._release(session_id, drafter)
+                    if resolution.issued:
+                        policy.observe_prediction(resolution.proposal is not None)
+                    idle_since = verify_end
+                self.observer.finished(gen)
+            finally:
+                schedule.close()
+                self._release(gen.session_id, proposer.drafter)
 
-    def _branch_scheduler(self, spec: SpeculationOptions, drafter, session_id: str, sampling) -> BranchScheduler | None:
-        if spec.schedule != "branch" or drafter is None:
-            return None
+    def _emit(self, gen: Generation, proposal: ProposeResult, result, resolution: Resolution, idle_ms: float,
+              start: float) -> GenerationChunk:
+        """The round's chunk for the client: its verified tokens, the new text and what it cost."""
+        new_tokens, delta = gen.emit(result, self._decode, self.info.eos_token_ids)
+        round_ms = (time.perf_counter() - start) * 1e3
+        count_round(gen.request.speculation, proposal, result, len(new_tokens), resolution, idle_ms, round_ms)
+        stats = RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms, result.verify_ms,
+                           resolution.issued, resolution.hit, resolution.wasted, resolution.hidden_ms, idle_ms)
+        return GenerationChunk(gen.request.request_id or gen.session_id, tuple(new_tokens), delta, gen.finish, stats)
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _proposer(self, gen: Generation) -> Proposer:
+        spec = gen.request.speculation
+        template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling)
+        return Proposer(self.drafters.get(spec.drafter), spec.drafter, template)
+
+    def _schedule(self, gen: Generation, proposer: Proposer) -> Schedule:
+        spec = gen.request.speculation
+        if spec.schedule != "branch" or proposer.drafter is None:
+            return Sequential(self.verifier, proposer)
         shared = self._predictor_state.setdefault((spec.drafter, spec.predictor), new_shared(spec.predictor))
-        return BranchScheduler(self._pool, drafter, new_predictor(spec.predictor, shared), session_id, spec.width,
-                               sampling, on_error=lambda err: note_draft_error(spec.drafter, session_id, err))
+        return Branch(self.verifier, proposer, new_predictor(spec.predictor, shared), self._pool,
+                      self.info.eos_token_ids)
 
-    def _trim(self, adaptive: AdaptiveController, spec: SpeculationOptions, proposal: ProposeResult) -> ProposeResult:
-        """The draft without the nodes whose expected acceptance does not pay for verifying them."""
-        nodes = adaptive.keep(proposal.draft.parents, node_sources(proposal), proposal.draft_ms, self._active)
-        if len(nodes) == len(proposal.draft):
-            return proposal
-        metrics.TRIMMED_DRAFT_TOKENS.labels(drafter=spec.drafter).inc(len(proposal.draft) - len(nodes))
-        return picked(proposal, select(proposal.draft, nodes), nodes)
-
-    def _observe(self, adaptive: AdaptiveController, spec: SpeculationOptions, proposal: ProposeResult,
-                 result, call_ms: float, drafted: int) -> None:
-        """drafted: the main chain's length as drafted (proposal's draft may be trimmed)."""
-        chain, sources = first_path_nodes(proposal.draft), node_sources(proposal)
-        alternatives = [(depth, rank, hit) for _, depth, rank, hit in
-                        tried_children(proposal.draft.parents, result.accepted_nodes) if rank]
-        adaptive.observe(len(chain), common_prefix(chain, result.accepted_nodes), result.verify_ms, proposal.draft_ms,
-                         result.entropy, call_ms, sources=[sources[n] for n in chain],
-                         draft_tokens=drafted, nodes=len(proposal.draft), alternatives=alternatives)
-        metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=spec.drafter).observe(len(chain))
-        fit = self._adaptive.verify.line()
-        if fit is not None:
-            metrics.VERIFY_COST_MS.labels(term="fixed").set(fit[0])
-            metrics.VERIFY_COST_MS.labels(term="per_token").set(fit[1])
-
-    def _controller(self, spec: SpeculationOptions) -> AdaptiveController | None:
-        if spec.adaptive != "on":
-            return None
-        m_max = spec.draft_len + 1 if spec.hypotheses == ALL_HYPOTHESES else spec.hypotheses
-        return AdaptiveController(self._adaptive, spec.drafter, spec.draft_len, m_max)
-
-    def _propose(self, drafter, spec, session_id, context, draft_len, request, epoch) -> ProposeResult:
-        if drafter is None or draft_len <= 0:
-            return ProposeResult(EMPTY_DRAFT, 0.0)
-        try:
-            return drafter.propose(session_id, context, draft_len, spec.width, request.sampling, epoch)
-        except Exception as err:  # a failing drafter slows generation down, never breaks it
-            note_draft_error(spec.drafter, session_id, err)
-            return ProposeResult(EMPTY_DRAFT, 0.0)
-
-    def _decode(self, output: list[int], new_tokens: list[int], stop: Sequence[str], sent: int) -> tuple[str, list[int], bool]:
-        """Full output text after the new tokens; with a stop string, cut text and tokens at it."""
-        text = self.tokenizer.decode(output + new_tokens, skip_special_tokens=True)
-        if not stop or find_stop(text, stop, sent) < 0:
-            return text, new_tokens, False
-        for n in range(1, len(new_tokens) + 1):  # the first token that completes a stop string
-            text = self.tokenizer.decode(output + new_tokens[:n], skip_special_tokens=True)
-            at = find_stop(text, stop, sent)
-            if at >= 0:
-                return text[:at], new_tokens[:n], True
-        raise AssertionError("unreachable: the stop string was in the full text")
-
-    def _record(self, session_id: str, context: list[int], proposal: ProposeResult, result) -> None:
-        """Forward a round to the n-gram store: the confirmed tokens to the session's context table,
-        the verifier's argmax after each rejected draft node to its verifier table."""
-        start = max(0, len(context) - SUFFIX_TOKENS)  # the prefixes of the new tokens
-        self._cache_call("update", session_id, [*context[start:], *result.emitted], len(context) - start)
-        if len(proposal.draft):
-            branches = verifier_branches(context[start:], proposal.draft, result.accepted_nodes, result.node_argmax)
-            if branches:
-                self._cache_call("record_branches", session_id, branches)
-
-    def _cache_call(self, call: str, *args) -> None:
-        """A store that is down or slow costs drafts, never the generation."""
-        if self.cache is None:
-            return
-        try:
-            getattr(self.cache, call)(*args)
-        except Exception as err:
-            metrics.CACHE_FAILURES.labels(call=call).inc()
-            log.warning("n-gram store call failed", extra={"call": call, "error": str(err)})
+    def _policy(self, spec: SpeculationOptions, proposer: Proposer) -> DraftPolicy:
+        if spec.adaptive == "on" and proposer.drafter is not None:
+            return AdaptivePolicy(self._adaptive, spec)
+        return FixedPolicy(spec)
 
     def _release(self, session_id: str, drafter: Drafter | None) -> None:
-        self._cache_call("release", session_id)
+        self.observer.released(session_id)
         for peer in (self.verifier, drafter):
             if peer is None:
                 continue
@@ -301,48 +217,6 @@ class Generator:
                 peer.release(session_id)
             except Exception as err:  # the session expires by TTL / LRU on the peer anyway
                 log.warning("release failed", extra={"session_id": session_id, "error": str(err)})
-
-
-def note_draft_error(drafter: str, session_id: str, err: Exception) -> None:
-    if isinstance(err, Aborted):  # a dropped hypothesis, stopped by the drafter on purpose
-        return
-    metrics.DRAFT_FAILURES.labels(drafter=drafter).inc()
-    log.warning("drafter failed, verifying without that draft", extra={"session_id": session_id, "error": str(err)})
-
-
-def count_round(spec: SpeculationOptions, proposal: ProposeResult, result, emitted: int, hidden_ms: float,
-                idle_ms: float) -> None:
-    labels = {"drafter": spec.drafter}
-    count_sources(spec.drafter, proposal, result.accepted_nodes)
-    metrics.ROUNDS.labels(**labels).inc()
-    metrics.DRAFTED_TOKENS.labels(**labels).inc(len(proposal.draft))
-    metrics.ACCEPTED_TOKENS.labels(**labels).inc(len(result.accepted_tokens))
-    metrics.EMITTED_TOKENS.labels(**labels).inc(emitted)
-    metrics.DRAFT_TIME_MS.labels(**labels).inc(proposal.draft_ms)
-    metrics.HIDDEN_DRAFT_MS.labels(**labels).inc(hidden_ms)
-    metrics.VERIFIER_IDLE_MS.labels(drafter=spec.drafter, schedule=spec.schedule).inc(idle_ms)
-
-
-def count_prediction(spec: SpeculationOptions, resolution: Resolution) -> None:
-    if not resolution.issued:
-        return
-    labels = {"drafter": spec.drafter, "predictor": spec.predictor}
-    metrics.HYPOTHESES.labels(**labels).inc(resolution.issued)
-    (metrics.PREDICTION_HITS if resolution.hit else metrics.PREDICTION_MISSES).labels(**labels).inc()
-    metrics.WASTED_DRAFT_TOKENS.labels(drafter=spec.drafter).inc(resolution.wasted)
-
-
-def node_sources(proposal: ProposeResult) -> tuple[str, ...]:
-    """The source of each draft node (DRAFT_SOURCES)."""
-    return proposal.sources or ("model",) * len(proposal.draft)
-
-
-def count_sources(drafter: str, proposal: ProposeResult, accepted_nodes: Sequence[int]) -> None:
-    sources = node_sources(proposal)
-    for source in sources:
-        metrics.SOURCE_DRAFTED.labels(drafter=drafter, source=source).inc()
-    for node in accepted_nodes:
-        metrics.SOURCE_ACCEPTED.labels(drafter=drafter, source=sources[node]).inc()
 
 
 def check_same_vocab(kind: str, drafter: Drafter, fingerprint: str) -> None:

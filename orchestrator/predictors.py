@@ -15,12 +15,12 @@ gamma = n. Both predictors learn from every round they observe and rank the cand
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from specpipe.trees import first_path_nodes
+from specpipe.trees import common_prefix, first_path_nodes
 from specpipe.types import ALL_HYPOTHESES, ProposeResult, VerifyResult
+from orchestrator.estimates import Acceptance, Rates, depth_key
 
 BONUS = -1  # g of the all-accepted outcome: the drafter's own next token, drafted by the pre-draft
 
@@ -42,18 +42,14 @@ class Outcome:
 
 
 def outcome(proposal: ProposeResult, result: VerifyResult) -> Outcome:
-    chain = first_path_nodes(proposal.draft)
-    accepted = 0
-    while accepted < len(chain) and accepted < len(result.accepted_nodes) and \
-            result.accepted_nodes[accepted] == chain[accepted]:
-        accepted += 1
+    accepted = common_prefix(first_path_nodes(proposal.draft), result.accepted_nodes)
     return Outcome(accepted, accepted == len(result.accepted_nodes), result.correction_token)
 
 
 def candidates(proposal: ProposeResult) -> list[tuple[int, int]]:
     """(gamma, g) for every outcome of the main chain with a known g."""
     chain = first_path_nodes(proposal.draft)
-    runner_up = proposal.runner_up or (-1,) * len(proposal.draft)
+    runner_up = proposal.draft.runner_up or (-1,) * len(proposal.draft)
     found = [(gamma, runner_up[node]) for gamma, node in enumerate(chain) if runner_up[node] >= 0]
     return found + [(len(chain), BONUS)]
 
@@ -75,33 +71,6 @@ class Predictor(Protocol):
         """Learn from a round; bonus: the drafter's own token after the whole chain, if drafted."""
 
 
-class Rates:
-    """Hit counts by feature key, thread-safe; one instance is shared by all sessions (global)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # key -> [hits, trials]
-
-    def add(self, key: tuple, hit: bool) -> None:
-        with self._lock:
-            counts = self._counts[key]
-            counts[0] += hit
-            counts[1] += 1
-
-    def get(self, key: tuple) -> tuple[int, int]:
-        with self._lock:
-            hits, trials = self._counts.get(key, (0, 0))
-            return hits, trials
-
-
-def shrink(hits: int, trials: int, prior: float, weight: float) -> float:
-    """The hit rate with `weight` pseudo-trials at `prior` (a Beta prior)."""
-    return (hits + weight * prior) / (trials + weight)
-
-
-MAX_DEPTH_KEY = 8  # acceptance is calibrated per depth up to this one
-
-
 def confidence_bin(p: float) -> int:
     return -1 if p < 0 else min(9, int(p * 10))
 
@@ -113,26 +82,24 @@ class CalibratedPredictor:
     UNKNOWN_PRIOR = 0.5   # acceptance of a node without confidence (n-gram), before evidence
 
     def __init__(self, shared: Rates):
-        self._global = shared
-        self._session = Rates()
+        self._acceptance = Acceptance(shared, self.SESSION_WEIGHT)
 
     def _rate(self, key: tuple, prior: float) -> float:
-        estimate = shrink(*self._global.get(key), prior, self.PRIOR_WEIGHT)
-        return shrink(*self._session.get(key), estimate, self.SESSION_WEIGHT)
+        return self._acceptance.rate(key, prior, self.PRIOR_WEIGHT)
 
     def _add(self, key: tuple, hit: bool) -> None:
-        self._global.add(key, hit)
-        self._session.add(key, hit)
+        self._acceptance.add(key, hit)
 
     @staticmethod
     def _keys(proposal: ProposeResult, node: int, depth: int) -> tuple[tuple, float, tuple, float]:
         """(acceptance key, its prior, runner-up key, its prior) of the main-chain node at depth."""
-        confidence = proposal.confidence[node] if proposal.confidence else -1.0
-        source = proposal.sources[node] if proposal.sources else "model"
-        runner_up = proposal.runner_up_confidence[node] if proposal.confidence else 0.0
+        draft = proposal.draft
+        confidence = draft.confidence[node] if draft.confidence else -1.0
+        source = draft.sources[node] if draft.sources else "model"
+        runner_up = draft.runner_up_confidence[node] if draft.confidence else 0.0
         # P(runner-up | the node's token rejected), as the drafter sees it
         conditional = runner_up / max(1e-6, 1.0 - confidence) if confidence >= 0 else -1.0
-        return (("accept", source, confidence_bin(confidence), min(depth, MAX_DEPTH_KEY)),
+        return (("accept", source, confidence_bin(confidence), depth_key(depth)),
                 confidence if confidence >= 0 else CalibratedPredictor.UNKNOWN_PRIOR,
                 ("runner_up", source, confidence_bin(min(conditional, 1.0))),
                 min(max(conditional, 0.0), 1.0) if conditional >= 0 else CalibratedPredictor.UNKNOWN_PRIOR)
@@ -162,8 +129,9 @@ class CalibratedPredictor:
         for i, node in enumerate(chain[:seen.accepted + 1]):
             accept_key, _, runner_key, _ = self._keys(proposal, node, i)
             self._add(accept_key, i < seen.accepted)
-            if i == seen.accepted and seen.on_chain and proposal.runner_up and proposal.runner_up[node] >= 0:
-                self._add(runner_key, proposal.runner_up[node] == seen.correction)
+            runner_up = proposal.draft.runner_up
+            if i == seen.accepted and seen.on_chain and runner_up and runner_up[node] >= 0:
+                self._add(runner_key, runner_up[node] == seen.correction)
         if seen.accepted == len(chain) and bonus is not None:
             self._add(("bonus",), bonus == seen.correction)
 

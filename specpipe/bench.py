@@ -1,20 +1,20 @@
 """Benchmark harness: verifier-only greedy generate() against speculative decoding, and against
 what users would pick instead (transformers assisted generation and prompt lookup), on the same
 prompts, models and machine, in one run (docs/design.md, "Measuring on machines without a
-GPU"). Absolute times vary between machines; the ratios from one run are what count. Every output is checked token for token against
-the verifier alone run the same way."""
+GPU"). Absolute times vary between machines; the ratios from one run are what count. Every output is
+checked token for token against the verifier alone run the same way."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
 from tqdm import tqdm
 
-from specpipe.types import GenerationRequest, SpeculationOptions
+from specpipe.types import ALL_HYPOTHESES, GenerationRequest, SpeculationOptions
 
 BASELINE = "verifier-only generate()"
 
@@ -36,6 +36,40 @@ class PromptRun:
     idle_ms: float = 0.0
     round_drafted: tuple[int, ...] = ()   # [rounds] draft nodes of each round
     round_accepted: tuple[int, ...] = ()  # [rounds] accepted tokens of each round
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A specpipe bench method, every setting concrete (what a bench JSON records per method)."""
+
+    drafter: str            # DRAFTER_KINDS; "none" = the verifier alone
+    schedule: str
+    predictor: str
+    draft_len: int          # k; with adaptive control its cap
+    width: int
+    hypotheses: int         # M (branch schedule); ALL_HYPOTHESES = all
+    adaptive: str           # "on" | "off"
+    hop_delay_ms: float = 0.0
+    compiled: bool = False
+
+    def speculation(self) -> SpeculationOptions:
+        return SpeculationOptions(self.drafter, self.draft_len, self.width, self.schedule, self.predictor,
+                                  self.hypotheses, self.adaptive)
+
+    def name(self) -> str:
+        if self.drafter == "none":
+            return f"specpipe verifier alone{' compiled' if self.compiled else ''}"
+        bound = "<=" if self.adaptive == "on" else "="
+        name = (f"specpipe {self.drafter}{' adaptive' if self.adaptive == 'on' else ''} "
+                f"k{bound}{self.draft_len} width={self.width} {self.schedule}")
+        if self.schedule == "branch":
+            m = "all" if self.hypotheses == ALL_HYPOTHESES else self.hypotheses
+            name += f" {self.predictor} M{bound}{m}"
+        return name + (f" hop {self.hop_delay_ms:g} ms" if self.hop_delay_ms else "")
+
+    def setting(self) -> MethodSpec:
+        """The method with its draft length and adaptive control left out (what a sweep varies)."""
+        return replace(self, draft_len=0, adaptive="")
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,7 @@ class MethodSummary:
     # max(draft, verify) (branch: drafting fully overlapped); the share of it reached.
     bound: float = 0.0
     bound_share: float = 0.0
+    spec: MethodSpec | None = None  # a specpipe method's settings; None for a transformers baseline
     runs: list[PromptRun] = field(default_factory=list, repr=False)
 
 

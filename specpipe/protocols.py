@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from specpipe.ngram import NgramDraft
-from specpipe.types import Draft, ModelInfo, ProposeResult, SamplingParams, VerifyResult
+from specpipe.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 
 
 class Verifier(Protocol):
@@ -24,13 +24,10 @@ class Verifier(Protocol):
 class Drafter(Protocol):
     def info(self) -> ModelInfo: ...
 
-    def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: SamplingParams,
-        epoch: int = 0,
-    ) -> ProposeResult:
-        """Draft up to draft_len tokens (a chain, or a tree of top-width alternatives) after context.
-        Several proposals for one session may be in flight (branch schedule) without harming each
-        other; one with an epoch older than the session's newest raises Aborted."""
+    def propose(self, request: ProposeRequest) -> ProposeResult:
+        """Draft after request.context. Several proposals for one session may be in flight (branch
+        schedule) without harming each other; one with an epoch older than the session's newest
+        may raise Aborted (a drafter with per-session state stops work nobody will use)."""
 
     def release(self, session_id: str) -> bool: ...
 

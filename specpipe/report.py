@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from specpipe.bench import BASELINE, MethodSummary, PromptRun
+from specpipe.bench import BASELINE, MethodSpec, MethodSummary, PromptRun
 
 
 
@@ -32,6 +31,7 @@ def from_json(data: dict) -> list[MethodSummary]:
                              "round_accepted": tuple(r.get("round_accepted", ()))}) for r in m["runs"]]
         fields = {k: v for k, v in m.items() if k in MethodSummary.__dataclass_fields__}
         fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
+        fields["spec"] = MethodSpec(**fields["spec"]) if fields.get("spec") else None
         summaries.append(MethodSummary(**{**fields, "runs": runs}))
     return summaries
 
@@ -97,18 +97,15 @@ def category_table(summaries: list[MethodSummary], categories: dict[str, str]) -
 def sweep_table(summaries: list[MethodSummary]) -> str:
     """Each adaptive method against the best of the same method at a fixed draft length, in tokens/s;
     empty when the run has no such pair."""
-    def setting(name: str) -> str:  # the method's name with its draft length left out
-        return re.sub(r" k<?=\d+", "", name.replace(" adaptive", "")).replace("M<=", "M=")
-
     lines = ["| method | best fixed k | its tokens/s | adaptive tokens/s | adaptive / best fixed |",
              "| --- | ---: | ---: | ---: | ---: |"]
-    for adaptive in (s for s in summaries if " adaptive k<=" in s.method):
-        fixed = [s for s in summaries if " k=" in s.method and setting(s.method) == setting(adaptive.method)]
+    specpipe = [s for s in summaries if s.spec is not None and s.spec.drafter != "none"]
+    for adaptive in (s for s in specpipe if s.spec.adaptive == "on"):
+        fixed = [s for s in specpipe if s.spec.adaptive == "off" and s.spec.setting() == adaptive.spec.setting()]
         if fixed:
             best = max(fixed, key=lambda s: s.tokens_per_s)
-            k = re.search(r" k=(\d+)", best.method).group(1)
-            lines.append(f"| {adaptive.method} | {k} | {best.tokens_per_s:.2f} | {adaptive.tokens_per_s:.2f} | "
-                         f"{adaptive.tokens_per_s / best.tokens_per_s:.2f} |")
+            lines.append(f"| {adaptive.method} | {best.spec.draft_len} | {best.tokens_per_s:.2f} | "
+                         f"{adaptive.tokens_per_s:.2f} | {adaptive.tokens_per_s / best.tokens_per_s:.2f} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 

@@ -7,11 +7,23 @@ from typing import Sequence
 from specpipe.types import ROOT, Draft
 
 
+COLUMN_DEFAULTS = {"sources": "model", "confidence": -1.0, "runner_up": -1, "runner_up_confidence": 0.0}
+
+
+def column_of(drafts: Sequence[Draft], name: str, origins: Sequence[tuple[int, int]]) -> tuple | None:
+    """Draft column `name` of nodes taken from drafts (origins: (draft, node) per node); None when no
+    draft has it, else its default (COLUMN_DEFAULTS) where a draft lacks it."""
+    if all(getattr(draft, name) is None for draft in drafts):
+        return None
+    default = COLUMN_DEFAULTS[name]
+    return tuple(getattr(drafts[d], name)[n] if getattr(drafts[d], name) is not None else default for d, n in origins)
+
+
 def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[tuple[int, int]]]:
     """Merge deterministic drafts into one token tree (a trie: shared prefixes become one path),
     earlier drafts first, at most max_nodes nodes; a node that does not fit drops its subtree.
-    Returns the tree and, per node, its origin: (index of the draft that first contributed it,
-    node index in that draft)."""
+    Columns come from the draft that first contributed a node. Returns the tree and, per node, its
+    origin: (index of that draft, node index in it)."""
     tokens: list[int] = []
     parents: list[int] = []
     origins: list[tuple[int, int]] = []
@@ -33,7 +45,15 @@ def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[t
                 parents.append(merged_parent)
                 origins.append((source, node))
             mapped[node] = index[key]
-    return Draft(tuple(tokens), tuple(parents)), origins
+    columns = {name: column_of(drafts, name, origins) for name in COLUMN_DEFAULTS}
+    return Draft(tuple(tokens), tuple(parents), **columns), origins
+
+
+def concat_chains(first: Draft, second: Draft) -> Draft:
+    """The chain of first's nodes then second's (both chains; q dropped: for deterministic merges)."""
+    origins = [(0, n) for n in range(len(first))] + [(1, n) for n in range(len(second))]
+    columns = {name: column_of((first, second), name, origins) for name in COLUMN_DEFAULTS}
+    return Draft.chain([*first.tokens, *second.tokens], **columns)
 
 
 def first_path(draft: Draft) -> list[int]:
@@ -60,20 +80,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def subtree(draft: Draft, root: int) -> tuple[Draft, list[int]]:
-    """The descendants of node root, as a draft rooted at it (q kept), and their node indices in draft."""
+    """The descendants of node root, as a draft rooted at it (every column kept), and their node
+    indices in draft."""
     mapped = {root: ROOT}
     nodes = []
     for node in range(root + 1, len(draft)):
         if draft.parents[node] in mapped:
             mapped[node] = len(nodes)
             nodes.append(node)
-    return _pick(draft, nodes, mapped), nodes
-
-
-def select(draft: Draft, nodes: Sequence[int]) -> Draft:
-    """The draft of the given nodes (ascending, each node's parent among them), q kept."""
-    mapped = {ROOT: ROOT} | {node: i for i, node in enumerate(nodes)}
-    return _pick(draft, list(nodes), mapped)
+    return draft.select(nodes, [mapped[draft.parents[n]] for n in nodes]), nodes
 
 
 def tried_children(parents: Sequence[int], accepted_nodes: Sequence[int]) -> list[tuple[int, int, int, bool]]:
@@ -89,11 +104,3 @@ def tried_children(parents: Sequence[int], accepted_nodes: Sequence[int]) -> lis
             if node == taken:
                 break
     return tried
-
-
-def _pick(draft: Draft, nodes: list[int], mapped: dict[int, int]) -> Draft:
-    return Draft(
-        tuple(draft.tokens[n] for n in nodes),
-        tuple(mapped[draft.parents[n]] for n in nodes),
-        tuple(draft.q[n] for n in nodes) if draft.q is not None else None,
-    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 ROOT = -1  # parent index of first-level draft nodes: the session's last confirmed token
 
@@ -36,17 +37,31 @@ class SparseDist:
         return 0.0
 
 
+DRAFT_SOURCES = ("model", "context", "verifier", "global")  # the small model, then the n-gram store's tables
+NODE_COLUMNS = ("q", "sources", "confidence", "runner_up", "runner_up_confidence")  # Draft's optional columns
+
+
 @dataclass(frozen=True)
 class Draft:
-    """A token tree rooted at the last confirmed token; a chain has parents (-1, 0, 1, ...)."""
+    """A token tree rooted at the last confirmed token; a chain has parents (-1, 0, 1, ...).
+
+    Besides tokens and parents a node has optional columns (NODE_COLUMNS), each [num_nodes] or None:
+    q, the drafter's distribution (None = one-hot: a deterministic draft); sources (DRAFT_SOURCES;
+    None = all from the model); and what the branch predictor reads from a drafter with a
+    distribution (None for n-gram drafts): the probability of the node's token (confidence), the
+    drafter's best other token there (runner_up, -1 = none) and its probability."""
 
     tokens: tuple[int, ...] = ()                 # [num_nodes]
     parents: tuple[int, ...] = ()                # [num_nodes], parents[i] < i, ROOT for depth 1
-    q: tuple[SparseDist, ...] | None = None      # [num_nodes] drafter distribution; None = one-hot
+    q: tuple[SparseDist, ...] | None = None
+    sources: tuple[str, ...] | None = None
+    confidence: tuple[float, ...] | None = None
+    runner_up: tuple[int, ...] | None = None
+    runner_up_confidence: tuple[float, ...] | None = None
 
     @staticmethod
-    def chain(tokens: tuple[int, ...] | list[int], q: tuple[SparseDist, ...] | None = None) -> Draft:
-        return Draft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), q)
+    def chain(tokens: Sequence[int], q: tuple[SparseDist, ...] | None = None, **columns) -> Draft:
+        return Draft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), q, **columns)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -54,6 +69,22 @@ class Draft:
     @property
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def node_sources(self) -> tuple[str, ...]:
+        return self.sources if self.sources is not None else ("model",) * len(self)
+
+    def select(self, nodes: Sequence[int], parents: Sequence[int] | None = None) -> Draft:
+        """The draft of the given nodes, every column kept. parents: each picked node's parent in the
+        new draft (default: its old parent, re-indexed, which must then be among nodes or ROOT)."""
+        if parents is None:
+            mapped = {ROOT: ROOT} | {node: i for i, node in enumerate(nodes)}
+            parents = [mapped[self.parents[n]] for n in nodes]
+
+        def pick(column: tuple | None) -> tuple | None:
+            return None if column is None else tuple(column[n] for n in nodes)
+
+        return Draft(tuple(self.tokens[n] for n in nodes), tuple(parents),
+                     **{name: pick(getattr(self, name)) for name in NODE_COLUMNS})
 
 
 EMPTY_DRAFT = Draft()
@@ -86,18 +117,22 @@ class ModelInfo:
     methods: tuple[str, ...] = ()  # a drafter's draft methods (DRAFTER_KINDS); () for a verifier
 
 
-DRAFT_SOURCES = ("model", "context", "verifier", "global")  # the small model, then the n-gram store's tables
+@dataclass(frozen=True)
+class ProposeRequest:
+    """Draft up to draft_len tokens (a chain, or a tree of top-width alternatives) after context."""
+
+    session_id: str
+    context: tuple[int, ...]         # the confirmed tokens (prompt + output)
+    draft_len: int                   # k
+    width: int = 1                   # tree width at the first levels; 1 = chain
+    sampling: SamplingParams = GREEDY
+    epoch: int = 0  # branch schedule: the session's rollback count; a drafter aborts a proposal older than it saw
 
 
 @dataclass(frozen=True)
 class ProposeResult:
     draft: Draft
     draft_ms: float
-    sources: tuple[str, ...] = ()  # [num_nodes] one of DRAFT_SOURCES per node; () = all from the model
-    # What the branch predictor reads; () when the drafter has no distribution (n-gram drafts):
-    confidence: tuple[float, ...] = ()            # [num_nodes] drafter probability of the node's token
-    runner_up: tuple[int, ...] = ()               # [num_nodes] drafter's best other token there, -1 = none
-    runner_up_confidence: tuple[float, ...] = ()  # [num_nodes] its probability
 
 
 DRAFTER_KINDS = ("model", "ngram", "hybrid", "none")  # "none" = the verifier alone
@@ -107,15 +142,21 @@ ALL_HYPOTHESES = -1  # hypotheses = -1: every outcome of the main chain (the exh
 ADAPTIVE = ("off", "on")
 
 
+ADAPTIVE_DRAFT_LEN = 8  # k: the cap of adaptive control, the default
+FIXED_DRAFT_LEN = 4     # k with adaptive control off when no draft length is given
+
+
 @dataclass(frozen=True)
 class SpeculationOptions:
-    drafter: str = "model"         # one of DRAFTER_KINDS
-    draft_len: int = 4             # k
-    width: int = 1                 # tree width at the first levels; 1 = chain
-    schedule: str = "sequential"   # one of SCHEDULES
-    predictor: str = "calibrated"  # one of PREDICTORS (branch schedule)
-    hypotheses: int = 1            # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
-    adaptive: str = "off"          # "on": choose k (<= draft_len) and M (<= hypotheses) each round
+    """How a generation speculates; the defaults here are the product's (CLI and API alike)."""
+
+    drafter: str = "model"               # one of DRAFTER_KINDS
+    draft_len: int = ADAPTIVE_DRAFT_LEN  # k; with adaptive control its cap
+    width: int = 1                       # tree width at the first levels; 1 = chain
+    schedule: str = "sequential"         # one of SCHEDULES
+    predictor: str = "calibrated"        # one of PREDICTORS (branch schedule)
+    hypotheses: int = 1                  # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
+    adaptive: str = "on"                 # "on": choose k (<= draft_len) and M (<= hypotheses) each round
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from specpipe.rpc.clients import DrafterClient, GenerationClient, VerifierClient
 from specpipe.rpc.server import ServerConfig, ServerHandle, serve
 from specpipe.types import SpeculationOptions
 
-DEFAULTS = SpeculationOptions(drafter="model", draft_len=4, width=1)
+DEFAULTS = SpeculationOptions(drafter="model", draft_len=4, width=1, adaptive="off")
 
 
 @dataclass

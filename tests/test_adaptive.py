@@ -12,6 +12,7 @@ from orchestrator.adaptive import (
     PROBE_AFTER, PROBE_SHARE, AdaptiveController, LinearFit, SharedModels, best_budget, choose_draft_len, entropy_bin,
     expected_tokens, hypotheses_that_fit, node_acceptance, round_ms,
 )
+from orchestrator.generator import Generator
 from specpipe.types import SpeculationOptions
 from tests.golden import assert_golden
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
@@ -238,17 +239,19 @@ def test_costly_probes_wait_longer():
 ADAPTIVE = {
     "model sequential": SpeculationOptions(drafter="model", draft_len=6, adaptive="on"),
     "model branch": SpeculationOptions(drafter="model", draft_len=6, schedule="branch", hypotheses=3, adaptive="on"),
-    "model tree branch": SpeculationOptions(drafter="model", width=2, schedule="branch", adaptive="on"),
+    "model tree branch": SpeculationOptions(drafter="model", width=2, schedule="branch", adaptive="on", draft_len=4),
     "ngram sequential": SpeculationOptions(drafter="ngram", draft_len=6, adaptive="on"),
-    "ngram branch": SpeculationOptions(drafter="ngram", schedule="branch", adaptive="on"),
-    "hybrid sequential": SpeculationOptions(drafter="hybrid", adaptive="on"),
-    "hybrid branch": SpeculationOptions(drafter="hybrid", schedule="branch", hypotheses=2, adaptive="on"),
+    "ngram branch": SpeculationOptions(drafter="ngram", schedule="branch", adaptive="on", draft_len=4),
+    "hybrid sequential": SpeculationOptions(drafter="hybrid", adaptive="on", draft_len=4),
+    "hybrid branch": SpeculationOptions(drafter="hybrid", schedule="branch", hypotheses=2, adaptive="on", draft_len=4),
 }
 
 
 @pytest.mark.parametrize("speculation", ADAPTIVE.values(), ids=ADAPTIVE.keys())
 def test_adaptive_equals_verifier_greedy(generator, references, speculation):
-    drafted, accepted = assert_golden(generator, references, MAX_NEW_TOKENS, speculation)
+    # a generator that has learned nothing yet (the same services): its first round drafts k_max
+    fresh = Generator(generator.tokenizer, generator.verifier, generator.drafters, generator.defaults, generator.cache)
+    drafted, accepted = assert_golden(fresh, references, MAX_NEW_TOKENS, speculation)
     # drafts were verified; the tiny random models' drafts may fail so often that adaptive stops
     # drafting (and probes rarely) before any lands, so acceptance is not asserted here
     assert drafted > 0

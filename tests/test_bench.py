@@ -96,19 +96,17 @@ def test_mtbench_second_turns_and_categories(tmp_path):
 
 
 def test_sweep_table_pairs_adaptive_with_the_best_fixed_draft_length():
-    from specpipe.bench import MethodSummary
+    from specpipe.bench import MethodSpec, MethodSummary
     from specpipe.report import sweep_table
 
-    def summary(method, tokens_per_s):
-        return MethodSummary(method, 0, 0.0, tokens_per_s, 0.0, 0.0, 0.0, 0, 0, None, None, 0.0, 0.0, 0.0, [],
-                             0.0, 0.0, 0.0, 0.0, 0.0, [])
+    def summary(tokens_per_s, drafter="model", k=0, schedule="branch", adaptive="off"):
+        spec = MethodSpec(drafter, schedule, "calibrated", k, 1, 1, adaptive) if k else None
+        return MethodSummary(spec.name() if spec else "verifier-only generate()", 0, 0.0, tokens_per_s, 0.0, 0.0, 0.0,
+                             0, 0, spec=spec)
 
-    table = sweep_table([summary("verifier-only generate()", 1.0),
-                         summary("specpipe model k=2 width=1 branch calibrated M=1", 5.0),
-                         summary("specpipe model k=6 width=1 branch calibrated M=1", 6.0),
-                         summary("specpipe model k=8 width=1 sequential", 9.0),  # another schedule
-                         summary("specpipe model adaptive k<=8 width=1 branch calibrated M<=1", 5.7),
-                         summary("specpipe hybrid adaptive k<=8 width=1 branch calibrated M<=1", 7.0)])
+    table = sweep_table([summary(1.0), summary(5.0, k=2), summary(6.0, k=6),
+                         summary(9.0, k=8, schedule="sequential"),  # another schedule
+                         summary(5.7, k=8, adaptive="on"), summary(7.0, "hybrid", k=8, adaptive="on")])
     assert table.splitlines()[2:] == [
         "| specpipe model adaptive k<=8 width=1 branch calibrated M<=1 | 6 | 6.00 | 5.70 | 0.95 |"]
-    assert sweep_table([summary("specpipe model k=2 width=1 sequential", 5.0)]) == ""
+    assert sweep_table([summary(5.0, k=2, schedule="sequential")]) == ""

@@ -11,7 +11,8 @@ from orchestrator.branch import BranchScheduler, usable_draft
 from orchestrator.predictors import BONUS, Hypothesis, fit_phi
 from specpipe.errors import Aborted
 from specpipe.types import (
-    ALL_HYPOTHESES, GREEDY, Draft, GenerationRequest, ProposeResult, SamplingParams, SpeculationOptions, VerifyResult,
+    ALL_HYPOTHESES, GREEDY, Draft, GenerationRequest, ProposeRequest, ProposeResult, SamplingParams, SpeculationOptions,
+    VerifyResult,
 )
 from tests.golden import GOLDEN_PROMPTS, assert_golden, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
@@ -20,11 +21,11 @@ from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references  # noq
 
 
 BRANCH = {
-    "model calibrated M=1": SpeculationOptions(drafter="model", schedule="branch"),
-    "model paper M=2": SpeculationOptions(drafter="model", schedule="branch", predictor="paper", hypotheses=2),
-    "model tree all": SpeculationOptions(drafter="model", schedule="branch", width=3, hypotheses=ALL_HYPOTHESES),
-    "ngram all": SpeculationOptions(drafter="ngram", schedule="branch", draft_len=5, hypotheses=ALL_HYPOTHESES),
-    "hybrid M=2": SpeculationOptions(drafter="hybrid", schedule="branch", hypotheses=2),
+    "model calibrated M=1": SpeculationOptions(drafter="model", schedule="branch", adaptive="off", draft_len=4),
+    "model paper M=2": SpeculationOptions(drafter="model", schedule="branch", predictor="paper", hypotheses=2, adaptive="off", draft_len=4),
+    "model tree all": SpeculationOptions(drafter="model", schedule="branch", width=3, hypotheses=ALL_HYPOTHESES, adaptive="off", draft_len=4),
+    "ngram all": SpeculationOptions(drafter="ngram", schedule="branch", draft_len=5, hypotheses=ALL_HYPOTHESES, adaptive="off"),
+    "hybrid M=2": SpeculationOptions(drafter="hybrid", schedule="branch", hypotheses=2, adaptive="off", draft_len=4),
 }
 
 
@@ -36,7 +37,7 @@ def test_branch_schedule_equals_verifier_greedy(generator, references, speculati
 
 def test_branch_schedule_hits_and_hides_draft_time(tiny_generator, references):
     chunks = [c for prompt in GOLDEN_PROMPTS for c in run(tiny_generator, GenerationRequest(
-        references[prompt][0], MAX_NEW_TOKENS, speculation=SpeculationOptions(schedule="branch", hypotheses=2)))[1]]
+        references[prompt][0], MAX_NEW_TOKENS, speculation=SpeculationOptions(schedule="branch", hypotheses=2, adaptive="off", draft_len=4)))[1]]
     predicted = [c.round for c in chunks if c.round.hypotheses]
     hits = [r for r in predicted if r.hit]
     assert predicted and hits and len(hits) < len(predicted)  # the tiny pair: some hits, some misses
@@ -49,7 +50,7 @@ def test_same_seed_same_sample_for_both_schedules(tiny_generator, references):
     for prompt in GOLDEN_PROMPTS[:4]:
         ids = references[prompt][0]
         outputs = [run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling,
-                                                         speculation=SpeculationOptions(schedule=schedule)))[0]
+                                                         speculation=SpeculationOptions(schedule=schedule, adaptive="off", draft_len=4)))[0]
                    for schedule in ("sequential", "branch", "branch")]
         assert outputs[0] == outputs[1] == outputs[2], prompt
 
@@ -106,7 +107,7 @@ def test_forced_misses_change_nothing(monkeypatch, tiny_tokenizer, tiny_verifier
     for prompt in GOLDEN_PROMPTS[:4]:
         ids, expected = references[prompt]
         tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS,
-                                                          speculation=SpeculationOptions(schedule="branch")))
+                                                          speculation=SpeculationOptions(schedule="branch", adaptive="off", draft_len=4)))
         assert tokens == expected
         predicted = [c.round for c in chunks if c.round.hypotheses]
         assert predicted and not any(r.hit for r in predicted)
@@ -121,11 +122,11 @@ class ScriptedDrafter:
         self.release_event = threading.Event()
         self.slow = slow
 
-    def propose(self, session_id, context, draft_len, width, sampling, epoch=0):
-        self.calls.append((tuple(context), epoch))
+    def propose(self, request):
+        self.calls.append((tuple(request.context), request.epoch))
         if self.slow:
             self.release_event.wait(5)
-        return ProposeResult(Draft.chain([7] * draft_len), 1.0)
+        return ProposeResult(Draft.chain([7] * request.draft_len), 1.0)
 
 
 class FixedPredictor:
@@ -148,7 +149,7 @@ def test_stale_pre_drafts_are_dropped():
 
     drafter = ScriptedDrafter(slow=True)
     guess = Hypothesis((5, 6), 9, 1.0)  # two of the chain (5, 6, 8) accepted, correction 9
-    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor([guess]), "s", 1, GREEDY, print)
+    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor([guess]), ProposeRequest("s", (), 0), print)
     proposal = ProposeResult(Draft.chain([5, 6, 8]), 1.0)
     scheduler.speculate([1, 2], proposal, 1, lambda h: 3)
     miss = scheduler.resolve(proposal, verdict([5], 4), 0.0, 1.0)  # the verdict differs: a miss, epoch bump
@@ -157,7 +158,7 @@ def test_stale_pre_drafts_are_dropped():
     scheduler.close()
     assert drafter.calls == [((1, 2, 5, 6, 9), 0)]
     # The next round's hypotheses replace the old: a verdict equal to the stale guess finds nothing.
-    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor([]), "s", 1, GREEDY, print)
+    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor([]), ProposeRequest("s", (), 0), print)
     scheduler.speculate([1, 2, 5, 4], proposal, 1, lambda h: 3)
     assert scheduler.resolve(proposal, verdict([5, 6], 9), 0.0, 1.0).proposal is None
 
@@ -167,7 +168,7 @@ def test_hit_uses_the_pre_draft_and_keeps_the_epoch():
 
     drafter = ScriptedDrafter()
     guesses = [Hypothesis((5, 6, 8), BONUS, 0.6), Hypothesis((5,), 3, 0.3)]
-    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor(guesses), "s", 1, GREEDY, print)
+    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor(guesses), ProposeRequest("s", (), 0), print)
     proposal = ProposeResult(Draft.chain([5, 6, 8]), 1.0)
     scheduler.speculate([1], proposal, 2, lambda h: 2)
     resolution = scheduler.resolve(proposal, verdict([5, 6, 8], 7), 0.0, 1e9)  # the bonus pre-draft starts with 7
@@ -178,32 +179,32 @@ def test_hit_uses_the_pre_draft_and_keeps_the_epoch():
 def test_usable_draft_takes_the_subtree_under_the_bonus_token():
     from orchestrator.branch import PreDraft
 
-    tree = Draft((4, 9, 5, 6), (-1, -1, 0, 2))  # 4 -> 5 -> 6, and 9 beside 4
-    pre = PreDraft(Hypothesis((1, 2), BONUS, 1.0), (0, 1, 2), 3,
-                   result=ProposeResult(tree, 1.0, ("model",) * 4, (0.9, 0.1, 0.8, 0.7), (9, -1, 3, 3), (0.1, 0, 0.1, 0.2)))
-    used = usable_draft(pre, (1, 2), 4)
-    assert used.draft == Draft((5, 6), (-1, 0)) and used.confidence == (0.8, 0.7) and used.runner_up == (3, 3)
-    assert usable_draft(pre, (1, 2), 9).draft == Draft()  # a leaf: nothing to verify
+    tree = Draft((4, 9, 5, 6), (-1, -1, 0, 2), sources=("model",) * 4, confidence=(0.9, 0.1, 0.8, 0.7),
+                 runner_up=(9, -1, 3, 3), runner_up_confidence=(0.1, 0, 0.1, 0.2))  # 4 -> 5 -> 6, and 9 beside 4
+    pre = PreDraft(Hypothesis((1, 2), BONUS, 1.0), (0, 1, 2), 3, result=ProposeResult(tree, 1.0))
+    used = usable_draft(pre, (1, 2), 4).draft
+    assert (used.tokens, used.parents, used.confidence, used.runner_up) == ((5, 6), (-1, 0), (0.8, 0.7), (3, 3))
+    assert len(usable_draft(pre, (1, 2), 9).draft) == 0  # a leaf: nothing to verify
     assert usable_draft(pre, (1, 2), 8) is None and usable_draft(pre, (1,), 4) is None
 
 
 def test_drafter_aborts_an_older_epoch(tiny_drafter):
     context = [1, 2, 3, 4]
-    tiny_drafter.propose("epochs", context, 3, 1, GREEDY, epoch=5)
+    tiny_drafter.propose(ProposeRequest("epochs", context, 3, 1, GREEDY, epoch=5))
     with pytest.raises(Aborted):
-        tiny_drafter.propose("epochs", context, 3, 1, GREEDY, epoch=4)
-    tiny_drafter.propose("epochs", context, 3, 1, GREEDY, epoch=5)  # the newest epoch is still served
+        tiny_drafter.propose(ProposeRequest("epochs", context, 3, 1, GREEDY, epoch=4))
+    tiny_drafter.propose(ProposeRequest("epochs", context, 3, 1, GREEDY, epoch=5))  # the newest epoch is still served
     tiny_drafter.release("epochs")
 
 
 def test_concurrent_proposals_on_branches_equal_fresh_ones(tiny_drafter):
     base = [3, 14, 15, 92, 65, 35]
-    first = tiny_drafter.propose("branches", base, 4, 1, GREEDY, epoch=1).draft.tokens
+    first = tiny_drafter.propose(ProposeRequest("branches", base, 4, 1, GREEDY, epoch=1)).draft.tokens
     contexts = [base + list(first), base + list(first[:2]) + [11], base + [8], base + list(first[:3]) + [21, 5]]
     results: dict[int, tuple] = {}
 
     def propose(i):
-        results[i] = tiny_drafter.propose("branches", contexts[i], 4, 1, GREEDY, epoch=1).draft.tokens
+        results[i] = tiny_drafter.propose(ProposeRequest("branches", contexts[i], 4, 1, GREEDY, epoch=1)).draft.tokens
 
     threads = [threading.Thread(target=propose, args=(i,)) for i in range(len(contexts))]
     for t in threads:
@@ -211,11 +212,11 @@ def test_concurrent_proposals_on_branches_equal_fresh_ones(tiny_drafter):
     for t in threads:
         t.join()
     for i, context in enumerate(contexts):
-        fresh = tiny_drafter.propose(f"fresh-{i}", context, 4, 1, GREEDY).draft.tokens
+        fresh = tiny_drafter.propose(ProposeRequest(f"fresh-{i}", context, 4, 1, GREEDY)).draft.tokens
         tiny_drafter.release(f"fresh-{i}")
         assert results[i] == fresh, i
     # the confirmed path is never lost: the base context's own draft is unchanged
-    assert tiny_drafter.propose("branches", base, 4, 1, GREEDY, epoch=2).draft.tokens == first
+    assert tiny_drafter.propose(ProposeRequest("branches", base, 4, 1, GREEDY, epoch=2)).draft.tokens == first
     tiny_drafter.release("branches")
 
 
@@ -229,12 +230,14 @@ def test_fit_phi_recovers_the_acceptance_rate():
 
 
 def test_calibrated_predictor_learns_the_drafters_calibration():
-    from orchestrator.predictors import CalibratedPredictor, Rates
+    from orchestrator.estimates import Rates
+    from orchestrator.predictors import CalibratedPredictor
 
     predictor = CalibratedPredictor(Rates())
     # The drafter claims 0.95 for every node, but only the first two are ever accepted and then its
     # runner-up is right: the predictor must learn to put gamma = 2 first.
-    proposal = ProposeResult(Draft.chain([10, 11, 12, 13]), 1.0, (), (0.95,) * 4, (20, 21, 22, 23), (0.04,) * 4)
+    proposal = ProposeResult(Draft.chain([10, 11, 12, 13], confidence=(0.95,) * 4, runner_up=(20, 21, 22, 23),
+                                         runner_up_confidence=(0.04,) * 4), 1.0)
     assert predictor.hypotheses(proposal, 1)[0].accepted == (10, 11, 12, 13)
     for _ in range(50):
         predictor.observe(proposal, verdict([10, 11], 22), None)
@@ -264,6 +267,6 @@ def test_generation_options_reject_bad_schedule(tiny_generator, references):
     from specpipe.errors import InvalidArgument
 
     ids = references[GOLDEN_PROMPTS[0]][0]
-    for bad in (SpeculationOptions(schedule="x"), SpeculationOptions(predictor="x"), SpeculationOptions(hypotheses=0)):
+    for bad in (SpeculationOptions(schedule="x", adaptive="off", draft_len=4), SpeculationOptions(predictor="x", adaptive="off", draft_len=4), SpeculationOptions(hypotheses=0, adaptive="off", draft_len=4)):
         with pytest.raises(InvalidArgument):
             tiny_generator.generate(GenerationRequest(ids, 4, speculation=bad))

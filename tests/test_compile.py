@@ -111,7 +111,7 @@ def test_compiled_verifier_alone_equals_generate(compiled, references, eager_ref
 @pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
 @pytest.mark.parametrize("schedule", ["sequential", "branch"])
 def test_golden_compiled(compiled, references, drafter, schedule):
-    speculation = SpeculationOptions(drafter, 4, schedule=schedule)
+    speculation = SpeculationOptions(drafter, 4, schedule=schedule, adaptive="off")
     accepted = 0
     for ids, expected in references.values():
         tokens, chunks = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
@@ -121,7 +121,7 @@ def test_golden_compiled(compiled, references, drafter, schedule):
 
 
 def test_golden_compiled_tree(compiled, references):
-    speculation = SpeculationOptions("model", 4, width=2)
+    speculation = SpeculationOptions("model", 4, width=2, adaptive="off")
     for ids, expected in references.values():
         assert run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))[0] == expected
 
@@ -136,7 +136,7 @@ def test_no_compilation_after_warm_up(compiled, references):
     assert before >= len(BUCKETS)  # the counter counts: warm-up compiled a graph per bucket
     ids = references[GOLDEN_PROMPTS[0]][0]
     for schedule in ("sequential", "branch"):
-        run(compiled, GenerationRequest(ids, 16, speculation=SpeculationOptions("model", 4, schedule=schedule)))
+        run(compiled, GenerationRequest(ids, 16, speculation=SpeculationOptions("model", 4, schedule=schedule, adaptive="off")))
     assert counters["stats"]["unique_graphs"] == before
 
 

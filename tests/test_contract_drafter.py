@@ -10,7 +10,7 @@ import pytest
 
 from tests.grpc_harness import assert_serving, shared_tiny_cluster
 from specpipe.errors import InvalidArgument
-from specpipe.types import GREEDY, SamplingParams
+from specpipe.types import ProposeRequest, GREEDY, SamplingParams
 
 CONTEXT = (72, 101, 108, 108, 111, 44, 32)  # "Hello, " in the tiny byte vocabulary
 VOCAB = 257
@@ -29,7 +29,7 @@ def drafter(request, cluster):
     if request.param == "grpc":
         assert_serving(cluster.drafter_client, "specpipe.v1.Drafter")
         sid = session()
-        assert len(cluster.drafter_client.propose(sid, CONTEXT, 3, 1, GREEDY).draft) == 3
+        assert len(cluster.drafter_client.propose(ProposeRequest(sid, CONTEXT, 3, 1, GREEDY)).draft) == 3
         assert cluster.drafter_client.release(sid)
 
 
@@ -49,7 +49,7 @@ def run_proposals(drafter, steps):
     sid = session()
     drafts = []
     for context, draft_len, width, sampling in steps:
-        drafts.append(drafter.propose(sid, context, draft_len, width, sampling).draft)
+        drafts.append(drafter.propose(ProposeRequest(sid, context, draft_len, width, sampling)).draft)
     drafts.append(drafter.release(sid))
     drafts.append(drafter.release(sid))
     return drafts
@@ -85,7 +85,7 @@ BAD_PROPOSALS = [
 def test_bad_propose(drafter, change, message):
     call = dict(session_id=session(), context=CONTEXT, draft_len=3, width=1, sampling=GREEDY) | change
     with pytest.raises(InvalidArgument, match=message):
-        drafter.propose(**call)
+        drafter.propose(ProposeRequest(**call))
 
 
 def test_release_of_an_unknown_session(drafter):
@@ -96,19 +96,20 @@ def test_stale_epoch_is_aborted(drafter):
     from specpipe.errors import Aborted
 
     sid = session()
-    drafter.propose(sid, CONTEXT, 3, 1, GREEDY, epoch=3)
+    drafter.propose(ProposeRequest(sid, CONTEXT, 3, 1, GREEDY, epoch=3))
     with pytest.raises(Aborted, match="stale"):
-        drafter.propose(sid, CONTEXT + (5,), 3, 1, GREEDY, epoch=2)
-    assert len(drafter.propose(sid, CONTEXT + (5,), 3, 1, GREEDY, epoch=4).draft) == 3
+        drafter.propose(ProposeRequest(sid, CONTEXT + (5,), 3, 1, GREEDY, epoch=2))
+    assert len(drafter.propose(ProposeRequest(sid, CONTEXT + (5,), 3, 1, GREEDY, epoch=4)).draft) == 3
     drafter.release(sid)
 
 
 def test_predictor_hints_cross_the_wire(cluster):
     sid = session()
-    local = cluster.drafter.propose(sid, CONTEXT, 3, 2, GREEDY)
-    remote = cluster.drafter_client.propose(sid, CONTEXT, 3, 2, GREEDY)
-    assert (remote.draft, remote.runner_up) == (local.draft, local.runner_up)  # the probabilities travel as float32:
-    assert remote.confidence == pytest.approx(local.confidence, rel=1e-5) and len(local.confidence) == len(local.draft)
+    local = cluster.drafter.propose(ProposeRequest(sid, CONTEXT, 3, 2, GREEDY))
+    remote = cluster.drafter_client.propose(ProposeRequest(sid, CONTEXT, 3, 2, GREEDY))
+    remote, local = remote.draft, local.draft
+    assert (remote.tokens, remote.parents, remote.runner_up) == (local.tokens, local.parents, local.runner_up)  # the probabilities travel as float32:
+    assert remote.confidence == pytest.approx(local.confidence, rel=1e-5) and len(local.confidence) == len(local)
     assert remote.runner_up_confidence == pytest.approx(local.runner_up_confidence, rel=1e-5)
     assert all(0 < c <= 1 for c in local.confidence) and all(r >= 0 for r in local.runner_up[:1])
     cluster.drafter.release(sid)

@@ -63,7 +63,7 @@ CALLS = {
     "prompt": dict(prompt="def fibonacci(n):", max_new_tokens=24),
     "messages": dict(messages=[("system", "be brief"), ("user", "hello")], max_new_tokens=12),
     "token_ids": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=16),
-    "tree": dict(prompt="Once upon a time", max_new_tokens=16, speculation=SpeculationOptions("model", 3, 2)),
+    "tree": dict(prompt="Once upon a time", max_new_tokens=16, speculation=SpeculationOptions("model", 3, 2, adaptive="off")),
     "no drafter": dict(prompt="SELECT name", max_new_tokens=8, speculation=SpeculationOptions("none", 4, 1)),
     "sampled": dict(prompt="The capital of", max_new_tokens=16, sampling=SAMPLED),
     "stop string": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=32, stop=("v",)),
@@ -100,7 +100,7 @@ BAD = [
     ("temperature < 0", dict(sampling=SamplingParams(temperature=-0.1)), InvalidArgument, "temperature"),
     ("top_p > 1", dict(sampling=SamplingParams(temperature=1.0, top_p=1.5)), InvalidArgument, "top_p"),
     ("top_p < 0", dict(sampling=SamplingParams(temperature=1.0, top_p=-0.2)), InvalidArgument, "top_p"),
-    ("negative draft_len", dict(speculation=SpeculationOptions("model", -1, 1)), InvalidArgument, "draft_len"),
+    ("negative draft_len", dict(speculation=SpeculationOptions("model", -1, 1, adaptive="off")), InvalidArgument, "draft_len"),
     ("unknown drafter", dict(speculation=SpeculationOptions("magic", 4, 1)), InvalidArgument, "unknown drafter"),
     ("empty stop string", dict(stop=("",)), InvalidArgument, "stop"),
 ]

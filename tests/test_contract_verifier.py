@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests.grpc_harness import assert_serving, shared_tiny_cluster
 from specpipe.errors import FailedPrecondition, InvalidArgument
 from specpipe.rpc.clients import channel
-from specpipe.types import GREEDY, Draft, SamplingParams, SparseDist
+from specpipe.types import ProposeRequest, GREEDY, Draft, SamplingParams, SparseDist
 from specpipe.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 PROMPT = (72, 101, 108, 108, 111, 44, 32)  # "Hello, " in the tiny byte vocabulary
@@ -79,8 +79,8 @@ def test_greedy_rounds_are_identical(cluster, drafts):
 def test_sampled_rounds_with_sparse_q_are_identical(cluster):
     sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, seed=11)
     sid = session()
-    cluster.drafter.propose(sid, PROMPT, 4, 1, sampling)
-    draft = cluster.drafter.propose(sid, PROMPT, 4, 1, sampling).draft
+    cluster.drafter.propose(ProposeRequest(sid, PROMPT, 4, 1, sampling))
+    draft = cluster.drafter.propose(ProposeRequest(sid, PROMPT, 4, 1, sampling)).draft
     assert draft.q is not None and len(draft.q) == len(draft)
     drafts = [draft, Draft.chain([5, 6], q=(SparseDist((5, 6), (0.75, 0.25)), SparseDist((6,), (1.0,))))]
     assert run_rounds(cluster.verifier_client, drafts, sampling) == run_rounds(cluster.verifier, drafts, sampling)

@@ -8,10 +8,10 @@ from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
 MAX_NEW_TOKENS = 48
 SHAPES = {
     "verifier only": SpeculationOptions(drafter="none"),
-    "chain k=1": SpeculationOptions(draft_len=1),
-    "chain k=4": SpeculationOptions(draft_len=4),
-    "chain k=7": SpeculationOptions(draft_len=7),
-    "tree k=4 width=3": SpeculationOptions(draft_len=4, width=3),
+    "chain k=1": SpeculationOptions(draft_len=1, adaptive="off"),
+    "chain k=4": SpeculationOptions(draft_len=4, adaptive="off"),
+    "chain k=7": SpeculationOptions(draft_len=7, adaptive="off"),
+    "tree k=4 width=3": SpeculationOptions(draft_len=4, width=3, adaptive="off"),
 }
 
 
@@ -78,7 +78,7 @@ def test_failing_drafter_changes_nothing(tiny_tokenizer, tiny_verifier, referenc
     assert drafter.calls >= len(chunks) - 1  # every round but a last one-token round tried to draft
 
 
-@pytest.mark.parametrize("speculation", [SpeculationOptions(drafter="none"), SpeculationOptions(draft_len=4)],
+@pytest.mark.parametrize("speculation", [SpeculationOptions(drafter="none"), SpeculationOptions(draft_len=4, adaptive="off")],
                          ids=["verifier only", "chain k=4"])
 def test_sampling_same_seed_same_output(tiny_generator, references, speculation):
     ids, _ = references[GOLDEN_PROMPTS[3]]
@@ -105,9 +105,9 @@ class RecordingPeer:
         self.opened.append(session_id)
         return self._inner.prefill(session_id, *args, **kwargs)
 
-    def propose(self, session_id, *args, **kwargs):  # and a drafter's here
-        self.opened.append(session_id)
-        return self._inner.propose(session_id, *args, **kwargs)
+    def propose(self, request):  # and a drafter's here
+        self.opened.append(request.session_id)
+        return self._inner.propose(request)
 
     def release(self, session_id):
         self.released[session_id] = self._inner.release(session_id)
@@ -123,7 +123,7 @@ def test_sessions_are_released(tiny_tokenizer, tiny_verifier, tiny_drafter, refe
     generator = Generator(tiny_tokenizer, verifier, {"model": drafter})
     ids, _ = references[GOLDEN_PROMPTS[4]]
     stream = generator.generate(GenerationRequest(ids, MAX_NEW_TOKENS, request_id="cancelled",
-                                                  speculation=SpeculationOptions(draft_len=4)))
+                                                  speculation=SpeculationOptions(draft_len=4, adaptive="off")))
     next(stream)
     assert not verifier.released and not drafter.released  # still generating
     [session] = verifier.opened

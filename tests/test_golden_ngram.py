@@ -15,7 +15,7 @@ from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
 from specpipe.presets import model_specs
 from specpipe.rpc.server import ServerConfig, serve
-from specpipe.types import GREEDY, GenerationRequest, SpeculationOptions
+from specpipe.types import ProposeRequest, GREEDY, GenerationRequest, SpeculationOptions
 from tests.golden import GOLDEN_PROMPTS, assert_golden, golden_references, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 
@@ -41,7 +41,7 @@ def distributed_generator(redis_url, verifier, model_drafter):
     with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
             serve([drafter_servicer.service(drafters)], config) as drafter_server:
         generator = remote_generator(model_specs("tiny")[0], verifier_server.address, drafter_server.address,
-                                     SpeculationOptions(), cache_url=redis_url)
+                                     SpeculationOptions(draft_len=4, adaptive="off"), cache_url=redis_url)
         assert all(type(generator.drafters[kind]).__name__ == "DrafterClient" for kind in ("model", "ngram", "hybrid"))
         yield generator
     drafter_store.close()
@@ -66,10 +66,10 @@ def references(tiny_tokenizer, tiny_verifier):
 
 
 @pytest.mark.parametrize("speculation", [
-    SpeculationOptions(drafter="ngram", draft_len=7),
-    SpeculationOptions(drafter="ngram", draft_len=5, width=3),
-    SpeculationOptions(drafter="hybrid", draft_len=4),
-    SpeculationOptions(drafter="hybrid", draft_len=4, width=2),
+    SpeculationOptions(drafter="ngram", draft_len=7, adaptive="off"),
+    SpeculationOptions(drafter="ngram", draft_len=5, width=3, adaptive="off"),
+    SpeculationOptions(drafter="hybrid", draft_len=4, adaptive="off"),
+    SpeculationOptions(drafter="hybrid", draft_len=4, width=2, adaptive="off"),
 ], ids=["ngram chain k=7", "ngram tree k=5 width=3", "hybrid k=4", "hybrid tree k=4 width=2"])
 def test_ngram_and_hybrid_equal_verifier_greedy(generator, references, speculation):
     drafted, accepted = assert_golden(generator, references, MAX_NEW_TOKENS, speculation)
@@ -81,7 +81,7 @@ def test_hybrid_accepts_at_least_as_much_as_model_per_round(generator, reference
     for kind in ("model", "hybrid"):
         tokens = rounds = 0
         for ids, _ in references.values():
-            out, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(kind, 4)))
+            out, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(kind, 4, adaptive="off")))
             tokens, rounds = tokens + len(out), rounds + len(chunks)
         per_round[kind] = tokens / rounds
     assert per_round["hybrid"] >= per_round["model"]
@@ -92,7 +92,7 @@ def test_redis_down_mid_generation_changes_nothing_and_recovers(tiny_tokenizer, 
     with redis_server() as server:
         cache = RedisNgramCache.from_url(server.url, timeout_s=0.2)
         generator = generator_with(cache, tiny_tokenizer, tiny_verifier, tiny_drafter)
-        request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("hybrid", 4))
+        request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("hybrid", 4, adaptive="off"))
         tokens = []
         for i, chunk in enumerate(generator.generate(request)):
             tokens.extend(chunk.token_ids)
@@ -101,7 +101,7 @@ def test_redis_down_mid_generation_changes_nothing_and_recovers(tiny_tokenizer, 
         assert tokens == expected
         port = server.port
     with redis_server(port=port):  # the store is back on the same address
-        ngram_request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("ngram", 7))
+        ngram_request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("ngram", 7, adaptive="off"))
         tokens, chunks = run(generator, ngram_request)
         assert tokens == expected
         assert sum(c.round.accepted for c in chunks) > 0  # drafting from the store again
@@ -114,13 +114,13 @@ def test_two_drafter_replicas_share_one_redis(redis_url, tiny_verifier):  # noqa
     replicas = [NgramDrafter(store, tiny_verifier.info()) for store in stores]
     context = [1, 2, 3, 4, 5, 1, 2, 3]
     stores[0].update("shared", context, 0)  # what the orchestrator forwards after a round
-    first = replicas[0].propose("shared", context, 4, 1, GREEDY).draft
+    first = replicas[0].propose(ProposeRequest("shared", context, 4, 1, GREEDY)).draft
     context += [4, 9, 1, 2, 3]
     stores[1].update("shared", context, len(context) - 5)
-    second = replicas[1].propose("shared", context, 4, 1, GREEDY).draft
+    second = replicas[1].propose(ProposeRequest("shared", context, 4, 1, GREEDY)).draft
     assert first.tokens == (4, 5, 1, 2)
     assert second.tokens == (4, 9, 1, 2)  # replica 1 sees replica 0's session, most recent first
-    assert replicas[0].propose("shared", context, 4, 1, GREEDY).draft == second
+    assert replicas[0].propose(ProposeRequest("shared", context, 4, 1, GREEDY)).draft == second
     for store in stores:
         store.release("shared")
         store.close()

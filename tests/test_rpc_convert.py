@@ -119,7 +119,7 @@ def test_finish_reasons_map_to_the_enum():
         convert.chunk_to_proto(GenerationChunk("r", (), "", "tired"))
 
 
-DEFAULTS = SpeculationOptions(drafter="model", draft_len=5, width=2)
+DEFAULTS = SpeculationOptions(drafter="model", draft_len=5, width=2, adaptive="off")
 
 
 @pytest.mark.parametrize("source", [
@@ -144,8 +144,8 @@ def test_generate_request_zeros_take_the_server_defaults():
     _, request = convert.generate_request_from_proto(msg, DEFAULTS)
     assert request.speculation == DEFAULTS
     assert request.sampling == GREEDY and request.request_id == "" and request.stop == ()
-    partial = generation_pb2.GenerateRequest(prompt="x", speculation=generation_pb2.SpeculationOptions(draft_len=2))
-    assert convert.generate_request_from_proto(partial, DEFAULTS)[1].speculation == SpeculationOptions("model", 2, 2)
+    partial = generation_pb2.GenerateRequest(prompt="x", speculation=generation_pb2.SpeculationOptions(draft_len=2, adaptive="off"))
+    assert convert.generate_request_from_proto(partial, DEFAULTS)[1].speculation == SpeculationOptions("model", 2, 2, adaptive="off")
 
 
 def test_generate_request_without_input_is_invalid():

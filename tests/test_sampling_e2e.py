@@ -6,7 +6,7 @@ import torch
 
 from specpipe import runner
 from specpipe.sampling import warp
-from specpipe.types import SamplingParams
+from specpipe.types import ProposeRequest, SamplingParams
 from tests.test_sampling import CHI2_999, _chi_square
 
 CONTEXT = [72, 101, 108, 108, 111, 44, 32]
@@ -22,7 +22,7 @@ def test_first_and_second_tokens_follow_verifier_distribution(tiny_verifier, tin
         sampling = SamplingParams(temperature=1.0, top_k=4, seed=seed)
         session = f"stat-{seed}"
         tiny_verifier.prefill(session, CONTEXT)
-        draft = tiny_drafter.propose(session, CONTEXT, 2, 1, sampling).draft
+        draft = tiny_drafter.propose(ProposeRequest(session, CONTEXT, 2, 1, sampling)).draft
         emitted = tiny_verifier.verify(session, len(CONTEXT), draft, sampling).emitted
         tiny_verifier.release(session)
         tiny_drafter.release(session)

@@ -1,4 +1,4 @@
-from specpipe.trees import common_prefix, first_path, merge_drafts, select, tried_children
+from specpipe.trees import common_prefix, concat_chains, first_path, merge_drafts, subtree, tried_children
 from specpipe.types import Draft
 
 
@@ -31,9 +31,32 @@ def test_first_path_follows_first_children():
 
 def test_select_keeps_the_given_nodes_of_a_tree():
     tree = Draft((1, 9, 2, 8, 3, 4), (-1, -1, 0, 0, 2, 4))  # chain 1-2-3-4 with alternatives 9 and 8
-    cut = select(tree, [0, 1, 2, 4])
+    cut = tree.select([0, 1, 2, 4])
     assert cut.tokens == (1, 9, 2, 3) and cut.parents == (-1, -1, 0, 2)
-    assert select(tree, []) == Draft() and select(tree, range(6)) == tree
+    assert tree.select([]) == Draft() and tree.select(range(6)) == tree
+
+
+def test_select_and_subtree_keep_every_column():
+    tree = Draft((1, 9, 2), (-1, -1, 0), sources=("model", "context", "model"), confidence=(0.9, 0.05, 0.7),
+                 runner_up=(9, -1, 4), runner_up_confidence=(0.05, 0.0, 0.2))
+    cut = tree.select([0, 2])
+    assert cut == Draft((1, 2), (-1, 0), sources=("model", "model"), confidence=(0.9, 0.7), runner_up=(9, 4),
+                        runner_up_confidence=(0.05, 0.2))
+    under, nodes = subtree(tree, 0)
+    assert nodes == [2] and under == Draft((2,), (-1,), sources=("model",), confidence=(0.7,), runner_up=(4,),
+                                           runner_up_confidence=(0.2,))
+
+
+def test_merge_and_concat_fill_missing_columns_with_their_defaults():
+    model = Draft.chain([1, 2], confidence=(0.9, 0.8), runner_up=(5, 6), runner_up_confidence=(0.1, 0.1))
+    ngram = Draft.chain([1, 3], sources=("context", "global"))
+    merged, _ = merge_drafts([model, ngram], max_nodes=8)
+    assert merged.tokens == (1, 2, 3) and merged.parents == (-1, 0, 0)
+    assert merged.sources == ("model", "model", "global") and merged.confidence == (0.9, 0.8, -1.0)
+    assert merged.runner_up == (5, 6, -1) and merged.runner_up_confidence == (0.1, 0.1, 0.0)
+    joined = concat_chains(model, Draft.chain([7], sources=("verifier",)))
+    assert joined.tokens == (1, 2, 7) and joined.is_chain and joined.sources == ("model", "model", "verifier")
+    assert concat_chains(Draft.chain([1]), Draft.chain([2])).sources is None
 
 
 def test_tried_children_stop_at_the_accepted_one():

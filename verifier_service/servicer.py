@@ -5,7 +5,7 @@ from __future__ import annotations
 from specpipe.protocols import Verifier
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
-from specpipe.v1 import verifier_pb2, verifier_pb2_grpc
+from specpipe.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -33,7 +33,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     @rpc_method
     def Release(self, request, context):
-        return verifier_pb2.ReleaseReply(released=self._verifier.release(request.session_id))
+        return common_pb2.ReleaseReply(released=self._verifier.release(request.session_id))
 
 
 def service(verifier: Verifier) -> Service:

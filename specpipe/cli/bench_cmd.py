@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import platform
+from dataclasses import replace
 
 from specpipe.cli import options
 from specpipe.cli.bench_methods import Method, parse_baselines, parse_methods
@@ -108,24 +109,23 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument("bench gives each method a fresh in-memory n-gram store (so no method drafts from "
                               "outputs another learned); leave --cache at memory")
     baselines = parse_baselines(args.baselines)
-    args.all_cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before any pinning
     with contextlib.ExitStack() as stack:
         if args.transport == "embedded":
-            generators = embedded_generators(args, methods)
+            generators, baseline_model = embedded_generators(args, methods)
         else:
-            generators = stack.enter_context(grpc_generators(args, methods))
+            generators, baseline_model = stack.enter_context(grpc_generators(args, methods))
         any_generator = next(iter(generators.values()))
         prompts, categories = bench_prompts(args, any_generator)
-        runs = transformers_runs(args, baselines, any_generator.info.eos_token_ids)
-        names = {}
-        for method in methods:
-            speculation = method.speculation(args)
-            names[method] = method.name(speculation, compiled)
-            generator = own_generator(generators[method.hop_delay_ms], method.drafter)
-            runs[names[method]] = specpipe_method(generator, args.max_new_tokens, speculation)
-        reference = names[none] if compiled else None
-        references = {names[m]: reference for m in methods if reference and m is not none}
-        summaries = benchmark(prompts, runs, references)
+        runs = transformers_runs(args, baselines, any_generator.info.eos_token_ids, baseline_model, cores)
+        specs = {method: method.resolve(args) for method in methods}
+        for spec in specs.values():
+            generator = own_generator(generators[spec.hop_delay_ms], spec.drafter)
+            runs[spec.name()] = specpipe_method(generator, args.max_new_tokens, spec.speculation())
+        reference = specs[none].name() if compiled else None
+        references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
+        by_name = {spec.name(): spec for spec in specs.values()}
+        summaries = [replace(s, spec=by_name.get(s.method)) for s in benchmark(prompts, runs, references)]
     print(markdown_table(summaries))
     print()
     print(detail_table(summaries))

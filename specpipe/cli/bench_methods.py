@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 
 from specpipe.cli import options
 from specpipe.errors import InvalidArgument
-from specpipe.types import ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SpeculationOptions
+from specpipe.bench import MethodSpec
+from specpipe.types import DRAFTER_KINDS, PREDICTORS, SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -19,21 +20,11 @@ class Method:
     draft_len: int | None = None  # None: --draft-len
     adaptive: str | None = None   # None: --adaptive
 
-    def speculation(self, args: argparse.Namespace) -> SpeculationOptions:
-        spec = replace(options.speculation_options(args), drafter=self.drafter, schedule=self.schedule,
-                       predictor=self.predictor)
-        return replace(spec, draft_len=self.draft_len or spec.draft_len, adaptive=self.adaptive or spec.adaptive)
-
-    def name(self, speculation: SpeculationOptions, compiled: bool) -> str:
-        if self.drafter == "none":
-            return f"specpipe verifier alone{' compiled' if compiled else ''}"
-        bound = "<=" if speculation.adaptive == "on" else "="
-        name = (f"specpipe {self.drafter}{' adaptive' if speculation.adaptive == 'on' else ''} "
-                f"k{bound}{speculation.draft_len} width={speculation.width} {self.schedule}")
-        if self.schedule == "branch":
-            m = "all" if speculation.hypotheses == ALL_HYPOTHESES else speculation.hypotheses
-            name += f" {self.predictor} M{bound}{m}"
-        return name + (f" hop {self.hop_delay_ms:g} ms" if self.hop_delay_ms else "")
+    def resolve(self, args: argparse.Namespace) -> MethodSpec:
+        """The concrete settings: what the method leaves out comes from the flags."""
+        spec = options.speculation_options(args)
+        return MethodSpec(self.drafter, self.schedule, self.predictor, self.draft_len or spec.draft_len, spec.width,
+                          spec.hypotheses, self.adaptive or spec.adaptive, self.hop_delay_ms, args.compile == "on")
 
 
 def parse_methods(args: argparse.Namespace) -> list[Method]:

@@ -12,16 +12,17 @@ from specpipe.cli.bench_methods import Method
 from specpipe.errors import InvalidArgument
 
 
-def transformers_runs(args: argparse.Namespace, baselines: list[str], eos) -> dict:
-    """The transformers methods of baselines, eager, in this process; the first is the baseline."""
+def transformers_runs(args: argparse.Namespace, baselines: list[str], eos, model, cores: list[int]) -> dict:
+    """The transformers methods of baselines on model, eager, in this process; the first is the
+    baseline. cores: the cores of the all-threads baseline."""
     from specpipe.bench import BASELINE, transformers_method
     from specpipe.cli.bench_methods import PROMPT_LOOKUP_TOKENS
 
-    model, runs = args.baseline_model, {}
+    runs = {}
     runs[BASELINE] = transformers_method(model, args.max_new_tokens, eos)
     if "generate-threads" in baselines:
-        runs[f"verifier-only generate(), {len(args.all_cores)} threads"] = transformers_method(
-            model, args.max_new_tokens, eos, threads=lambda: all_cores(args.all_cores))
+        runs[f"verifier-only generate(), {len(cores)} threads"] = transformers_method(
+            model, args.max_new_tokens, eos, threads=lambda: all_cores(cores))
     if "assisted" in baselines:
         from specpipe.models import load_model
         from specpipe.presets import model_specs
@@ -81,28 +82,28 @@ def pin(cores: int) -> None:
         os.sched_setaffinity(0, set(allowed[:cores]))
 
 
-def embedded_generators(args: argparse.Namespace, methods: list[Method]) -> dict:
-    """One in-process generator; with a branch schedule the drafter and the verifier run at once, so
-    the process gets a core for each."""
+def embedded_generators(args: argparse.Namespace, methods: list[Method]) -> tuple[dict, object]:
+    """One in-process generator (by hop delay: 0) and the baseline's model; with a branch schedule the
+    drafter and the verifier run at once, so the process gets a core for each."""
     from specpipe.cli.wiring import embedded_generator
 
     if args.pin:
         pin(2 if any(m.schedule == "branch" for m in methods) else 1)
     generator = embedded_generator(args, tuple({m.drafter for m in methods}))
-    args.baseline_model = generator.verifier.model
+    baseline_model = generator.verifier.model
     if args.compile == "on":  # the verifier's model is compiled (packed in place); the baseline is eager
         from specpipe.models import load_model
         from specpipe.presets import model_specs
 
-        args.baseline_model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device)
-    return {0.0: generator}
+        baseline_model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device)
+    return {0.0: generator}, baseline_model
 
 
 @contextlib.contextmanager
 def grpc_generators(args: argparse.Namespace, methods: list[Method]):
     """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
-    core with --pin), and one orchestrator in this process per hop delay. The baseline runs here, on
-    the verifier's core."""
+    core with --pin), and one orchestrator in this process per hop delay; and the baseline's model,
+    which runs here, on the verifier's core."""
     import pathlib
     import tempfile
 
@@ -128,10 +129,9 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method]):
             os.sched_setaffinity(0, {cores["verifier"]})
         options.set_threads(1)
         verifier_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
-        args.baseline_model = load_model(verifier_spec, args.device)
         yield {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
                                      options.speculation_options(args), hop_delay_ms=hop)
-               for hop in sorted({m.hop_delay_ms for m in methods})}
+               for hop in sorted({m.hop_delay_ms for m in methods})}, load_model(verifier_spec, args.device)
     finally:
         up_cmd.stop_all(children[::-1])
 

@@ -9,8 +9,11 @@ from specpipe.cli.models_cmd import add_prepare_arg
 from specpipe.errors import InvalidArgument
 from specpipe.presets import DEFAULT_PRESET, PRESETS
 from specpipe.types import (
-    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, SamplingParams, SpeculationOptions,
+    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES, SamplingParams,
+    SpeculationOptions,
 )
+
+DEFAULT = SpeculationOptions()  # the product's defaults, defined once (specpipe.types)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +61,7 @@ def drafter_forward(args: argparse.Namespace) -> dict:
 
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculation")
-    group.add_argument("--drafter", default="model", choices=DRAFTER_KINDS,
+    group.add_argument("--drafter", default=DEFAULT.drafter, choices=DRAFTER_KINDS,
                        help="draft source: the small model, the n-gram store, both merged into one tree, or none "
                        "(the verifier alone) (default: %(default)s)")
     group.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE", "memory"), metavar="URL",
@@ -68,18 +71,18 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
                        "env SPECPIPE_CACHE)")
     group.add_argument("--draft-len", type=int, default=None, metavar="K",
                        help=f"draft depth per round; with adaptive control its cap. Given without --adaptive it "
-                       f"fixes the draft depth (adaptive off) (default: {ADAPTIVE_DRAFT_LEN}, adaptive)")
-    group.add_argument("--width", type=int, default=1,
+                       f"fixes the draft depth (adaptive off) (default: {DEFAULT.draft_len}, adaptive)")
+    group.add_argument("--width", type=int, default=DEFAULT.width,
                        help="tree width at the first draft levels; 1 = chain. With adaptive control the widest "
                        "tree: each round keeps only the alternatives whose expected acceptance pays for verifying "
                        "them (default: %(default)s)")
-    group.add_argument("--schedule", default="sequential", choices=SCHEDULES,
+    group.add_argument("--schedule", default=DEFAULT.schedule, choices=SCHEDULES,
                        help="sequential: draft, then verify; branch: while the verifier checks a round, draft the "
                        "next one for its predicted outcomes, roll back on a miss (default: %(default)s)")
-    group.add_argument("--predictor", default="calibrated", choices=PREDICTORS,
+    group.add_argument("--predictor", default=DEFAULT.predictor, choices=PREDICTORS,
                        help="branch schedule: calibrated (drafter confidence, calibrated online) or paper (the "
                        "fitted prediction function of seed 003, eq. 12) (default: %(default)s)")
-    group.add_argument("--hypotheses", type=hypotheses_arg, default=1, metavar="M",
+    group.add_argument("--hypotheses", type=hypotheses_arg, default=DEFAULT.hypotheses, metavar="M",
                        help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
                        "outcome of the main chain (default: %(default)s)")
     group.add_argument("--adaptive", default=None, choices=ADAPTIVE,
@@ -127,14 +130,10 @@ def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
                         "to measure how well a schedule hides network latency on loopback (default: off)")
 
 
-ADAPTIVE_DRAFT_LEN = 8  # the cap of adaptive control when --draft-len is not given
-FIXED_DRAFT_LEN = 4     # the draft depth with --adaptive off and no --draft-len
-
-
 def speculation_options(args: argparse.Namespace) -> SpeculationOptions:
     """--draft-len alone fixes the depth; --adaptive alone, or neither, chooses it up to a cap."""
-    adaptive = args.adaptive or ("off" if args.draft_len is not None else "on")
-    draft_len = args.draft_len or (ADAPTIVE_DRAFT_LEN if adaptive == "on" else FIXED_DRAFT_LEN)
+    adaptive = args.adaptive or ("off" if args.draft_len is not None else DEFAULT.adaptive)
+    draft_len = args.draft_len or (DEFAULT.draft_len if adaptive == "on" else FIXED_DRAFT_LEN)
     return SpeculationOptions(drafter=args.drafter, draft_len=draft_len, width=args.width,
                               schedule=args.schedule, predictor=args.predictor, hypotheses=args.hypotheses,
                               adaptive=adaptive)

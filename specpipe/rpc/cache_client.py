@@ -8,22 +8,22 @@ from typing import Sequence
 from specpipe import ngram
 from specpipe.ngram import NgramDraft
 from specpipe.rpc import cache_convert
-from specpipe.rpc.clients import _Client, _encoding
-from specpipe.v1 import cache_pb2, cache_pb2_grpc, verifier_pb2
+from specpipe.rpc.clients import Client, encoding
+from specpipe.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 
-class CacheClient(_Client):
+class CacheClient(Client):
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
         super().__init__(target, timeout_s, wait_for_ready)
         self._stub = cache_pb2_grpc.CacheStub(self._channel)
 
     def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
-        with _encoding("lookup request"):
+        with encoding("lookup request"):
             request = cache_convert.lookup_request_to_proto(session_id, context_suffix, k, width)
         return cache_convert.ngram_draft_from_proto(self._call(self._stub.Lookup, request))
 
     def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
-        with _encoding("update request"):
+        with encoding("update request"):
             request = cache_convert.update_request_to_proto(session_id, tokens, start)
         return self._call(self._stub.Update, request).recorded
 
@@ -31,14 +31,14 @@ class CacheClient(_Client):
         if not branches:  # the common fully-accepted round: no call, as the stores (same errors)
             ngram.check_session_id(session_id)
             return 0
-        with _encoding("record_branches request"):
+        with encoding("record_branches request"):
             request = cache_convert.record_branches_request_to_proto(session_id, branches)
         return self._call(self._stub.RecordBranches, request).recorded
 
     def update_global(self, tokens: Sequence[int]) -> int:
-        with _encoding("update_global request"):
+        with encoding("update_global request"):
             request = cache_pb2.UpdateGlobalRequest(tokens=tokens)
         return self._call(self._stub.UpdateGlobal, request).recorded
 
     def release(self, session_id: str) -> bool:
-        return self._call(self._stub.Release, verifier_pb2.ReleaseRequest(session_id=session_id)).released
+        return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released

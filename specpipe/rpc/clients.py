@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specpipe import errors, types
 from specpipe.rpc import convert
 from specpipe.rpc.server import MAX_MESSAGE_BYTES
-from specpipe.v1 import drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specpipe.v1 import generation_pb2_grpc
 
 CHANNEL_OPTIONS = (
@@ -39,7 +39,7 @@ def to_specpipe_error(err: grpc.RpcError) -> errors.SpecpipeError:
 
 
 @contextlib.contextmanager
-def _errors():
+def rpc_errors():
     try:
         yield
     except grpc.RpcError as err:
@@ -47,7 +47,7 @@ def _errors():
 
 
 @contextlib.contextmanager
-def _encoding(what: str):
+def encoding(what: str):
     """A value the wire cannot carry (a token id beyond int32, a negative seed) is a bad argument."""
     try:
         yield
@@ -55,7 +55,7 @@ def _encoding(what: str):
         raise errors.InvalidArgument(f"{what} cannot be sent: {err}") from None
 
 
-class _Client:
+class Client:
     """A channel to one target; timeout_s is the per-call deadline (None = none); hop_delay_ms is
     latency added to each direction of every call (an emulated network, for benchmarks)."""
 
@@ -70,7 +70,7 @@ class _Client:
     def _call(self, method, request):
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the request's way
-        with _errors():
+        with rpc_errors():
             reply = method(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the reply's way
@@ -99,7 +99,7 @@ class _Client:
         self.close()
 
 
-class VerifierClient(_Client):
+class VerifierClient(Client):
     """specpipe.protocols.Verifier over gRPC."""
 
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
@@ -111,12 +111,12 @@ class VerifierClient(_Client):
         return convert.model_info_from_proto(self._call(self._stub.Info, verifier_pb2.VerifierInfoRequest()))
 
     def prefill(self, session_id: str, prompt_ids: Sequence[int]) -> int:
-        with _encoding("prefill request"):
+        with encoding("prefill request"):
             request = verifier_pb2.PrefillRequest(session_id=session_id, prompt_ids=prompt_ids)
         return self._call(self._stub.Prefill, request).context_len
 
     def verify(self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams) -> types.VerifyResult:
-        with _encoding("verify request"):
+        with encoding("verify request"):
             request = verifier_pb2.VerifyRequest(
                 session_id=session_id,
                 context_len=context_len,
@@ -126,10 +126,10 @@ class VerifierClient(_Client):
         return convert.verify_result_from_proto(self._call(self._stub.Verify, request))
 
     def release(self, session_id: str) -> bool:
-        return self._call(self._stub.Release, verifier_pb2.ReleaseRequest(session_id=session_id)).released
+        return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released
 
 
-class DrafterClient(_Client):
+class DrafterClient(Client):
     """specpipe.protocols.Drafter over gRPC: one draft method (ModelInfo.methods) of a drafter service."""
 
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False, method: str = "",
@@ -141,27 +141,16 @@ class DrafterClient(_Client):
     def info(self) -> types.ModelInfo:
         return convert.model_info_from_proto(self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest()))
 
-    def propose(
-        self, session_id: str, context: Sequence[int], draft_len: int, width: int, sampling: types.SamplingParams,
-        epoch: int = 0,
-    ) -> types.ProposeResult:
-        with _encoding("propose request"):
-            request = drafter_pb2.ProposeRequest(
-                session_id=session_id,
-                context=context,
-                draft_len=draft_len,
-                width=width,
-                sampling=convert.sampling_to_proto(sampling),
-                method=self.method,
-                epoch=epoch,
-            )
-        return convert.propose_result_from_proto(self._call(self._stub.Propose, request))
+    def propose(self, request: types.ProposeRequest) -> types.ProposeResult:
+        with encoding("propose request"):
+            message = convert.propose_request_to_proto(request, self.method)
+        return convert.propose_result_from_proto(self._call(self._stub.Propose, message))
 
     def release(self, session_id: str) -> bool:
-        return self._call(self._stub.Release, verifier_pb2.ReleaseRequest(session_id=session_id)).released
+        return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released
 
 
-class GenerationClient(_Client):
+class GenerationClient(Client):
     """The public API: a stream of verified chunks for one prompt."""
 
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False):
@@ -188,7 +177,7 @@ class GenerationClient(_Client):
         )
         if sum(x is not None for x in (prompt, messages, token_ids)) > 1:
             raise errors.InvalidArgument("give exactly one of prompt, messages or token_ids")
-        with _encoding("generate request"):
+        with encoding("generate request"):
             request = convert.generate_request_to_proto(source, max_new_tokens, request_id, stop, sampling, speculation)
         call = self._stub.Generate(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
         return self._chunks(call)
@@ -196,7 +185,7 @@ class GenerationClient(_Client):
     @staticmethod
     def _chunks(call) -> Iterator[types.GenerationChunk]:
         try:
-            with _errors():
+            with rpc_errors():
                 for msg in call:
                     yield convert.chunk_from_proto(msg)
         finally:

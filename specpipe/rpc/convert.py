@@ -84,22 +84,40 @@ def sources_from_proto(values: Sequence[int]) -> tuple[str, ...]:
                  for value in values)
 
 
+def propose_request_to_proto(request: types.ProposeRequest, method: str = "") -> drafter_pb2.ProposeRequest:
+    return drafter_pb2.ProposeRequest(
+        session_id=request.session_id, context=request.context, draft_len=request.draft_len, width=request.width,
+        sampling=sampling_to_proto(request.sampling), method=method, epoch=request.epoch,
+    )
+
+
+def propose_request_from_proto(msg: drafter_pb2.ProposeRequest) -> types.ProposeRequest:
+    return types.ProposeRequest(msg.session_id, tuple(msg.context), msg.draft_len, msg.width,
+                                sampling_from_proto(msg.sampling), msg.epoch)
+
+
 def propose_result_to_proto(result: types.ProposeResult) -> drafter_pb2.ProposeReply:
+    draft = result.draft
     return drafter_pb2.ProposeReply(
-        draft=draft_to_proto(result.draft), draft_ms=result.draft_ms, sources=sources_to_proto(result.sources),
-        confidence=result.confidence, runner_up=result.runner_up, runner_up_confidence=result.runner_up_confidence,
+        draft=draft_to_proto(draft), draft_ms=result.draft_ms, sources=sources_to_proto(draft.sources or ()),
+        confidence=draft.confidence or (), runner_up=draft.runner_up or (),
+        runner_up_confidence=draft.runner_up_confidence or (),
     )
 
 
 def propose_result_from_proto(msg: drafter_pb2.ProposeReply) -> types.ProposeResult:
-    return types.ProposeResult(
-        draft_from_proto(msg.draft), msg.draft_ms, sources_from_proto(msg.sources),
-        tuple(msg.confidence), tuple(msg.runner_up), tuple(msg.runner_up_confidence),
-    )
+    """Empty columns on the wire are absent ones (None)."""
+    def column(values, convert=tuple):
+        return convert(values) if len(values) else None
+
+    draft = replace(draft_from_proto(msg.draft), sources=column(msg.sources, sources_from_proto),
+                    confidence=column(msg.confidence), runner_up=column(msg.runner_up),
+                    runner_up_confidence=column(msg.runner_up_confidence))
+    return types.ProposeResult(draft, msg.draft_ms)
 
 
-def model_info_to_proto(info: types.ModelInfo) -> verifier_pb2.ModelInfo:
-    return verifier_pb2.ModelInfo(
+def model_info_to_proto(info: types.ModelInfo) -> common_pb2.ModelInfo:
+    return common_pb2.ModelInfo(
         model_name=info.model_name,
         vocab_size=info.vocab_size,
         eos_token_ids=info.eos_token_ids,
@@ -109,7 +127,7 @@ def model_info_to_proto(info: types.ModelInfo) -> verifier_pb2.ModelInfo:
     )
 
 
-def model_info_from_proto(msg: verifier_pb2.ModelInfo) -> types.ModelInfo:
+def model_info_from_proto(msg: common_pb2.ModelInfo) -> types.ModelInfo:
     return types.ModelInfo(
         model_name=msg.model_name,
         vocab_size=msg.vocab_size,

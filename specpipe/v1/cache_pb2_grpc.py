@@ -4,7 +4,7 @@ import grpc
 import warnings
 
 from specpipe.v1 import cache_pb2 as specpipe_dot_v1_dot_cache__pb2
-from specpipe.v1 import verifier_pb2 as specpipe_dot_v1_dot_verifier__pb2
+from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -61,8 +61,8 @@ class CacheStub:
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specpipe.v1.Cache/Release',
-                request_serializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
-                response_deserializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.FromString,
+                request_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
                 _registered_method=True)
 
 
@@ -132,8 +132,8 @@ def add_CacheServicer_to_server(servicer, server):
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
-                    request_deserializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.FromString,
-                    response_serializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.SerializeToString,
+                    request_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
+                    response_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -273,8 +273,8 @@ class Cache:
             request,
             target,
             '/specpipe.v1.Cache/Release',
-            specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
-            specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.FromString,
+            specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+            specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
             options,
             channel_credentials,
             insecure,

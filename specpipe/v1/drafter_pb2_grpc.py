@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
+from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 from specpipe.v1 import drafter_pb2 as specpipe_dot_v1_dot_drafter__pb2
-from specpipe.v1 import verifier_pb2 as specpipe_dot_v1_dot_verifier__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -41,7 +41,7 @@ class DrafterStub:
         self.Info = channel.unary_unary(
                 '/specpipe.v1.Drafter/Info',
                 request_serializer=specpipe_dot_v1_dot_drafter__pb2.DrafterInfoRequest.SerializeToString,
-                response_deserializer=specpipe_dot_v1_dot_verifier__pb2.ModelInfo.FromString,
+                response_deserializer=specpipe_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
         self.Propose = channel.unary_unary(
                 '/specpipe.v1.Drafter/Propose',
@@ -50,8 +50,8 @@ class DrafterStub:
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specpipe.v1.Drafter/Release',
-                request_serializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
-                response_deserializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.FromString,
+                request_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
                 _registered_method=True)
 
 
@@ -85,7 +85,7 @@ def add_DrafterServicer_to_server(servicer, server):
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
                     request_deserializer=specpipe_dot_v1_dot_drafter__pb2.DrafterInfoRequest.FromString,
-                    response_serializer=specpipe_dot_v1_dot_verifier__pb2.ModelInfo.SerializeToString,
+                    response_serializer=specpipe_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
             ),
             'Propose': grpc.unary_unary_rpc_method_handler(
                     servicer.Propose,
@@ -94,8 +94,8 @@ def add_DrafterServicer_to_server(servicer, server):
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
-                    request_deserializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.FromString,
-                    response_serializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.SerializeToString,
+                    request_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
+                    response_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -127,7 +127,7 @@ class Drafter:
             target,
             '/specpipe.v1.Drafter/Info',
             specpipe_dot_v1_dot_drafter__pb2.DrafterInfoRequest.SerializeToString,
-            specpipe_dot_v1_dot_verifier__pb2.ModelInfo.FromString,
+            specpipe_dot_v1_dot_common__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -180,8 +180,8 @@ class Drafter:
             request,
             target,
             '/specpipe.v1.Drafter/Release',
-            specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
-            specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.FromString,
+            specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+            specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
             options,
             channel_credentials,
             insecure,

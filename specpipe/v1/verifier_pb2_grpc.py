@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 from specpipe.v1 import verifier_pb2 as specpipe_dot_v1_dot_verifier__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -38,7 +39,7 @@ class VerifierStub:
         self.Info = channel.unary_unary(
                 '/specpipe.v1.Verifier/Info',
                 request_serializer=specpipe_dot_v1_dot_verifier__pb2.VerifierInfoRequest.SerializeToString,
-                response_deserializer=specpipe_dot_v1_dot_verifier__pb2.ModelInfo.FromString,
+                response_deserializer=specpipe_dot_v1_dot_common__pb2.ModelInfo.FromString,
                 _registered_method=True)
         self.Prefill = channel.unary_unary(
                 '/specpipe.v1.Verifier/Prefill',
@@ -52,8 +53,8 @@ class VerifierStub:
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specpipe.v1.Verifier/Release',
-                request_serializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
-                response_deserializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.FromString,
+                request_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
                 _registered_method=True)
 
 
@@ -93,7 +94,7 @@ def add_VerifierServicer_to_server(servicer, server):
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
                     request_deserializer=specpipe_dot_v1_dot_verifier__pb2.VerifierInfoRequest.FromString,
-                    response_serializer=specpipe_dot_v1_dot_verifier__pb2.ModelInfo.SerializeToString,
+                    response_serializer=specpipe_dot_v1_dot_common__pb2.ModelInfo.SerializeToString,
             ),
             'Prefill': grpc.unary_unary_rpc_method_handler(
                     servicer.Prefill,
@@ -107,8 +108,8 @@ def add_VerifierServicer_to_server(servicer, server):
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
-                    request_deserializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.FromString,
-                    response_serializer=specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.SerializeToString,
+                    request_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
+                    response_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,7 +139,7 @@ class Verifier:
             target,
             '/specpipe.v1.Verifier/Info',
             specpipe_dot_v1_dot_verifier__pb2.VerifierInfoRequest.SerializeToString,
-            specpipe_dot_v1_dot_verifier__pb2.ModelInfo.FromString,
+            specpipe_dot_v1_dot_common__pb2.ModelInfo.FromString,
             options,
             channel_credentials,
             insecure,
@@ -218,8 +219,8 @@ class Verifier:
             request,
             target,
             '/specpipe.v1.Verifier/Release',
-            specpipe_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
-            specpipe_dot_v1_dot_verifier__pb2.ReleaseReply.FromString,
+            specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
+            specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,166 @@
+"""Locust load test of specpipe's public API: the streaming Generate RPC of an orchestrator.
+
+    locust -f deploy/locust/locustfile.py --headless --host 127.0.0.1:50051 -u 4 -r 4 -t 60s \
+        --csv out/locust --html out/locust.html --records out/requests.jsonl
+
+Each generation fires one Locust request event per measure: `ttft` (call -> first chunk), `itl`
+(one per token of every later chunk: the chunk's gap split over its tokens) and `e2e` (the whole
+stream; its response length is the tokens received). A failed call is one `e2e` failure named by
+its gRPC status. With --records every call also becomes a JSON line (specpipe.loadstats), from which
+`specpipe loadtest` computes tokens/s, percentiles and goodput per user level. Add shapes.py
+(`-f deploy/locust/locustfile.py,deploy/locust/shapes.py --shape steps`) for the load shapes."""
+
+from __future__ import annotations
+
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # locust patched the stdlib when it loaded; grpc must be patched before any channel
+
+import itertools
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import gevent
+from locust import User, constant, events, task
+from locust.stats import CSV_STATS_INTERVAL_SEC
+
+from specpipe import types
+from specpipe.errors import SpecpipeError
+from specpipe.loadstats import OK, RequestRecord, itl_per_token, write_record
+from specpipe.prompts import Prompt, load_suite
+from specpipe.rpc.clients import GenerationClient
+
+MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
+
+
+@events.init_command_line_parser.add_listener
+def _add_options(parser) -> None:
+    parser.add_argument("--suite", default="mix", help="prompts: humaneval, mtbench, gsm8k, random, noise or mix "
+                        "(code, chat and math in turn) (default: %(default)s)")
+    parser.add_argument("--prompt-limit", type=int, default=20, help="prompts taken from each suite (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=int(os.environ.get("SPECPIPE_MAX_NEW_TOKENS", "64")),
+                        help="tokens per generation (default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
+    parser.add_argument("--deadline-s", type=float, default=120.0, help="client deadline of every call (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0, help="prompt order and sampling seeds (default: %(default)s)")
+    # Speculation, per request: empty / 0 = the server's default
+    parser.add_argument("--drafter", default="", help="model, ngram, hybrid or none (speculation off)")
+    parser.add_argument("--draft-len", type=int, default=0)
+    parser.add_argument("--width", type=int, default=0)
+    parser.add_argument("--schedule", default="", help="sequential or branch")
+    parser.add_argument("--adaptive", default="", help="on or off")
+    parser.add_argument("--records", default="", help="append one JSON line per call to this file")
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: tuple[Prompt, ...]
+    max_new_tokens: int
+    deadline_s: float
+    temperature: float
+    top_p: float
+    speculation: types.SpeculationOptions | None  # None = the server's defaults
+
+
+def workload(options) -> Workload:
+    suites = MIX if options.suite == "mix" else (options.suite,)
+    loaded = [load_suite(name, limit=options.prompt_limit) for name in suites]
+    prompts = [p for group in loaded for p in group]
+    random.Random(options.seed).shuffle(prompts)  # one fixed order for every run with this seed
+    given = {"drafter": options.drafter, "draft_len": options.draft_len, "width": options.width,
+             "schedule": options.schedule, "adaptive": options.adaptive}
+    # Fields left empty / 0 on the wire take the server's defaults (convert.speculation_from_proto).
+    speculation = types.SpeculationOptions(**given, predictor="", hypotheses=0) if any(given.values()) else None
+    return Workload(tuple(prompts), options.max_new_tokens, options.deadline_s, options.temperature, options.top_p,
+                    speculation)
+
+
+class RecordLog:
+    """The --records file: one JSON line per call (gevent runs one greenlet at a time, so lines never interleave)."""
+
+    def __init__(self, path: str):
+        self.stream = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (open for the run)
+
+    def write(self, record: RequestRecord) -> None:
+        if self.stream is not None:
+            write_record(self.stream, record)
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+
+@events.init.add_listener
+def _on_init(environment, **_kwargs) -> None:
+    if environment.parsed_options is not None:
+        GenerateUser.workload = workload(environment.parsed_options)
+        GenerateUser.records = RecordLog(environment.parsed_options.records)
+        GenerateUser.order = itertools.count()
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment, **_kwargs) -> None:
+    # Locust's CSV is a snapshot taken once a CSV_STATS_INTERVAL_SEC: let one be taken after the last call.
+    gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.2)
+
+
+@events.quit.add_listener
+def _on_quit(exit_code, **_kwargs) -> None:  # after the users are stopped
+    GenerateUser.records.close()
+
+
+class GenerateUser(User):
+    """One client: a Generate call after another, prompts in turn across all users."""
+
+    wait_time = constant(0)
+    workload: Workload
+    records: RecordLog
+    order: itertools.count
+
+    def on_start(self) -> None:
+        self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s)
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    def fire(self, name: str, ms: float, length: int = 0, exception: Exception | None = None) -> None:
+        self.environment.events.request.fire(request_type="grpc", name=name, response_time=ms,
+                                             response_length=length, exception=exception, context={})
+
+    @task
+    def generate(self) -> None:
+        w, n = self.workload, next(self.order)
+        prompt = w.prompts[n % len(w.prompts)]
+        sampling = types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
+        users = self.environment.runner.target_user_count
+        start_s, tokens, ttft_ms, itls, status = time.time(), 0, None, [], OK
+        last = started = time.perf_counter()
+        try:
+            for chunk in self.client.generate(messages=prompt.messages, max_new_tokens=w.max_new_tokens,
+                                              sampling=sampling, speculation=w.speculation):
+                now, count = time.perf_counter(), len(chunk.token_ids)
+                if count == 0:
+                    continue  # a final chunk that only carries the finish reason
+                if ttft_ms is None:
+                    ttft_ms = (now - started) * 1e3
+                    self.fire("ttft", ttft_ms, count)
+                else:
+                    for itl_ms in itl_per_token((now - last) * 1e3, count):
+                        itls.append(round(itl_ms, 3))
+                        self.fire("itl", itl_ms, 1)
+                tokens, last = tokens + count, now
+        except SpecpipeError as err:
+            status = err.code
+            self.fire("e2e", (time.perf_counter() - started) * 1e3, tokens, StatusError(status))
+        else:
+            self.fire("e2e", (time.perf_counter() - started) * 1e3, tokens)
+        self.records.write(RequestRecord(start_s=start_s, end_s=time.time(), users=users, status=status,
+                                         tokens=tokens, ttft_ms=ttft_ms, itl_ms=tuple(itls), prompt_id=prompt.id))
+
+
+class StatusError(Exception):
+    """A failed call, named by its gRPC status alone so that Locust counts failures per status."""

@@ -1,0 +1,86 @@
+"""What a round leaves behind besides its tokens: Prometheus metrics, and the n-gram store's tables
+(the orchestrator, not the verifier, forwards confirmed tokens and the verifier's argmax to it).
+
+A store that is down or slow costs drafts, never the generation: every store call is guarded."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from specpipe import metrics
+from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
+from specpipe.protocols import NgramCache
+from specpipe.types import ProposeResult, SpeculationOptions, VerifyResult
+from orchestrator.branch import Resolution
+from orchestrator.generation import Generation
+
+log = logging.getLogger("specpipe.orchestrator")
+
+
+class RoundObserver:
+    def __init__(self, store: NgramCache | None, learn_global: bool):
+        self.store = store
+        self.learn_global = learn_global  # finished outputs go to the store's global (corpus) table
+
+    def opened(self, gen: Generation) -> None:
+        if self.store is not None:
+            self._guard("update", self.store.update, gen.session_id, gen.context, 0)
+
+    def verified(self, gen: Generation, proposal: ProposeResult, result: VerifyResult) -> None:
+        """Before gen confirms the round: the confirmed tokens to the session's context table, the
+        verifier's argmax after each rejected draft node to its verifier table."""
+        if self.store is None:
+            return
+        context = gen.context
+        start = max(0, len(context) - SUFFIX_TOKENS)  # the prefixes of the new tokens
+        self._guard("update", self.store.update, gen.session_id, [*context[start:], *result.emitted],
+                    len(context) - start)
+        if len(proposal.draft):
+            branches = verifier_branches(context[start:], proposal.draft, result.accepted_nodes, result.node_argmax)
+            if branches:
+                self._guard("record_branches", self.store.record_branches, gen.session_id, branches)
+
+    def finished(self, gen: Generation) -> None:
+        if self.store is not None and self.learn_global and gen.output:
+            self._guard("update_global", self.store.update_global, gen.output)
+        metrics.GENERATIONS.labels(finish_reason=gen.finish).inc()
+
+    def released(self, session_id: str) -> None:
+        if self.store is not None:
+            self._guard("release", self.store.release, session_id)
+
+    @staticmethod
+    def _guard(call: str, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as err:
+            metrics.CACHE_FAILURES.labels(call=call).inc()
+            log.warning("n-gram store call failed", extra={"call": call, "error": str(err)})
+
+
+def count_round(spec: SpeculationOptions, proposal: ProposeResult, result: VerifyResult, emitted: int,
+                resolution: Resolution, idle_ms: float, round_ms: float) -> None:
+    labels = {"drafter": spec.drafter}
+    sources = proposal.draft.node_sources()
+    for source in sources:
+        metrics.SOURCE_DRAFTED.labels(source=source, **labels).inc()
+    for node in result.accepted_nodes:
+        metrics.SOURCE_ACCEPTED.labels(source=sources[node], **labels).inc()
+    metrics.ROUNDS.labels(**labels).inc()
+    metrics.DRAFTED_TOKENS.labels(**labels).inc(len(proposal.draft))
+    metrics.ACCEPTED_TOKENS.labels(**labels).inc(len(result.accepted_tokens))
+    metrics.EMITTED_TOKENS.labels(**labels).inc(emitted)
+    metrics.DRAFT_TIME_MS.labels(**labels).inc(proposal.draft_ms)
+    metrics.HIDDEN_DRAFT_MS.labels(**labels).inc(resolution.hidden_ms)
+    metrics.VERIFIER_IDLE_MS.labels(schedule=spec.schedule, **labels).inc(idle_ms)
+    metrics.ROUND_MS.labels(**labels).observe(round_ms)
+
+
+def count_prediction(spec: SpeculationOptions, resolution: Resolution) -> None:
+    if not resolution.issued:
+        return
+    labels = {"drafter": spec.drafter, "predictor": spec.predictor}
+    metrics.HYPOTHESES.labels(**labels).inc(resolution.issued)
+    (metrics.PREDICTION_HITS if resolution.hit else metrics.PREDICTION_MISSES).labels(**labels).inc()
+    metrics.WASTED_DRAFT_TOKENS.labels(drafter=spec.drafter).inc(resolution.wasted)

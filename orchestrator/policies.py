@@ -1,0 +1,102 @@
+"""Draft policies: how much a generation drafts each round, and which drafted nodes it verifies.
+
+- fixed: the request's draft length k and pre-drafts M, every drafted node verified;
+- adaptive: k, M and the nodes kept chosen each round by AdaptiveController (orchestrator/adaptive.py)
+  from what rounds cost and yield, learned online.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from specpipe import metrics
+from specpipe.trees import common_prefix, first_path_nodes, tried_children
+from specpipe.types import ALL_HYPOTHESES, ProposeResult, SpeculationOptions, VerifyResult
+from orchestrator.adaptive import AdaptiveController, SharedModels
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A round as a draft policy learns from it."""
+
+    proposal: ProposeResult    # what was verified
+    as_drafted: ProposeResult  # before trim()
+    result: VerifyResult
+    call_ms: float             # the verify call as the orchestrator saw it
+
+
+class DraftPolicy(Protocol):
+    def draft_len(self, load: int, branch: bool) -> int:
+        """k for the next round (before the generation's room caps it); load: generations sharing the verifier."""
+
+    def hypotheses(self, in_flight: ProposeResult, load: int) -> int:
+        """Pre-drafts to run while in_flight verifies (branch schedule)."""
+
+    def trim(self, proposal: ProposeResult, load: int) -> ProposeResult:
+        """The nodes of a fresh draft worth verifying."""
+
+    def observe(self, verified: Verified) -> None: ...
+
+    def observe_prediction(self, hit: bool) -> None: ...
+
+
+class FixedPolicy:
+    def __init__(self, spec: SpeculationOptions):
+        self._spec = spec
+
+    def draft_len(self, load: int, branch: bool) -> int:
+        return self._spec.draft_len
+
+    def hypotheses(self, in_flight: ProposeResult, load: int) -> int:
+        return self._spec.hypotheses
+
+    def trim(self, proposal: ProposeResult, load: int) -> ProposeResult:
+        return proposal
+
+    def observe(self, verified: Verified) -> None:
+        pass
+
+    def observe_prediction(self, hit: bool) -> None:
+        pass
+
+
+class AdaptivePolicy:
+    def __init__(self, shared: SharedModels, spec: SpeculationOptions):
+        m_max = spec.draft_len + 1 if spec.hypotheses == ALL_HYPOTHESES else spec.hypotheses
+        self._controller = AdaptiveController(shared, spec.drafter, spec.draft_len, m_max)
+        self._shared = shared
+        self._kind = spec.drafter
+
+    def draft_len(self, load: int, branch: bool) -> int:
+        return self._controller.draft_len(load, branch)
+
+    def hypotheses(self, in_flight: ProposeResult, load: int) -> int:
+        return self._controller.hypotheses(len(first_path_nodes(in_flight.draft)), load)
+
+    def trim(self, proposal: ProposeResult, load: int) -> ProposeResult:
+        """The draft without the nodes whose expected acceptance does not pay for verifying them."""
+        draft = proposal.draft
+        nodes = self._controller.keep(draft.parents, draft.node_sources(), proposal.draft_ms, load)
+        if len(nodes) == len(draft):
+            return proposal
+        metrics.TRIMMED_DRAFT_TOKENS.labels(drafter=self._kind).inc(len(draft) - len(nodes))
+        return replace(proposal, draft=draft.select(nodes))
+
+    def observe(self, verified: Verified) -> None:
+        draft, result = verified.proposal.draft, verified.result
+        chain, sources = first_path_nodes(draft), draft.node_sources()
+        alternatives = [(depth, rank, hit) for _, depth, rank, hit in
+                        tried_children(draft.parents, result.accepted_nodes) if rank]
+        self._controller.observe(
+            len(chain), common_prefix(chain, result.accepted_nodes), result.verify_ms, verified.proposal.draft_ms,
+            result.entropy, verified.call_ms, sources=[sources[n] for n in chain],
+            draft_tokens=len(first_path_nodes(verified.as_drafted.draft)), nodes=len(draft), alternatives=alternatives)
+        metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=self._kind).observe(len(chain))
+        fit = self._shared.verify.line()
+        if fit is not None:
+            metrics.VERIFY_COST_MS.labels(term="fixed").set(fit[0])
+            metrics.VERIFY_COST_MS.labels(term="per_token").set(fit[1])
+
+    def observe_prediction(self, hit: bool) -> None:
+        self._controller.observe_prediction(hit)

@@ -1,0 +1,184 @@
+"""`specpipe loadtest`: Locust against the streaming Generate API (deploy/locust/), headless, with a
+table per user level: aggregate tokens/s, p50/p99 TTFT and inter-token latency, goodput under
+--slo, errors by gRPC status. Targets --addr, or a `specpipe up` it starts and stops itself. With
+several --drafter values it runs the shape once per value against the same services (speculation
+off against on); --report writes the comparison into a Markdown file with plots; --memory-every
+samples the services' resident memory (a soak)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from specpipe import loadstats
+from specpipe.errors import InvalidArgument
+from specpipe.loadshapes import SHAPES, parse_levels
+from specpipe.presets import PRESETS
+from specpipe.types import DRAFTER_KINDS
+
+SERVER_DEFAULT = "default"  # a --drafter value: the server's own default speculation
+SUITES = ("mix", "humaneval", "mtbench", "gsm8k", "random", "noise")  # mix: the first three in turn
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("loadtest", help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
+                                   description=__doc__.split("\n\n")[0])
+    target = parser.add_argument_group("target")
+    target.add_argument("--addr", default=None, help="HOST:PORT of an orchestrator (default: start `specpipe up`)")
+    target.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", "tiny"), choices=sorted(PRESETS),
+                        help="without --addr: the model pair of the `specpipe up` started (default: %(default)s)")
+    target.add_argument("--up-args", default="", help="without --addr: more `specpipe up` flags, e.g. \"--compile on --pin\"")
+    target.add_argument("--startup-timeout", type=float, default=600.0, metavar="S", help="(default: %(default)s)")
+    load = parser.add_argument_group("load")
+    load.add_argument("--shape", default="steps", choices=("constant", *SHAPES),
+                      help="steps: each of --levels held --hold-s; ramp / spike over the same span; constant: "
+                      "--users for --run-time (default: %(default)s)")
+    load.add_argument("--levels", default="1,2,4,8,16", type=_levels, help="user counts (default: %(default)s)")
+    load.add_argument("--hold-s", type=float, default=30.0, help="seconds per level (default: %(default)s)")
+    load.add_argument("--users", type=int, default=4, help="constant: users (default: %(default)s)")
+    load.add_argument("--run-time", type=float, default=60.0, metavar="S", help="constant: seconds (default: %(default)s)")
+    work = parser.add_argument_group("requests (flags of deploy/locust/locustfile.py)")
+    work.add_argument("--suite", default="mix", choices=SUITES, help="mix: code, chat and math in turn (default: %(default)s)")
+    work.add_argument("--prompt-limit", type=int, default=20, help="prompts per suite (default: %(default)s)")
+    work.add_argument("--max-new-tokens", type=int, default=int(os.environ.get("SPECPIPE_MAX_NEW_TOKENS", "64")),
+                      help="(default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
+    work.add_argument("--deadline-s", type=float, default=120.0, help="client deadline per call (default: %(default)s)")
+    work.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    work.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
+    work.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    work.add_argument("--drafter", default=SERVER_DEFAULT,
+                      help="per-request drafter, comma-separated for one run each: model, ngram, hybrid, none "
+                      f"(speculation off) or {SERVER_DEFAULT} (the server's) (default: %(default)s)")
+    work.add_argument("--draft-len", type=int, default=0, help="0 = the server's (default: %(default)s)")
+    work.add_argument("--width", type=int, default=0, help="0 = the server's (default: %(default)s)")
+    work.add_argument("--schedule", default="", help="sequential or branch; empty = the server's")
+    work.add_argument("--adaptive", default="", help="on or off; empty = the server's")
+    out = parser.add_argument_group("output")
+    out.add_argument("--slo", default="", type=_slo, help="goodput SLOs: ttft=MS,itl=MS (ITL: a request's mean)")
+    out.add_argument("--out", default=None, help="folder for Locust's CSV / HTML and the request records (default: a temp dir)")
+    out.add_argument("--json", action="store_true", help="print the summary as JSON")
+    out.add_argument("--report", default=None, metavar="MD", help="write the comparison into this Markdown file's "
+                     "generated section, plots into <its folder>/load/")
+    out.add_argument("--memory-every", type=float, default=0.0, metavar="S",
+                     help="without --addr: sample the services' resident memory every S seconds (0 = off)")
+    out.add_argument("--warmup-s", type=float, default=30.0, help="memory samples before this are warm-up (default: %(default)s)")
+    parser.set_defaults(func=run)
+
+
+def _levels(text: str) -> str:
+    parse_levels(text)
+    return text
+
+
+def _slo(text: str) -> loadstats.Slo:
+    try:
+        return loadstats.parse_slo(text)
+    except InvalidArgument as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def workload_flags(args: argparse.Namespace, drafter: str) -> tuple[str, ...]:
+    flags = ["--suite", args.suite, "--prompt-limit", str(args.prompt_limit), "--max-new-tokens", str(args.max_new_tokens),
+             "--deadline-s", f"{args.deadline_s:g}", "--temperature", f"{args.temperature:g}", "--top-p", f"{args.top_p:g}",
+             "--seed", str(args.seed), "--draft-len", str(args.draft_len), "--width", str(args.width)]
+    for name, value in (("--drafter", "" if drafter == SERVER_DEFAULT else drafter), ("--schedule", args.schedule),
+                        ("--adaptive", args.adaptive)):
+        if value:
+            flags += [name, value]
+    return tuple(flags)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specpipe.cli import loadtest_runs
+
+    drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
+    if not drafters or set(drafters) - {SERVER_DEFAULT, *DRAFTER_KINDS}:
+        raise InvalidArgument(f"--drafter takes {', '.join((SERVER_DEFAULT, *DRAFTER_KINDS))}, comma-separated; "
+                              f"got {args.drafter!r}")
+    if args.report:
+        _check_report(Path(args.report))  # before the run, not after it
+    if args.memory_every > 0 and args.addr:
+        raise InvalidArgument("--memory-every samples the services of the `specpipe up` loadtest starts: drop --addr")
+    out_dir = Path(args.out or tempfile.mkdtemp(prefix="specpipe-loadtest-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stack = sampler = None
+    try:
+        if args.addr is None:
+            print(f"specpipe loadtest: starting specpipe up --preset {args.preset}", file=sys.stderr, flush=True)
+            stack = loadtest_runs.start_up(["--preset", args.preset, *args.up_args.split()], out_dir / "up",
+                                           args.startup_timeout)
+            if args.memory_every > 0:
+                sampler = loadtest_runs.MemorySampler(stack.pids, args.memory_every, out_dir / "memory.jsonl")
+                sampler.start()
+        host = args.addr or stack.addresses["orchestrator"]
+        runs, statuses = {}, {}
+        for drafter in drafters:
+            run_dir = out_dir / drafter if len(drafters) > 1 else out_dir
+            locust_run = loadtest_runs.LocustRun(host, run_dir, args.shape, args.users, args.run_time, args.levels,
+                                                 args.hold_s, workload_flags(args, drafter), args.deadline_s)
+            print(f"specpipe loadtest: drafter {drafter}, {args.shape} load on {host}; output in {run_dir}",
+                  file=sys.stderr, flush=True)
+            statuses[drafter] = loadtest_runs.run_locust(locust_run)
+            records = loadstats.read_records(locust_run.records) if locust_run.records.exists() else []
+            runs[drafter] = loadstats.summarize(records, args.slo)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if stack is not None:
+            stack.stop()
+    memory = {role: loadstats.memory_trend(samples, args.warmup_s) for role, samples in sampler.samples.items()} \
+        if sampler is not None else {}
+    summary = {"out": str(out_dir), "runs": {d: loadstats.to_json(levels, args.slo)["levels"] for d, levels in runs.items()},
+               "slo": loadstats.to_json([], args.slo)["slo"], "locust_status": statuses,
+               "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()}}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if args.report:
+        _write_report(args, runs)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_tables(runs, args.slo, memory)
+    requests = sum(s.requests for levels in runs.values() for s in levels)
+    errors = sum(sum(s.errors.values()) for levels in runs.values() for s in levels)
+    return 1 if errors or not requests or any(statuses.values()) else 0
+
+
+def _print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
+    for drafter, levels in runs.items():
+        print(f"\ndrafter {drafter}\n{loadstats.markdown_table(levels, slo)}")
+    if memory:
+        print("\n| service | RSS first third (MB) | last third (MB) | growth (MB) | peak (MB) | slope (MB/min) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for role, t in memory.items():
+            print(f"| {role} | - | - | - | - | too few samples |" if t is None else
+                  f"| {role} | {t.first_mb:.1f} | {t.last_mb:.1f} | {t.growth_mb:+.1f} | {t.peak_mb:.1f} | "
+                  f"{t.slope_mb_per_min:+.2f} |")
+
+
+def _write_report(args: argparse.Namespace, runs: dict) -> None:
+    from specpipe import loadreport
+
+    path = Path(args.report)
+    images = loadreport.plot(runs, path.parent / "load")
+    meta = {"preset": "(--addr)" if args.addr else args.preset, "up args": args.up_args or "-", "shape": args.shape,
+            "levels": args.levels, "hold s": f"{args.hold_s:g}", "suite": args.suite,
+            "max new tokens": args.max_new_tokens, "temperature": f"{args.temperature:g}",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+    command = "specpipe loadtest " + shlex.join(sys.argv[2:]) if sys.argv[1:2] == ["loadtest"] else "specpipe loadtest"
+    loadreport.write_report(path, loadreport.report_markdown(runs, args.slo, meta, images, path.parent, command))
+
+
+def _check_report(path: Path) -> None:
+    from specpipe import loadreport
+    from specpipe.report import markers
+
+    begin, end = markers(loadreport.SECTION)
+    if not path.is_file() or begin not in (text := path.read_text()) or end not in text:
+        raise InvalidArgument(f"--report {path}: needs a Markdown file with a {begin} ... {end} section")

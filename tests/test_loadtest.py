@@ -1,0 +1,296 @@
+"""Load testing: the arithmetic of the per-level table (literal arrays), the load shapes, the memory
+trend of a soak, the report, and the smoke: `specpipe loadtest` starts `specpipe up --preset tiny`
+and runs Locust headless with 4 users for 20 s; the run must have requests and no failure, and its
+table must agree with Locust's CSV and with the per-request records."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specpipe.errors import InvalidArgument
+from specpipe.loadshapes import (
+    parse_levels,
+    ramp_users,
+    shape_users,
+    spike_users,
+    steps_users,
+)
+from specpipe.loadstats import (
+    OK,
+    LevelSummary,
+    RequestRecord,
+    Slo,
+    itl_per_token,
+    markdown_table,
+    memory_trend,
+    parse_slo,
+    percentile,
+    read_records,
+    summarize,
+    within_slo,
+    write_record,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("values, q, expected", [
+    ([1, 2, 3, 4], 50, 2.5),
+    ([4, 1, 3, 2], 0, 1),
+    ([4, 1, 3, 2], 100, 4),
+    ([10, 20], 99, 19.9),
+    ([7], 99, 7),
+    ([], 50, None),
+])
+def test_percentile(values, q, expected):
+    result = percentile(values, q)
+    assert result == (None if expected is None else pytest.approx(expected))
+
+
+def test_percentile_out_of_range():
+    with pytest.raises(InvalidArgument):
+        percentile([1.0], 101)
+
+
+def test_itl_per_token_splits_a_chunk_gap():
+    assert itl_per_token(30.0, 3) == [10.0, 10.0, 10.0]
+    assert itl_per_token(5.0, 0) == []
+
+
+def record(users=1, start=0.0, end=1.0, status=OK, tokens=3, ttft=100.0, itl=(10.0, 20.0), prompt_id="p"):
+    return RequestRecord(start_s=start, end_s=end, users=users, status=status, tokens=tokens, ttft_ms=ttft,
+                         itl_ms=tuple(itl), prompt_id=prompt_id)
+
+
+@pytest.mark.parametrize("case, expected", [
+    (record(), True),                          # TTFT 100 <= 100, mean ITL 15 <= 15
+    (record(ttft=100.5), False),               # TTFT over
+    (record(itl=(10.0, 21.0)), False),         # mean ITL 15.5 over, though one token is fast
+    (record(itl=()), True),                    # a single chunk: no ITL to hold against the SLO
+    (record(status="UNAVAILABLE"), False),     # an error is never good
+    (record(ttft=None, itl=(), tokens=0), False),
+])
+def test_within_slo(case, expected):
+    assert within_slo(case, Slo(ttft_ms=100.0, itl_ms=15.0)) is expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("ttft=500,itl=50", Slo(500.0, 50.0)),
+    ("itl=20", Slo(math.inf, 20.0)),
+    ("", Slo()),
+])
+def test_parse_slo(text, expected):
+    assert parse_slo(text) == expected
+
+
+@pytest.mark.parametrize("text", ["ttx=5", "ttft=abc", "ttft=-1", "ttft"])
+def test_parse_slo_rejects(text):
+    with pytest.raises(InvalidArgument):
+        parse_slo(text)
+
+
+def test_summarize_per_user_level():
+    records = [
+        record(users=1, start=0.0, end=1.0, tokens=3, ttft=100.0, itl=(10.0, 20.0)),
+        record(users=1, start=1.0, end=2.0, tokens=3, ttft=300.0, itl=(30.0, 40.0)),
+        record(users=2, start=2.0, end=3.0, tokens=2, ttft=50.0, itl=(5.0,)),
+        record(users=2, start=2.0, end=4.0, tokens=1, ttft=60.0, itl=()),
+        record(users=2, start=3.0, end=3.5, status="DEADLINE_EXCEEDED", tokens=0, ttft=None, itl=()),
+    ]
+    one, two = summarize(records, Slo(ttft_ms=200.0, itl_ms=30.0))
+    assert (one.users, one.requests, one.tokens, one.seconds, one.tokens_per_s) == (1, 2, 6, 2.0, 3.0)
+    assert (one.ttft_p50_ms, one.itl_p50_ms, one.e2e_p50_ms) == (200.0, 25.0, 1000.0)
+    assert one.ttft_p99_ms == pytest.approx(298.0) and one.itl_p99_ms == pytest.approx(39.7)
+    assert (one.good, one.goodput_rps, one.errors) == (1, 0.5, {})  # the second misses the TTFT SLO
+    assert (two.users, two.requests, two.tokens, two.seconds, two.tokens_per_s) == (2, 3, 3, 2.0, 1.5)
+    assert (two.ttft_p50_ms, two.itl_p50_ms) == (55.0, 5.0)  # the failed call has no latency to count
+    assert (two.good, two.errors) == (2, {"DEADLINE_EXCEEDED": 1})
+    table = markdown_table([one, two], Slo(ttft_ms=200.0, itl_ms=30.0))
+    assert "| 2 | 3 | 1.5 | 55.0 / 59.9 | 5.0 / 5.0 | 1500 | 1.00 (2/3) | DEADLINE_EXCEEDED 1 |" in table
+
+
+def test_records_round_trip(tmp_path):
+    path = tmp_path / "requests.jsonl"
+    with open(path, "w") as stream:
+        for r in (record(), record(status="UNAVAILABLE", ttft=None, itl=(), tokens=0)):
+            write_record(stream, r)
+    assert read_records(path) == [record(), record(status="UNAVAILABLE", ttft=None, itl=(), tokens=0)]
+
+
+@pytest.mark.parametrize("t, expected", [(0.0, 1), (9.9, 1), (10.0, 2), (25.0, 4), (49.9, 16), (50.0, None), (-1, None)])
+def test_steps_hold_each_level(t, expected):
+    assert steps_users(t, (1, 2, 4, 8, 16), hold_s=10.0) == expected
+
+
+@pytest.mark.parametrize("t, expected", [(0.0, 1), (50.0, 8), (99.0, 15), (100.0, None)])
+def test_ramp_rises_to_the_peak(t, expected):
+    assert ramp_users(t, peak=16, duration_s=100.0) == expected
+
+
+@pytest.mark.parametrize("t, expected", [(0.0, 2), (29.9, 2), (30.0, 16), (59.9, 16), (60.0, 2), (90.0, None)])
+def test_spike_in_the_middle_third(t, expected):
+    assert spike_users(t, base=2, peak=16, duration_s=90.0) == expected
+
+
+def test_shape_users_spans_the_levels():
+    assert shape_users("ramp", 15.0, (1, 4, 16), hold_s=10.0) == 8  # 1 -> 16 over 3 * 10 s
+    assert shape_users("spike", 15.0, (1, 4, 16), hold_s=10.0) == 16
+    with pytest.raises(InvalidArgument):
+        shape_users("wave", 0.0, (1,), 1.0)
+
+
+@pytest.mark.parametrize("text", ["", "1,x", "0,2", "-1"])
+def test_parse_levels_rejects(text):
+    with pytest.raises(InvalidArgument):
+        parse_levels(text)
+
+
+def test_memory_trend_flat_and_growing():
+    flat = memory_trend([(t, 400.0 + (1.0 if t == 6 else 0.0)) for t in range(10)])  # one burst
+    assert (flat.first_mb, flat.last_mb, flat.growth_mb, flat.peak_mb) == (400.0, 400.0, 0.0, 401.0)
+    growing = memory_trend([(t, 100.0 + t) for t in range(13)], warmup_s=3.0)  # 1 MB/s after warm-up
+    assert growing.slope_mb_per_min == pytest.approx(60.0)
+    assert (growing.first_mb, growing.last_mb) == (4.0 + 100.0, 11.0 + 100.0)
+    assert memory_trend([(0.0, 1.0), (1.0, 1.0)]) is None
+
+
+def test_up_table_and_locust_command(tmp_path):
+    from specpipe.cli.loadtest_runs import LocustRun, locust_command, parse_up_table
+
+    table = ("service       address          metrics  pid    core\n"
+             "orchestrator  127.0.0.1:36527  43575    12064  -\n"
+             "verifier      127.0.0.1:32861  34199    11809  -\n"
+             "specpipe up: ready (preset tiny); logs in /tmp/x; Ctrl-C stops all services\n")
+    assert parse_up_table(table) == ({"orchestrator": "127.0.0.1:36527", "verifier": "127.0.0.1:32861"},
+                                     {"orchestrator": 12064, "verifier": 11809})
+    constant = locust_command(LocustRun("h:1", tmp_path, "constant", 4, 20.0, "1,2", 5.0, ("--suite", "gsm8k")))
+    assert constant[constant.index("-u") + 1] == "4" and constant[constant.index("-t") + 1] == "20s"
+    assert "shapes.py" not in constant[constant.index("-f") + 1] and constant[-2:] == ["--suite", "gsm8k"]
+    steps = locust_command(LocustRun("h:1", tmp_path, "steps", 4, 20.0, "1,2", 5.0))
+    assert steps[steps.index("-f") + 1].endswith("shapes.py") and "-u" not in steps
+    assert steps[steps.index("--levels") + 1] == "1,2" and steps[steps.index("--hold-s") + 1] == "5"
+
+
+def test_report_section_and_plots(tmp_path):
+    from specpipe.loadreport import (
+        comparison_table,
+        plot,
+        report_markdown,
+        write_report,
+    )
+
+    runs = {"none": [LevelSummary(users=1, requests=4, tokens=40, seconds=2.0, tokens_per_s=20.0, ttft_p99_ms=90.0,
+                                  itl_p99_ms=12.5)],
+            "model": [LevelSummary(users=1, requests=5, tokens=60, seconds=2.0, tokens_per_s=30.0, ttft_p99_ms=80.0,
+                                   itl_p99_ms=10.0, errors={"UNAVAILABLE": 1})]}
+    assert "| 1 | 20.0 | 30.0 | 1.50x | 90 | 80 | 12.5 | 10.0 | 1 |" in comparison_table(runs)
+    doc = tmp_path / "load.md"
+    doc.write_text("# Load\n<!-- bench-report:load:begin -->\nold\n<!-- bench-report:load:end -->\ntail\n")
+    images = plot(runs, tmp_path / "load")
+    assert all(p.stat().st_size > 0 for p in images)
+    write_report(doc, report_markdown(runs, Slo(), {"preset": "tiny"}, images, tmp_path, "specpipe loadtest x"))
+    text = doc.read_text()
+    assert "old" not in text and text.endswith("tail\n") and "](load/load-tokens-per-s.png)" in text
+    assert "Generated by `specpipe loadtest x`: preset `tiny`." in text
+
+
+def loadtest(tmp_path: Path, *flags: str, timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", "loadtest", "--out", str(tmp_path), "--json",
+                           *flags], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    assert proc.stdout.strip(), proc.stderr
+    return proc, json.loads(proc.stdout)
+
+
+def csv_rows(path: Path) -> dict[str, dict]:
+    with open(path, newline="") as stream:
+        return {row["Name"]: row for row in csv.DictReader(stream)}
+
+
+def test_smoke_tiny_4_users(tmp_path):
+    proc, summary = loadtest(tmp_path, "--preset", "tiny", "--shape", "constant", "--users", "4", "--run-time", "20",
+                             "--max-new-tokens", "32", "--prompt-limit", "5", "--slo", "ttft=60000,itl=60000")
+    assert proc.returncode == 0, proc.stderr
+    stats = csv_rows(tmp_path / "locust_stats.csv")
+    assert int(stats["Aggregated"]["Failure Count"]) == 0
+    assert int(stats["e2e"]["Request Count"]) > 0
+    assert (tmp_path / "locust.html").stat().st_size > 0
+    assert list(csv_rows(tmp_path / "locust_failures.csv")) == []
+
+    records = read_records(tmp_path / "requests.jsonl")
+    (level,) = summary["runs"]["default"]
+    assert level["users"] == 4 and level["requests"] == len(records) > 0 and level["errors"] == {}
+    # Locust's own count and the records are the same calls; every call ran to its token budget
+    assert int(stats["e2e"]["Request Count"]) == int(stats["ttft"]["Request Count"]) == len(records)
+    assert all(r.status == OK and 0 < r.tokens <= 32 and len(r.itl_ms) < r.tokens for r in records)
+    assert level["tokens"] == sum(r.tokens for r in records)
+    assert int(stats["itl"]["Request Count"]) == sum(len(r.itl_ms) for r in records)
+    assert level["tokens_per_s"] > 0 and level["good"] == level["requests"]  # the SLOs are a minute
+    assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"] and 0 <= level["itl_p50_ms"] <= level["itl_p99_ms"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_errors_are_counted_by_grpc_status(tmp_path):
+    """No server at the address: every call fails UNAVAILABLE, the run says so and exits 1."""
+    proc, summary = loadtest(tmp_path, "--addr", f"127.0.0.1:{free_port()}", "--shape", "constant", "--users", "1",
+                             "--run-time", "1", "--suite", "random", "--deadline-s", "1")
+    assert proc.returncode == 1
+    (level,) = summary["runs"]["default"]
+    assert level["requests"] > 0 and level["errors"] == {"UNAVAILABLE": level["requests"]} and level["good"] == 0
+    failures = csv_rows(tmp_path / "locust_failures.csv")
+    assert [(name, f["Error"]) for name, f in failures.items()] == [("e2e", "StatusError('UNAVAILABLE')")]
+
+
+@pytest.mark.slow
+def test_soak_memory_flat_and_no_errors(tmp_path):
+    """SPECPIPE_SOAK_S (default 600) seconds of 4 steady users on the tiny preset, resident memory of
+    each service sampled every 5 s: zero errors, and after a minute's warm-up memory is flat (the
+    sessions of finished generations are released)."""
+    seconds = float(os.environ.get("SPECPIPE_SOAK_S", "600"))
+    proc, summary = loadtest(tmp_path, "--preset", "tiny", "--shape", "constant", "--users", "4", "--run-time",
+                             f"{seconds:g}", "--max-new-tokens", "64", "--memory-every", "5", "--warmup-s",
+                             f"{min(60.0, seconds / 4):g}", timeout_s=seconds + 300)
+    assert proc.returncode == 0, proc.stderr
+    (level,) = summary["runs"]["default"]
+    assert level["requests"] > 0 and level["errors"] == {}
+    for role, trend in summary["memory"].items():
+        assert trend is not None, role
+        assert trend["growth_mb"] < 32.0, (role, trend)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--drafter", "none,fast"], "--drafter takes default, model, ngram, hybrid, none"),
+    (["--report", "pyproject.toml"], "needs a Markdown file with a <!-- bench-report:load:begin -->"),
+    (["--addr", "127.0.0.1:1", "--memory-every", "5"], "--memory-every samples the services"),
+])
+def test_loadtest_rejects_before_starting(flags, message, capsys):
+    from specpipe.cli.main import main
+
+    assert main(["loadtest", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_workload_flags_leave_server_defaults_out():
+    from specpipe.cli.loadtest_cmd import workload_flags
+    from specpipe.cli.main import build_parser
+
+    args = build_parser().parse_args(["loadtest", "--suite", "gsm8k", "--temperature", "0.7", "--schedule", "branch"])
+    default = workload_flags(args, "default")
+    assert "--drafter" not in default and "--adaptive" not in default
+    assert default[default.index("--schedule") + 1] == "branch" and default[default.index("--temperature") + 1] == "0.7"
+    none = workload_flags(args, "none")
+    assert none[none.index("--drafter") + 1] == "none" and none[none.index("--suite") + 1] == "gsm8k"
