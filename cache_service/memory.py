@@ -1,6 +1,6 @@
 """In-memory n-gram store: the embedded default. Same semantics as the Redis backend (the contract
-tests run one suite over both): per session a context and a verifier table sharing one TTL, refreshed
-by an update of either, and a global table bounded in prefixes."""
+tests run one suite over both): per session a verifier table with a TTL, refreshed by each update,
+and a global table bounded in prefixes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from specpipe.ngram import NgramConfig, NgramDraft, Table
 
 @dataclass
 class _Session:
-    context: Table = field(default_factory=dict)   # confirmed tokens (update)
     verifier: Table = field(default_factory=dict)  # the verifier's argmax off the accepted path (record_branches)
     expires_at: float = 0.0  # clock() seconds
 
@@ -36,20 +35,10 @@ class InMemoryNgramCache:
         k = min(k, self.config.max_draft_len)
         with self._lock:
             session = self._live(session_id) or _Session()
-            tables = [session.context, session.verifier]  # TABLES order
+            tables = [session.verifier]  # TABLES order
             if self.config.use_global:
                 tables.append(self._global)
             return ngram.mln_lookup(tables, list(context_suffix), k, width, self.config.max_n)
-
-    def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
-        ngram.check_session_id(session_id)
-        ngram.check_update(tokens, start)
-        updates = ngram.ngram_updates(tokens, start, self.config.max_n)
-        with self._lock:
-            session = self._touch(session_id, bool(updates))
-            if session is None:
-                return 0
-            return ngram.record_all(session.context, updates, self.config.max_continuations)
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
         ngram.check_session_id(session_id)

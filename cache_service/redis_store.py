@@ -1,14 +1,13 @@
-"""Redis n-gram store: every replica of every service shares one store
-(docs/design.md, "Drafting").
+"""Redis n-gram store: every replica of every service shares one store (docs/design.md, "Drafting").
 
-Layout: one hash per table (specpipe.ngram.TABLES). A session's context table (all levels n = 2..N) is
-the hash `{s:<id>}:ngram`, its verifier table `{s:<id>}:verifier`, the global (corpus) table is
-`{g}:ngram`; field = prefix "t1,...,t_{n-1}", value = continuations "c1,c2,..." most recent first, at
-most max_continuations (LRU per prefix, Self-Draft). A session's keys share the hash tag {s:<id>}, so
-they live on one Redis Cluster slot; every session update PEXPIREs both (one TTL per session) and a
-release is one DEL of both. A whole K-token lookup is ONE EVALSHA of lua/lookup.lua; an update, a
-record_branches and an update_global are each ONE EVALSHA of lua/update.lua (one round trip each),
-with the semantics of specpipe.ngram.
+Layout: one hash per table (specpipe.ngram.TABLES). A session's verifier table (all levels n = 2..N)
+is the hash `{s:<id>}:verifier`, the global (corpus) table is `{g}:ngram`; field = prefix
+"t1,...,t_{n-1}", value = continuations "c1,c2,..." most recent first, at most max_continuations (LRU
+per prefix, Self-Draft). A session's keys carry the hash tag {s:<id>}, so they live on one Redis
+Cluster slot; every session update PEXPIREs them (one TTL per session) and a release is one DEL. A
+whole K-token lookup is ONE EVALSHA of lua/lookup.lua; a record_branches and an update_global are each
+ONE EVALSHA of lua/update.lua (one round trip each), with the semantics of specpipe.ngram. The
+session's context is not stored: the n-gram drafter searches the context it is given.
 
 Limits: a lookup with the global fallback touches two hash slots (the session's and {g}), which Redis
 Cluster refuses (CROSSSLOT); on a cluster run with NgramConfig(use_global=False). The global hash is
@@ -42,13 +41,8 @@ LOOKUP_LUA = _lua("lookup.lua")
 UPDATE_LUA = _lua("update.lua")
 
 
-def session_key(session_id: str) -> str:
-    """The session's context table. All of a session's keys carry the hash tag {s:<id>} (one Cluster slot)."""
-    return f"{{s:{session_id}}}:ngram"
-
-
 def verifier_key(session_id: str) -> str:
-    """The session's verifier table, in the same hash slot as session_key."""
+    """The session's verifier table. A session's keys carry the hash tag {s:<id>} (one Cluster slot)."""
     return f"{{s:{session_id}}}:verifier"
 
 
@@ -93,21 +87,13 @@ class RedisNgramCache:
         k = min(k, self.config.max_draft_len)
         if k == 0:
             return ngram.EMPTY_NGRAM_DRAFT
-        keys = [session_key(session_id), verifier_key(session_id)]  # TABLES order
+        keys = [verifier_key(session_id)]  # TABLES order
         if self.config.use_global:
             keys.append(GLOBAL_KEY)
         suffix = list(context_suffix)[max(0, len(context_suffix) - (self.config.max_n - 1)):]
         with _errors(self._url):
             tokens, parents, levels, sources = self._lookup(keys=keys, args=[self.config.max_n, k, width, *suffix])
         return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(TABLES[i] for i in sources))
-
-    def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
-        ngram.check_session_id(session_id)
-        ngram.check_update(tokens, start)
-        # Only the max_n-1 tokens before start form prefixes of new tokens: send no more context.
-        first = max(0, start - (self.config.max_n - 1))
-        return self._record([session_key(session_id), verifier_key(session_id)],
-                            [(start - first, tokens[first:])], self._ttl_ms())
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
         ngram.check_session_id(session_id)
@@ -116,7 +102,7 @@ class RedisNgramCache:
             return 0
         # A branch records only its last token after at most max_n-1 tokens: send no more.
         segments = [(len(b[-self.config.max_n:]) - 1, b[-self.config.max_n:]) for b in branches]
-        return self._record([verifier_key(session_id), session_key(session_id)], segments, self._ttl_ms())
+        return self._record([verifier_key(session_id)], segments, self._ttl_ms())
 
     def update_global(self, tokens: Sequence[int]) -> int:
         ngram.check_tokens(tokens, "tokens")
@@ -125,7 +111,7 @@ class RedisNgramCache:
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)
         with _errors(self._url):
-            return self._redis.delete(session_key(session_id), verifier_key(session_id)) > 0
+            return self._redis.delete(verifier_key(session_id)) > 0
 
     def close(self) -> None:
         self._redis.close()

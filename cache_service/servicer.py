@@ -18,11 +18,6 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         return cache_convert.ngram_draft_to_proto(result)
 
     @rpc_method
-    def Update(self, request, context):
-        recorded = self._cache.update(request.session_id, tuple(request.tokens), request.start)
-        return cache_pb2.UpdateReply(recorded=recorded)
-
-    @rpc_method
     def RecordBranches(self, request, context):
         recorded = self._cache.record_branches(request.session_id, cache_convert.branches_from_proto(request))
         return cache_pb2.UpdateReply(recorded=recorded)

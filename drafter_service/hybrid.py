@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from specpipe import metrics
 from specpipe.protocols import Drafter
-from specpipe.trees import concat_chains, first_path_nodes, merge_drafts
+from specpipe.trees import attach, first_path_nodes, merge_drafts
 from specpipe.types import ModelInfo, ProposeRequest, ProposeResult
 
 log = logging.getLogger("specpipe.drafter")
@@ -45,7 +45,7 @@ class HybridDrafter:
             log.warning("n-gram lookup failed, drafting from the model only",
                         extra={"session_id": request.session_id, "error": str(err)})
             return model
-        parts = [model.draft, concat_chains(chain, extension.draft), alternative.draft]
+        parts = [model.draft, attach(chain, extension.draft, len(chain) - 1), alternative.draft]
         draft, _ = merge_drafts(parts, self._nodes_per_level * request.draft_len)
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.DRAFT_MS.labels(drafter="hybrid").observe(draft_ms)

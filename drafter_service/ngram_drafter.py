@@ -1,22 +1,31 @@
-"""N-gram drafter: drafts from the shared n-gram store (ANPD Multi-Level N-gram lookup), no forward
-pass at all. Drafts are deterministic (q = None, one-hot), so they also serve sampling: rejection
-sampling accepts a token x with probability p(x) (DESIGN section 3)."""
+"""N-gram drafter (ANPD Multi-Level N-gram), no forward pass at all: first from the session's own
+context, searched here in the tokens the request carries (as vLLM's n-gram proposer does: no store
+round trip, no per-round store update), then, where the context runs out, from the shared store's
+verifier and global tables (one lookup). Drafts are deterministic (q = None, one-hot), so they also
+serve sampling: rejection sampling accepts a token x with probability p(x) (docs/design.md,
+"Verification")."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
-from specpipe import metrics
-from specpipe.ngram import SUFFIX_TOKENS
+from specpipe import metrics, ngram
+from specpipe.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
 from specpipe.protocols import NgramCache
+from specpipe.trees import first_path
 from specpipe.types import ModelInfo, ProposeRequest, ProposeResult
+
+log = logging.getLogger("specpipe.drafter")
 
 
 class NgramDrafter:
-    def __init__(self, cache: NgramCache, info: ModelInfo):
+    def __init__(self, cache: NgramCache | None, info: ModelInfo, config: NgramConfig = NgramConfig()):
+        """cache: the store of the verifier and global tables (None: the context alone)."""
         self._cache = cache
         self._info = info  # the verifier's: the store holds the verifier's own tokens
+        self._config = config
 
     def info(self) -> ModelInfo:
         return self._info
@@ -25,13 +34,28 @@ class NgramDrafter:
         """A lookup has no state to protect: every epoch is served."""
         start = time.perf_counter()
         width = request.width if request.sampling.greedy else 1
-        found = self._cache.lookup(request.session_id, list(request.context[-SUFFIX_TOKENS:]), request.draft_len, width)
+        k = min(request.draft_len, self._config.max_draft_len)
+        found = ngram.context_lookup(request.context, k, width, self._config.max_n, self._config.max_continuations)
+        chain = first_path(found.draft)
+        if len(chain) < k and self._cache is not None:
+            found = ngram.after_chain(found, self._stored(request, chain, k - len(chain), 1 if chain else width))
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.NGRAM_LOOKUPS.inc()
         for level in found.levels:
             metrics.NGRAM_DRAFT_TOKENS.labels(level=str(level)).inc()
         metrics.DRAFT_MS.labels(drafter="ngram").observe(draft_ms)
         return ProposeResult(replace(found.draft, sources=found.sources), draft_ms)
+
+    def _stored(self, request: ProposeRequest, chain: list[int], k: int, width: int) -> NgramDraft:
+        """The store's continuation after the context and chain; a store that fails costs its part."""
+        suffix = [*request.context[-SUFFIX_TOKENS:], *chain][-SUFFIX_TOKENS:]
+        try:
+            return self._cache.lookup(request.session_id, suffix, k, width)
+        except Exception as err:
+            metrics.CACHE_FAILURES.labels(call="lookup").inc()
+            log.warning("n-gram store lookup failed, drafting from the context only",
+                        extra={"session_id": request.session_id, "error": str(err)})
+            return ngram.EMPTY_NGRAM_DRAFT
 
     def release(self, session_id: str) -> bool:
         return False  # the store's session tables belong to the orchestrator's session lifecycle

@@ -150,7 +150,6 @@ class Generator:
         def draft_len(emitted: int | None = None) -> int:  # draft only what can still be emitted
             return min(policy.draft_len(self._load.active, branch), gen.room(emitted))
 
-        self.observer.opened(gen)
         with self._load:
             try:
                 proposal, resolution, idle_since = schedule.first(gen, draft_len()), NO_SPECULATION, None

@@ -23,23 +23,15 @@ class RoundObserver:
         self.store = store
         self.learn_global = learn_global  # finished outputs go to the store's global (corpus) table
 
-    def opened(self, gen: Generation) -> None:
-        if self.store is not None:
-            self._guard("update", self.store.update, gen.session_id, gen.context, 0)
-
     def verified(self, gen: Generation, proposal: ProposeResult, result: VerifyResult) -> None:
-        """Before gen confirms the round: the confirmed tokens to the session's context table, the
-        verifier's argmax after each rejected draft node to its verifier table."""
-        if self.store is None:
+        """Before gen confirms the round: the verifier's argmax after each rejected draft node to the
+        session's verifier table (its confirmed tokens need no store: the drafter searches its context)."""
+        if self.store is None or not len(proposal.draft):
             return
-        context = gen.context
-        start = max(0, len(context) - SUFFIX_TOKENS)  # the prefixes of the new tokens
-        self._guard("update", self.store.update, gen.session_id, [*context[start:], *result.emitted],
-                    len(context) - start)
-        if len(proposal.draft):
-            branches = verifier_branches(context[start:], proposal.draft, result.accepted_nodes, result.node_argmax)
-            if branches:
-                self._guard("record_branches", self.store.record_branches, gen.session_id, branches)
+        tail = gen.context[-SUFFIX_TOKENS:]  # ends with the draft's root
+        branches = verifier_branches(tail, proposal.draft, result.accepted_nodes, result.node_argmax)
+        if branches:
+            self._guard("record_branches", self.store.record_branches, gen.session_id, branches)
 
     def finished(self, gen: Generation) -> None:
         if self.store is not None and self.learn_global and gen.output:

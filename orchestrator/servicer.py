@@ -4,33 +4,51 @@ closing the generation releases its verifier and drafter sessions."""
 
 from __future__ import annotations
 
+import time
+
+from specpipe import metrics
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
 from specpipe.v1 import generation_pb2, generation_pb2_grpc
+from orchestrator.admission import Admission
 from orchestrator.generator import Generator
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, generator: Generator):
+    def __init__(self, generator: Generator, admission: Admission | None = None):
         self._generator = generator
+        self._admission = admission or Admission()
 
     @rpc_method
     def Generate(self, request, context):
+        start = time.perf_counter()  # time to first token counts the wait for a slot
+        with self._admission.slot(context.time_remaining()):  # refused or queued before any work
+            yield from self._generate(request, context, start)
+
+    def _generate(self, request, context, start: float):
         source, generation = convert.generate_request_from_proto(request, self._generator.defaults)
         prompt_ids = self._generator.encode(**source.encode_kwargs())
         chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
+        last = start
         try:
-            for chunk in chunks:
+            for i, chunk in enumerate(chunks):
                 if not context.is_active():  # client cancelled or deadline passed
                     return
+                now = time.perf_counter()
+                if i == 0:
+                    metrics.TTFT_MS.observe((now - last) * 1e3)
+                else:  # a chunk of n tokens: n gaps of the round's time / n each
+                    for _ in chunk.token_ids:
+                        metrics.INTER_TOKEN_MS.observe((now - last) * 1e3 / len(chunk.token_ids))
+                last = now
                 yield convert.chunk_to_proto(chunk)
         finally:
             chunks.close()
 
 
-def service(generator: Generator) -> Service:
+def service(generator: Generator, admission: Admission | None = None) -> Service:
     return Service(
         service_name(generation_pb2, "Generation"),
-        GenerationServicer(generator),
+        GenerationServicer(generator, admission),
         generation_pb2_grpc.add_GenerationServicer_to_server,
     )

@@ -45,3 +45,16 @@ ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + veri
 NGRAM_LOOKUPS = Counter("specpipe_ngram_lookups_total", "N-gram store lookups by the n-gram drafter")
 NGRAM_DRAFT_TOKENS = Counter("specpipe_ngram_draft_tokens_total", "N-gram draft tokens, by the n of the matching n-gram", ["level"])
 CACHE_FAILURES = Counter("specpipe_cache_failures_total", "N-gram store calls that failed (generation went on without them)", ["call"])
+
+VERIFY_BATCH_SESSIONS = Histogram("specpipe_verify_batch_sessions", "Sessions per batched verifier forward",
+                                  buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
+VERIFY_BATCH_TOKENS = Histogram("specpipe_verify_batch_tokens", "Tokens per batched verifier forward (all sessions)",
+                                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+QUEUE_DEPTH = Gauge("specpipe_queue_depth", "Requests waiting: verifier rounds and prefills for the model, "
+                    "orchestrator generations for a session slot", ["role"])
+QUEUE_WAIT_MS = Histogram("specpipe_queue_wait_ms", "Time a request waited before its work started", ["role"],
+                          buckets=_MS_BUCKETS)
+TTFT_MS = Histogram("specpipe_ttft_ms", "Orchestrator: time from a Generate request to its first chunk of tokens",
+                    buckets=_MS_BUCKETS)
+INTER_TOKEN_MS = Histogram("specpipe_inter_token_ms", "Orchestrator: time between streamed tokens (a chunk of n "
+                           "tokens counts its gap n times, each gap / n)", buckets=_MS_BUCKETS)

@@ -8,10 +8,12 @@ an LRU queue per prefix (Self-Draft, "context cache"). Lookup follows ANPD Algor
 N-gram): try the longest suffix (n = max_n) first and fall back to shorter ones; chain K steps as in
 ANPD Algorithm 1 (each step queries the context plus the tokens drafted so far).
 
-Three tables (TABLES), looked up in that order: a session's context table (its confirmed tokens), its
-verifier table (the verifier's argmax after draft nodes it did not accept: n-grams the verifier
-would have continued with, the Self-Draft idea at zero extra forward passes; verifier_branches) and
-the global (corpus) table shared by all sessions, bounded in prefixes (max_global_prefixes).
+Three sources, looked up in this order: the session's context (its prompt and confirmed tokens,
+searched where the drafter has it: context_lookup, as vLLM's n-gram proposer does, so the store
+needs no update per round), then the store's tables (TABLES): the session's verifier table (the
+verifier's argmax after draft nodes it did not accept: n-grams the verifier would have continued
+with, the Self-Draft idea at zero extra forward passes; verifier_branches) and the global (corpus)
+table shared by all sessions, bounded in prefixes (max_global_prefixes).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from specpipe.errors import InvalidArgument
+from specpipe.trees import attach, first_path_nodes
 from specpipe.types import ROOT, Draft
 
 Prefix = tuple[int, ...]
@@ -44,7 +49,7 @@ class NgramConfig:
             raise ValueError(f"bad NgramConfig: {self}")
 
 
-TABLES = ("context", "verifier", "global")  # lookup priority; names are draft sources (types.DRAFT_SOURCES)
+TABLES = ("verifier", "global")  # the store's tables, in lookup priority; names are draft sources (DRAFT_SOURCES)
 
 
 @dataclass(frozen=True)
@@ -139,16 +144,17 @@ def longest_match(tables: Sequence[Table], suffix: Sequence[int], max_n: int) ->
     return None
 
 
-def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: int, max_n: int = 5) -> NgramDraft:
+def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: int, max_n: int = 5,
+               sources_of: Sequence[str] = TABLES) -> NgramDraft:
     """Draft up to k tokens after context: a greedy chain of the most recent continuation of the
     longest matching suffix, plus at the first step up to width-1 other continuations of that same
     prefix as leaves. Node layout as drafter_service/model_drafter.py: each chain node is followed by
     its sibling alternatives; parents[i] < i, ROOT = the last context token.
 
-    tables: in TABLES order (context, verifier, global), at most three; pass an empty table for a
+    tables: in the order of sources (default TABLES: verifier, global); pass an empty table for a
     missing one so that the positions, hence the sources, stay right."""
-    if len(tables) > len(TABLES):
-        raise ValueError(f"at most {len(TABLES)} tables ({', '.join(TABLES)}), got {len(tables)}")
+    if len(tables) > len(sources_of):
+        raise ValueError(f"at most {len(sources_of)} tables ({', '.join(sources_of)}), got {len(tables)}")
     suffix = list(context[max(0, len(context) - (max_n - 1)):])
     tokens: list[int] = []
     parents: list[int] = []
@@ -166,11 +172,63 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
             tokens.append(token)
             parents.append(chain_parent)
             levels.append(n)
-            sources.append(TABLES[index])
+            sources.append(sources_of[index])
             if position == 0:
                 parent = len(tokens) - 1
         suffix = (suffix + [branch[0]])[-(max_n - 1):]
     return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(sources))
+
+
+def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
+                  max_continuations: int) -> tuple[list[int], int] | None:
+    """What the context table of `context` (apply_updates of all of it) answers for suffix, computed
+    from the tokens themselves: (continuations, most recent first, of the longest n-1 last tokens of
+    suffix seen in context followed by a token; n), n = max_n..2; None when not even the last token
+    was. context: [num_tokens] int64."""
+    if not suffix or len(context) < 2:
+        return None
+    ends = np.flatnonzero(context[:-1] == suffix[-1]) + 1  # [hits] the index of the token after each hit
+    if ends.size == 0:
+        return None
+    matched = np.ones(ends.size, dtype=np.int64)  # suffix tokens matched before each end
+    alive = np.ones(ends.size, dtype=bool)
+    for m in range(2, min(max_n - 1, len(suffix)) + 1):
+        alive &= ends - m >= 0
+        alive[alive] = context[ends[alive] - m] == suffix[-m]
+        matched[alive] = m
+    longest = int(matched.max())
+    continuations = context[ends[matched == longest]][::-1].tolist()  # most recent first
+    return list(dict.fromkeys(continuations))[:max_continuations], longest + 1
+
+
+def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, max_continuations: int = 4) -> NgramDraft:
+    """mln_lookup over the session's context alone, as if its context table held every token of it:
+    a chain of up to k tokens (each step matching the context plus the tokens drafted so far against
+    the context) and, at the first step, up to width-1 other continuations as leaves."""
+    tokens = np.asarray(context, dtype=np.int64)
+    suffix = list(context[max(0, len(context) - (max_n - 1)):])
+    draft: list[tuple[int, int, int]] = []  # (token, parent, n)
+    parent = ROOT
+    for depth in range(k):
+        match = context_match(tokens, suffix, max_n, max_continuations)
+        if match is None:
+            break
+        continuations, n = match
+        chain_parent = parent
+        for position, token in enumerate(continuations[:width] if depth == 0 else continuations[:1]):
+            draft.append((token, chain_parent, n))
+            if position == 0:
+                parent = len(draft) - 1
+        suffix = (suffix + [continuations[0]])[-(max_n - 1):]
+    return NgramDraft(Draft(tuple(t for t, _, _ in draft), tuple(p for _, p, _ in draft)),
+                      tuple(n for _, _, n in draft), ("context",) * len(draft))
+
+
+def after_chain(first: NgramDraft, second: NgramDraft) -> NgramDraft:
+    """second's nodes after the last node of first's main chain (first_path)."""
+    chain = first_path_nodes(first.draft)
+    return NgramDraft(attach(first.draft, second.draft, chain[-1] if chain else ROOT),
+                      first.levels + second.levels, first.sources + second.sources)
 
 
 # --- validation shared by every implementation (same errors embedded and over gRPC) ---------------

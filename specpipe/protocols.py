@@ -33,18 +33,15 @@ class Drafter(Protocol):
 
 
 class NgramCache(Protocol):
-    """The n-gram store (specpipe.ngram semantics). Three tables, looked up in this order at every
-    chain step, each from n = N down to 2: the session's context table (prompt + confirmed tokens),
-    the session's verifier table (the verifier's argmax after draft nodes it did not accept) and the
-    global (corpus) table shared by all sessions. Session tables expire session_ttl_s after their
-    last update; the global table is bounded in prefixes (NgramConfig.max_global_prefixes)."""
+    """The n-gram store (specpipe.ngram semantics). Two tables, looked up in this order at every chain
+    step, each from n = N down to 2: the session's verifier table (the verifier's argmax after draft
+    nodes it did not accept) and the global (corpus) table shared by all sessions. A session's table
+    expires session_ttl_s after its last update; the global table is bounded in prefixes
+    (NgramConfig.max_global_prefixes). A session's own context is searched by the n-gram drafter in
+    the context it is given (specpipe.ngram.context_lookup), not stored."""
 
     def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int) -> NgramDraft:
         """Multi-Level N-gram draft of up to k tokens after context_suffix (only its last N-1 matter)."""
-
-    def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
-        """Record the confirmed tokens[start:]; tokens[:start] is context that only forms prefixes
-        (send at least N-1 tokens of it). Returns the number of (prefix, next) pairs recorded."""
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
         """For each branch, record its last token after its last 1..N-1 tokens before it, in the

@@ -49,11 +49,13 @@ def merge_drafts(drafts: Sequence[Draft], max_nodes: int) -> tuple[Draft, list[t
     return Draft(tuple(tokens), tuple(parents), **columns), origins
 
 
-def concat_chains(first: Draft, second: Draft) -> Draft:
-    """The chain of first's nodes then second's (both chains; q dropped: for deterministic merges)."""
-    origins = [(0, n) for n in range(len(first))] + [(1, n) for n in range(len(second))]
-    columns = {name: column_of((first, second), name, origins) for name in COLUMN_DEFAULTS}
-    return Draft.chain([*first.tokens, *second.tokens], **columns)
+def attach(tree: Draft, other: Draft, at: int) -> Draft:
+    """tree with other's nodes after tree's node `at` (ROOT: other's first level beside tree's),
+    columns kept (q dropped: for deterministic drafts)."""
+    parents = [*tree.parents, *(at if p == ROOT else p + len(tree) for p in other.parents)]
+    origins = [(0, n) for n in range(len(tree))] + [(1, n) for n in range(len(other))]
+    columns = {name: column_of((tree, other), name, origins) for name in COLUMN_DEFAULTS}
+    return Draft((*tree.tokens, *other.tokens), tuple(parents), **columns)
 
 
 def first_path(draft: Draft) -> list[int]:

@@ -1,8 +1,8 @@
 """Contract of the NgramCache role: the in-memory store, the Redis store and the gRPC client (over a
 loopback server serving an in-memory store) give identical lookups (tokens, levels and sources) after
-identical updates, branch records and global updates, equal to the pure functions of specpipe.ngram,
-and the same errors. Then what only Redis has to prove: one hash tag per session, one round trip per
-lookup / update / record_branches, and Unavailable (not a hang) when it is down."""
+identical branch records and global updates, equal to the pure functions of specpipe.ngram, and the
+same errors. Then what only Redis has to prove: one hash tag per session, one round trip per lookup /
+record_branches / update_global, and Unavailable (not a hang) when it is down."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 from cache_service import servicer
 from cache_service.memory import InMemoryNgramCache
-from cache_service.redis_store import RedisNgramCache, connect, session_key, verifier_key
+from cache_service.redis_store import GLOBAL_KEY, RedisNgramCache, connect, verifier_key
 from specpipe.errors import InvalidArgument, Unavailable
 from specpipe.ngram import NgramConfig, apply_branches, apply_updates, mln_lookup
 from specpipe.rpc.cache_client import CacheClient
@@ -25,6 +25,11 @@ from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 
 IMPLS = ["memory", "redis", "grpc"]
 _ids = itertools.count()
+
+
+def stream(tokens: list[int], max_n: int = 5) -> list[list[int]]:
+    """Branches that record every token of tokens after its prefixes (as apply_updates would)."""
+    return [tokens[max(0, i - (max_n - 1)):i + 1] for i in range(1, len(tokens))]
 
 
 def session() -> str:
@@ -62,18 +67,14 @@ def test_lookups_equal_the_pure_functions(make_cache, seed):
     equals mln_lookup over the reference tables."""
     config = NgramConfig(max_n=4 + seed % 2, max_continuations=2 + seed, max_global_prefixes=(1 << 20, 12, 4)[seed])
     cache, rng = make_cache(config), random.Random(seed)
-    sessions = {session(): ([], {}, {}) for _ in range(2)}  # id -> (context, context table, verifier table)
+    sessions = {session(): ([], {}) for _ in range(2)}  # id -> (context, verifier table)
     global_table: dict = {}
     for _ in range(80):
         sid = rng.choice(list(sessions))
-        context, table, verifier_table = sessions[sid]
+        context, verifier_table = sessions[sid]
         action = rng.random()
         if action < 0.35:
-            new = [rng.randrange(6) for _ in range(rng.randint(0, 5))]
-            tokens = context[len(context) - min(len(context), rng.randint(0, 6)):] + new
-            start = len(tokens) - len(new)
-            assert cache.update(sid, tokens, start) == apply_updates(table, tokens, start, config)
-            context.extend(new)
+            context.extend(rng.randrange(6) for _ in range(rng.randint(0, 5)))
         elif action < 0.45:
             branches = [[rng.randrange(6) for _ in range(rng.randint(2, 7))] for _ in range(rng.randint(0, 3))]
             assert cache.record_branches(sid, branches) == apply_branches(verifier_table, branches, config)
@@ -83,16 +84,16 @@ def test_lookups_equal_the_pure_functions(make_cache, seed):
             assert cache.update_global(tokens) == expected
         else:
             k, width = rng.randint(0, 8), rng.randint(1, 3)
-            expected = mln_lookup([table, verifier_table, global_table], context, k, width, config.max_n)
+            expected = mln_lookup([verifier_table, global_table], context, k, width, config.max_n)
             assert cache.lookup(sid, context, k, width) == expected
     assert len(global_table) <= config.max_global_prefixes
-    lookups = [cache.lookup(sid, ctx, 8, 2) for sid, (ctx, _, _) in sessions.items()]
+    lookups = [cache.lookup(sid, ctx, 8, 2) for sid, (ctx, _) in sessions.items()]
     assert any(len(result.draft) for result in lookups)
 
 
 def test_sessions_are_isolated(cache):
     a, b = session(), session()
-    cache.update(a, [1, 2, 3, 4], 0)
+    cache.record_branches(a, stream([1, 2, 3, 4]))
     assert cache.lookup(a, [1, 2], 2, 1).draft.tokens == (3, 4)
     assert cache.lookup(b, [1, 2], 2, 1).draft.tokens == ()
 
@@ -100,14 +101,13 @@ def test_sessions_are_isolated(cache):
 def test_release(cache):
     sid = session()
     assert cache.release(sid) is False
-    assert cache.update(sid, [1, 2], 2) == 0 and cache.release(sid) is False  # nothing recorded: no session
-    assert cache.record_branches(sid, []) == 0 and cache.release(sid) is False
-    assert cache.update(sid, [1, 2, 3], 0) == 3
+    assert cache.record_branches(sid, []) == 0 and cache.release(sid) is False  # nothing recorded: no session
+    assert cache.record_branches(sid, stream([1, 2, 3])) == 3
     assert cache.record_branches(sid, [[5, 6]]) == 1
-    assert cache.release(sid) is True  # both tables
+    assert cache.release(sid) is True
     assert cache.lookup(sid, [1, 2], 2, 1).draft.tokens == () and cache.lookup(sid, [5], 1, 1).draft.tokens == ()
     assert cache.release(sid) is False
-    assert cache.record_branches(sid, [[5, 6]]) == 1 and cache.release(sid) is True  # a verifier table alone
+    assert cache.record_branches(sid, [[5, 6]]) == 1 and cache.release(sid) is True
 
 
 def test_record_branches(cache):
@@ -124,13 +124,12 @@ def test_record_branches(cache):
 def test_tables_in_priority_order_with_sources(cache):
     sid, other = session(), session()
     cache.update_global([1, 2, 3, 5])
-    cache.update(sid, [3, 4], 0)
-    cache.record_branches(sid, [[4, 8], [2, 3, 6]])
+    cache.record_branches(sid, [[3, 4], [4, 8]])
     result = cache.lookup(sid, [1, 2], 3, 1)
-    # (1, 2) only in the global table; then the context's (3,) beats the verifier's (2, 3); then (4,) in
+    # (1, 2) only in the global table; then the verifier's (3,) beats the global (2, 3); then (4,) in
     # the verifier table only.
     assert result.draft.tokens == (3, 4, 8) and result.levels == (3, 2, 2)
-    assert result.sources == ("global", "context", "verifier")
+    assert result.sources == ("global", "verifier", "verifier")
     cache.record_branches(other, [[7, 3, 6]])
     result = cache.lookup(other, [2, 3], 1, 1)  # the verifier's bigram beats a global trigram
     assert (result.draft.tokens, result.levels, result.sources) == ((6,), (2,), ("verifier",))
@@ -143,27 +142,27 @@ def test_global_table_is_bounded_in_prefixes(make_cache):
     result = cache.lookup(sid, [1], 2, 2)
     assert (result.draft.tokens, result.sources) == ((5, 2), ("global",) * 2)  # nothing after (1, 5) or (5,)
     assert cache.lookup(sid, [2], 1, 1).draft.tokens == (3,)
-    assert cache.update(sid, [5, 4, 6, 7], 0) == 5  # session tables are not bounded
+    assert cache.record_branches(sid, stream([5, 4, 6, 7], 3)) == 5  # session tables are not bounded
 
 
 def test_draft_len_is_clipped(cache):
     sid = session()
-    cache.update(sid, [7, 7, 7], 0)
+    cache.record_branches(sid, [[7, 7]])
     assert cache.lookup(sid, [7], 1000, 1).draft.tokens == (7,) * NgramConfig().max_draft_len
 
 
 def test_sessions_expire_after_their_ttl(make_cache):
-    """Both session tables share one TTL, refreshed by an update of either (margins of >= 0.6 s)."""
+    """A session's table expires its TTL after its last update, which refreshes it (margins of >= 0.6 s)."""
     cache, sid = make_cache(NgramConfig(session_ttl_s=1.5)), session()
-    cache.update(sid, [1, 2, 3], 0)
+    cache.record_branches(sid, stream([1, 2, 3]))
     cache.record_branches(sid, [[5, 6]])
     cache.update_global([1, 2, 4])
     time.sleep(0.9)
-    cache.update(sid, [2, 3], 2)  # nothing new, but refreshes the TTL of both tables
+    cache.record_branches(sid, [[2, 3]])  # nothing new, but refreshes the TTL
     time.sleep(0.9)  # 1.8 s after the first updates: alive thanks to the refresh
     assert cache.lookup(sid, [1, 2], 1, 1).draft.tokens == (3,)
     assert cache.lookup(sid, [5], 1, 1).draft.tokens == (6,)
-    cache.record_branches(sid, [[5, 6]])  # refreshes the context table too
+    cache.record_branches(sid, [[5, 6]])
     time.sleep(0.9)
     assert cache.lookup(sid, [1, 2], 1, 1).draft.tokens == (3,)
     time.sleep(1.2)
@@ -177,10 +176,6 @@ BAD_CALLS = [
     ("lookup: negative k", "lookup", ("s", [1], -1, 1), "k must be"),
     ("lookup: width 0", "lookup", ("s", [1], 1, 0), "width"),
     ("lookup: negative token", "lookup", ("s", [1, -2], 1, 1), "token id -2"),
-    ("update: empty session id", "update", ("", [1, 2], 0), "session_id"),
-    ("update: negative token", "update", ("s", [1, -5], 0), "token id -5"),
-    ("update: start < 0", "update", ("s", [1, 2], -1), "start"),
-    ("update: start > len", "update", ("s", [1, 2], 3), "start"),
     ("record_branches: empty session id", "record_branches", ("", [[1, 2]]), "session_id"),
     ("record_branches: no branches, empty session id", "record_branches", ("", []), "session_id"),
     ("record_branches: a 1-token branch", "record_branches", ("s", [[1, 2], [3]]), r"branches\[1\] has 1 token"),
@@ -203,12 +198,11 @@ def test_a_session_lives_under_one_hash_tag(redis_url):  # noqa: F811
     connect(redis_url).flushdb()
     cache = RedisNgramCache.from_url(redis_url)
     for sid in ("alpha", "beta"):
-        cache.update(sid, [1, 2, 3, 4, 5, 6], 0)
-    cache.record_branches("alpha", [[1, 2, 7]])
+        cache.record_branches(sid, [[1, 2, 7]])
     cache.update_global([1, 2, 3])
     keys = sorted(k.decode() for k in connect(redis_url).keys("*"))
-    assert keys == ["{g}:ngram", "{s:alpha}:ngram", "{s:alpha}:verifier", "{s:beta}:ngram"]
-    assert key_slot(session_key("alpha").encode()) == key_slot(verifier_key("alpha").encode()) == key_slot(b"{s:alpha}")
+    assert keys == [GLOBAL_KEY, "{s:alpha}:verifier", "{s:beta}:verifier"]
+    assert key_slot(verifier_key("alpha").encode()) == key_slot(b"{s:alpha}")
 
 
 def _evalsha_calls(client) -> int:
@@ -219,7 +213,7 @@ def test_one_round_trip_per_lookup_update_and_record_branches(redis_url):  # noq
     cache, stats = RedisNgramCache.from_url(redis_url), connect(redis_url)
     sid = session()
     tokens = [random.Random(3).randrange(4) for _ in range(200)]
-    cache.update(sid, tokens, 0)
+    cache.record_branches(sid, stream(tokens))
     cache.lookup(sid, tokens, 7, 3)  # both scripts loaded now
     sent = []
     execute = cache._redis.execute_command
@@ -227,7 +221,7 @@ def test_one_round_trip_per_lookup_update_and_record_branches(redis_url):  # noq
     before = _evalsha_calls(stats)
     result = cache.lookup(sid, tokens, 7, 3)
     assert len(result.draft) >= 7 and sent == ["EVALSHA"] and _evalsha_calls(stats) == before + 1
-    assert cache.update(sid, tokens + [1, 2, 3], 200) == 12
+    assert cache.update_global(tokens[:4]) == 6  # 3 tokens after their 1, 2 and 3 tokens before
     assert sent == ["EVALSHA"] * 2 and _evalsha_calls(stats) == before + 2
     branches = [tokens[i:i + 5] + [9] for i in range(0, 40, 4)]  # 10 branches of 6 tokens, 4 pairs each
     assert cache.record_branches(sid, branches) == 40
@@ -239,10 +233,10 @@ def test_one_round_trip_per_lookup_update_and_record_branches(redis_url):  # noq
 def test_redis_down_is_unavailable_not_a_hang():
     with redis_server() as server:
         cache, sid = RedisNgramCache.from_url(server.url, timeout_s=0.5), session()
-        cache.update(sid, [1, 2, 3], 0)
+        cache.record_branches(sid, [[1, 2, 3]])
         assert cache.lookup(sid, [1, 2], 1, 1).draft.tokens == (3,)
         server.stop()
-        for call in (lambda: cache.lookup(sid, [1, 2], 7, 1), lambda: cache.update(sid, [3, 4], 1),
+        for call in (lambda: cache.lookup(sid, [1, 2], 7, 1), lambda: cache.record_branches(sid, [[3, 4]]),
                      lambda: cache.release(sid)):
             started = time.monotonic()
             with pytest.raises(Unavailable, match="redis at redis://127.0.0.1"):
@@ -253,6 +247,6 @@ def test_redis_down_is_unavailable_not_a_hang():
 def test_cache_service_down_is_unavailable():
     with serve([servicer.service(InMemoryNgramCache())], ServerConfig(port=0, max_workers=2, grace_s=0)) as server:
         client = CacheClient(server.address, timeout_s=2)
-        assert client.update("s", [1, 2], 0) == 1
+        assert client.record_branches("s", [[1, 2]]) == 1
     with client, pytest.raises(Unavailable):
         client.lookup("s", [1], 1, 1)

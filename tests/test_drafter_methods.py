@@ -22,8 +22,7 @@ CONTEXT = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3]
 
 @pytest.fixture(scope="module")
 def service(tiny_drafter):
-    store = InMemoryNgramCache()
-    store.update("s", CONTEXT, 0)
+    store = InMemoryNgramCache()  # empty: the n-gram drafts below come from CONTEXT itself
     drafters = build_drafters(("model", "ngram", "hybrid"), store, tiny_drafter, tiny_drafter.info())
     with serve([drafter_servicer.service(drafters)], ServerConfig(host="127.0.0.1", port=0, grace_s=1.0)) as server:
         yield drafters, server.address

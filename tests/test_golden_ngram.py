@@ -104,23 +104,23 @@ def test_redis_down_mid_generation_changes_nothing_and_recovers(tiny_tokenizer, 
         ngram_request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("ngram", 7, adaptive="off"))
         tokens, chunks = run(generator, ngram_request)
         assert tokens == expected
-        assert sum(c.round.accepted for c in chunks) > 0  # drafting from the store again
+        assert sum(c.round.accepted for c in chunks) > 0  # drafting from the context, the store back
         cache.close()
 
 
 def test_two_drafter_replicas_share_one_redis(redis_url, tiny_verifier):  # noqa: F811
-    """Replicas alternate on one session: each drafts from what the other's rounds put in the store."""
+    """Replicas alternate on one session: each drafts from the context it is given, and past it from
+    the verifier table that the session's rounds put in the shared store."""
     stores = [RedisNgramCache.from_url(redis_url) for _ in range(2)]
     replicas = [NgramDrafter(store, tiny_verifier.info()) for store in stores]
     context = [1, 2, 3, 4, 5, 1, 2, 3]
-    stores[0].update("shared", context, 0)  # what the orchestrator forwards after a round
     first = replicas[0].propose(ProposeRequest("shared", context, 4, 1, GREEDY)).draft
-    context += [4, 9, 1, 2, 3]
-    stores[1].update("shared", context, len(context) - 5)
-    second = replicas[1].propose(ProposeRequest("shared", context, 4, 1, GREEDY)).draft
-    assert first.tokens == (4, 5, 1, 2)
-    assert second.tokens == (4, 9, 1, 2)  # replica 1 sees replica 0's session, most recent first
-    assert replicas[0].propose(ProposeRequest("shared", context, 4, 1, GREEDY)).draft == second
+    assert first.tokens == (4, 5, 1, 2) and first.sources == ("context",) * 4
+    stores[0].record_branches("shared", [[3, 7, 8]])  # what the orchestrator forwards after a round
+    context += [7]
+    second = replicas[1].propose(ProposeRequest("shared", context, 1, 1, GREEDY)).draft  # (7,) is new to the context
+    assert second.tokens == (8,) and second.sources == ("verifier",)
+    assert replicas[0].propose(ProposeRequest("shared", context, 1, 1, GREEDY)).draft == second
     for store in stores:
         store.release("shared")
         store.close()

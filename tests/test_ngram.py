@@ -4,6 +4,8 @@ Algorithm 2: longest suffix first, fall back to shorter; tables in priority orde
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from specpipe.ngram import (
@@ -11,6 +13,8 @@ from specpipe.ngram import (
     apply_branches,
     apply_updates,
     branch_updates,
+    after_chain,
+    context_lookup,
     mln_lookup,
     ngram_updates,
     record,
@@ -109,7 +113,7 @@ LEVELS_TABLE = {(1,): [9], (2,): [8], (1, 2): [7]}
 def test_mln_lookup_levels(context, tokens, levels):
     result = mln_lookup([LEVELS_TABLE], context, k=1, width=1)
     assert (result.draft.tokens, result.levels) == (tokens, levels)
-    assert result.sources == ("context",) * len(tokens)
+    assert result.sources == ("verifier",) * len(tokens)
     assert result.draft.q is None and result.draft.is_chain
 
 
@@ -136,15 +140,41 @@ def test_tree_width_at_the_first_step_only():
 
 
 def test_tables_in_priority_order():
-    context, verifier, global_table = {(2,): [8]}, {(8,): [6], (1, 2): [5]}, {(1, 2): [7], (6,): [4], (8,): [3]}
-    result = mln_lookup([context, verifier, global_table], [1, 2], k=3, width=1)
-    # The context's bigram beats a verifier and a global trigram; the verifier's (8,) beats the global one.
+    verifier, global_table = {(2,): [8], (8,): [6]}, {(1, 2): [7], (6,): [4], (8,): [3]}
+    result = mln_lookup([verifier, global_table], [1, 2], k=3, width=1)
+    # The verifier's bigram beats a global trigram; the verifier's (8,) beats the global one.
     assert result.draft.tokens == (8, 6, 4) and result.levels == (2, 2, 2)
-    assert result.sources == ("context", "verifier", "global")
-    result = mln_lookup([{}, {}, global_table], [1, 2], k=1, width=1)
+    assert result.sources == ("verifier", "verifier", "global")
+    result = mln_lookup([{}, global_table], [1, 2], k=1, width=1)
     assert (result.draft.tokens, result.sources) == ((7,), ("global",))
     with pytest.raises(ValueError):
-        mln_lookup([{}, {}, {}, {}], [1], k=1, width=1)
+        mln_lookup([{}, {}, {}], [1], k=1, width=1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_context_lookup_equals_the_context_table(seed):
+    """Searching the context itself answers exactly what a table holding all of it would: random
+    streams over small vocabularies (many hits, LRU evictions), every k, width and N."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        context = [rng.randrange(rng.choice([2, 3, 6, 30])) for _ in range(rng.randint(0, 50))]
+        config = NgramConfig(max_n=rng.randint(2, 6), max_continuations=rng.randint(1, 4))
+        table = {}
+        apply_updates(table, context, 0, config)
+        k, width = rng.randint(0, 8), rng.randint(1, 4)
+        expected = mln_lookup([table], context, k, width, config.max_n, sources_of=("context",))
+        assert context_lookup(context, k, width, config.max_n, config.max_continuations) == expected
+
+
+def test_context_lookup_then_the_store():
+    local = context_lookup([1, 2, 3, 1, 2, 5, 1, 2], k=2, width=2)
+    # (1, 2) was followed by 3, then most recently by 5: chain 5 with 3 beside it; then (5, 1, 2, 5) -> 1.
+    assert (local.draft.tokens, local.draft.parents, local.levels) == ((5, 3, 1), (-1, -1, 0), (3, 3, 4))
+    stored = mln_lookup([{(9,): [4]}], [9], k=1, width=1)
+    joined = after_chain(local, stored)  # the store's continuation goes after the chain's last node
+    assert (joined.draft.tokens, joined.draft.parents) == ((5, 3, 1, 4), (-1, -1, 0, 2))
+    assert joined.sources == ("context",) * 3 + ("verifier",) and joined.levels == (3, 3, 4, 2)
+    assert after_chain(context_lookup([5], 2, 1), stored).draft.parents == (-1,)  # nothing local: the store's own
 
 
 def test_max_n_bounds_the_suffix():

@@ -1,4 +1,4 @@
-from specpipe.trees import common_prefix, concat_chains, first_path, merge_drafts, subtree, tried_children
+from specpipe.trees import common_prefix, attach, first_path, merge_drafts, subtree, tried_children
 from specpipe.types import Draft
 
 
@@ -47,16 +47,18 @@ def test_select_and_subtree_keep_every_column():
                                            runner_up_confidence=(0.2,))
 
 
-def test_merge_and_concat_fill_missing_columns_with_their_defaults():
+def test_merge_and_attach_fill_missing_columns_with_their_defaults():
     model = Draft.chain([1, 2], confidence=(0.9, 0.8), runner_up=(5, 6), runner_up_confidence=(0.1, 0.1))
     ngram = Draft.chain([1, 3], sources=("context", "global"))
     merged, _ = merge_drafts([model, ngram], max_nodes=8)
     assert merged.tokens == (1, 2, 3) and merged.parents == (-1, 0, 0)
     assert merged.sources == ("model", "model", "global") and merged.confidence == (0.9, 0.8, -1.0)
     assert merged.runner_up == (5, 6, -1) and merged.runner_up_confidence == (0.1, 0.1, 0.0)
-    joined = concat_chains(model, Draft.chain([7], sources=("verifier",)))
+    joined = attach(model, Draft.chain([7], sources=("verifier",)), 1)
     assert joined.tokens == (1, 2, 7) and joined.is_chain and joined.sources == ("model", "model", "verifier")
-    assert concat_chains(Draft.chain([1]), Draft.chain([2])).sources is None
+    assert attach(Draft.chain([1]), Draft.chain([2]), 0).sources is None
+    beside = attach(Draft.chain([1, 2]), Draft((3, 4), (-1, 0)), -1)  # other's first level beside tree's
+    assert beside.parents == (-1, 0, -1, 2)
 
 
 def test_tried_children_stop_at_the_accepted_one():

@@ -3,15 +3,21 @@
 Invariant: a session's cache holds its context minus the last token (the root of the next draft).
 A round feeds [root] + draft nodes in ONE forward pass (tree attention), keeps the KV entries of the
 accepted path only, and appends accepted tokens + correction to the context.
+
+Llama / Qwen2 models in eager or packed mode run batched (docs/batching.md): one scheduler thread
+owns the model and runs the pending rounds and prefill chunks of all sessions as one forward, a lone
+session being a batch of one (the same code). Other architectures, and the CUDA graphs mode, run one
+session's forward at a time through specpipe.runner.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -25,14 +31,22 @@ from specpipe.types import Draft, ModelInfo, SamplingParams, VerifyResult
 from specpipe.verification import (
     check_token_ids,
     check_tree,
+    tree_allowed,
+    tree_position_ids,
     verify_greedy,
 )
+from verifier_service import batched
+from verifier_service.kv import SlotKV
+from verifier_service.scheduler import BatchConfig, Scheduler, Work
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Session:
     context: list[int]
-    cache: runner.Cache
+    cache: runner.Cache | SlotKV
+    ready: bool = False  # prefilled; a session is registered (and counted) before its prefill runs
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -45,16 +59,23 @@ def entropy(logits: torch.Tensor) -> float:
 
 class ModelVerifier:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
-                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS):
+                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None,
+                 batching: bool = True):
+        """batching: False runs one session per forward even where batching is supported (to compare)."""
         self._model = model
-        self._runner = runner.Runner(model, mode, buckets=buckets)
+        self._runner = runner.Runner(model, mode, buckets=buckets)  # packed: packs the linears the batch uses
         self._runner.warm_up()  # graphs: every forward bucket now, before the first request
         self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
         self._session_ttl_s = session_ttl_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
-        self._forward_lock = threading.Lock()  # one forward at a time per model
+        unbatched = "the CUDA graphs mode" if mode == "graphs" else batched.supports(model)
+        unbatched = unbatched if batching else "batching off"
+        self._scheduler = Scheduler(model, batch or BatchConfig()) if unbatched is None else None
+        if unbatched is not None:
+            log.info("verifier runs one session per forward", extra={"reason": unbatched})
+        self._forward_lock = threading.Lock()  # unbatched: one forward at a time per model
 
     @classmethod
     def load(cls, spec: ModelSpec, device: str = "cpu", **kwargs) -> ModelVerifier:
@@ -64,6 +85,10 @@ class ModelVerifier:
     @property
     def model(self) -> PreTrainedModel:
         return self._model
+
+    @property
+    def batched(self) -> bool:
+        return self._scheduler is not None
 
     def info(self) -> ModelInfo:
         return self._info
@@ -76,20 +101,53 @@ class ModelVerifier:
             raise InvalidArgument(
                 f"prompt has {len(prompt_ids)} tokens; the context window is {self._info.max_context} tokens"
             )
-        session = _Session(list(prompt_ids), self._runner.new_cache())
-        start = time.perf_counter()
-        if len(prompt_ids) > 1:
-            with self._forward_lock:
-                self._runner.forward(session.cache, prompt_ids[:-1])
-        metrics.PREFILL_MS.observe((time.perf_counter() - start) * 1e3)
+        cache = batched.new_slot(self._model, self._info.max_context) if self.batched else self._runner.new_cache()
+        session = _Session(list(prompt_ids), cache)
+        with session.lock:
+            self._admit(session_id, session)  # before any forward: a full verifier refuses at once
+            try:
+                start = time.perf_counter()
+                self._forward(session.cache, list(prompt_ids[:-1]), prompt=True)
+                metrics.PREFILL_MS.observe((time.perf_counter() - start) * 1e3)
+            except BaseException:
+                with self._sessions_lock:
+                    if self._sessions.get(session_id) is session:
+                        del self._sessions[session_id]
+                raise
+            session.ready = True
+        return len(session.context)
+
+    def _admit(self, session_id: str, session: _Session) -> None:
         with self._sessions_lock:
             self._evict_idle()
             if session_id in self._sessions:
                 raise FailedPrecondition(f"session {session_id!r} is already open; release it or use a new id")
             if len(self._sessions) >= self._max_sessions:
-                raise ResourceExhausted(f"verifier has {len(self._sessions)} open sessions (max {self._max_sessions})")
+                raise ResourceExhausted(f"verifier has {len(self._sessions)} open sessions (max {self._max_sessions}); "
+                                        "release finished sessions, retry later or add verifier replicas")
             self._sessions[session_id] = session
-        return len(session.context)
+
+    def _forward(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
+                 ) -> tuple[torch.Tensor | None, float, tuple[int, int]]:
+        """Feed token_ids after the cached positions: a prompt (batched: in chunks, no logits) or a
+        round's [root] + draft nodes (tree_parents: a tree's, None: a chain). Returns the logits
+        [n, vocab] of a round, the forward time in ms, and the (sessions, tokens) of the (last)
+        forward it took part in."""
+        if not token_ids:
+            return None, 0.0, (1, 0)
+        if self._scheduler is None:
+            start = time.perf_counter()
+            with self._forward_lock:
+                logits = self._runner.forward(cache, token_ids, tree_parents)
+            return logits, (time.perf_counter() - start) * 1e3, (1, len(token_ids))
+        if prompt:
+            work = Work(cache, tuple(token_ids))
+        else:
+            parents = list(tree_parents) if tree_parents is not None else list(range(-1, len(token_ids) - 2))
+            work = Work(cache, tuple(token_ids), positions=tree_position_ids(parents, cache.length)[0],
+                        allowed=tree_allowed(parents, 0))  # [n, n]: the root and each node's ancestors
+        work = self._scheduler.run(work)
+        return work.logits, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         check_sampling(sampling)
@@ -100,6 +158,8 @@ class ModelVerifier:
             raise InvalidArgument("sampling verifies chains only; send a chain draft (width 1) when temperature > 0")
         session = self._session(session_id)
         with session.lock:
+            if not session.ready:
+                raise FailedPrecondition(f"session {session_id!r} failed its prefill; prefill it again")
             context = session.context
             if context_len != len(context):
                 raise FailedPrecondition(
@@ -114,11 +174,8 @@ class ModelVerifier:
     def _verify_locked(self, session: _Session, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         past_len = len(session.context) - 1
         tree = not draft.is_chain
-        start = time.perf_counter()
-        with self._forward_lock:
-            logits = self._runner.forward(  # [1 + n, vocab]
-                session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
-        verify_ms = (time.perf_counter() - start) * 1e3
+        logits, verify_ms, (batch_sessions, batch_tokens) = self._forward(  # [1 + n, vocab]
+            session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
         metrics.VERIFY_MS.labels(draft_nodes=str(len(draft))).observe(verify_ms)
 
         node_argmax = logits.argmax(dim=-1).tolist()
@@ -130,7 +187,10 @@ class ModelVerifier:
             accepted_nodes = list(range(delta))
 
         # Roll back the rejected nodes: keep context, root and the accepted path.
-        runner.keep_tree_path(session.cache, past_len + 1, accepted_nodes)
+        if isinstance(session.cache, SlotKV):
+            session.cache.keep_tree_path(past_len + 1, accepted_nodes)
+        else:
+            runner.keep_tree_path(session.cache, past_len + 1, accepted_nodes)
         accepted = tuple(draft.tokens[i] for i in accepted_nodes)
         session.context.extend([*accepted, correction])
         session.last_used = time.monotonic()
@@ -143,6 +203,8 @@ class ModelVerifier:
             node_argmax=tuple(node_argmax),
             verify_ms=verify_ms,
             context_len=len(session.context),
+            batch_sessions=batch_sessions,
+            batch_tokens=batch_tokens,
         )
 
     def release(self, session_id: str) -> bool:

@@ -1,6 +1,6 @@
 -- Multi-Level N-gram lookup of up to k tokens (specpipe.ngram.mln_lookup), in ONE call.
--- KEYS: table hashes in priority order (specpipe.ngram.TABLES): the session's context table, its
--- verifier table, then optionally the global one.
+-- KEYS: table hashes in priority order (specpipe.ngram.TABLES): the session's verifier table, then
+-- optionally the global one.
 -- ARGV: max_n, k, width, context suffix tokens (the last max_n-1 at most).
 -- Returns {tokens, parents, levels, sources}: chain nodes each followed by their sibling alternatives
 -- (only at the first step); parents are 0-based, -1 = the root; levels = the n of each hit;

@@ -1,11 +1,11 @@
--- Record n-grams in one table hash (specpipe.ngram.record_all), in ONE call: a session update
--- (apply_updates), a session's verifier branches (apply_branches) or a global update.
--- KEYS[1]: the table hash written ({s:<id>}:ngram, {s:<id>}:verifier or {g}:ngram); field = prefix
+-- Record n-grams in one table hash (specpipe.ngram.record_all), in ONE call: a session's verifier
+-- branches (apply_branches) or a global update (apply_updates).
+-- KEYS[1]: the table hash written ({s:<id>}:verifier or {g}:ngram); field = prefix
 -- "t1,t2,...", value = continuations "c1,c2,..." most recent first (LRU per prefix, Self-Draft).
 -- KEYS[2..]: the session's other tables, whose TTL is refreshed along (a session has one TTL).
 -- ARGV: max_n, max_continuations, ttl_ms (0 = no expiry), max_prefixes (0 = unbounded), then segments,
--- each: start (0-based), count, count tokens. Records tokens[start+1..] of every segment: an update
--- is one segment, a branch is one segment whose start is its last token.
+-- each: start (0-based), count, count tokens. Records tokens[start+1..] of every segment: a global
+-- update is one segment, a branch is one segment whose start is its last token.
 -- Returns the number of (prefix, next) pairs recorded.
 local max_n = tonumber(ARGV[1])
 local max_continuations = tonumber(ARGV[2])

@@ -148,3 +148,43 @@ def set_threads(threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+HEALTH_THREADS = 4  # server threads kept free of admitted work: health and reflection never wait
+
+
+def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
+    """--max-sessions / --max-queue (verifier and orchestrator); the verifier's batching flags."""
+    group = parser.add_argument_group("admission" if role == "orchestrator" else "admission and batching")
+    group.add_argument("--max-sessions", type=int, default=64,
+                       help="sessions open at once (orchestrator: generations running); beyond: RESOURCE_EXHAUSTED "
+                       "before any work (default: %(default)s)")
+    group.add_argument("--max-queue", type=int, default=64,
+                       help="requests waiting for the model (orchestrator: generations waiting for a slot); beyond: "
+                       "RESOURCE_EXHAUSTED (default: %(default)s)")
+    if role == "verifier":
+        group.add_argument("--max-batch-tokens", type=int, default=512,
+                           help="tokens per batched verifier forward, all sessions together (default: %(default)s)")
+        group.add_argument("--prefill-chunk", type=int, default=256,
+                           help="prompt tokens a prefill feeds per forward, so a long prompt never stalls other "
+                           "sessions' rounds for more than one chunk (default: %(default)s)")
+
+
+def verifier_options(args: argparse.Namespace) -> dict:
+    """ModelVerifier keywords from the admission and batching flags (defaults where a command has none)."""
+    from verifier_service.scheduler import BatchConfig
+
+    defaults = BatchConfig()
+    try:
+        batch = BatchConfig(getattr(args, "max_batch_tokens", defaults.max_batch_tokens),
+                            getattr(args, "prefill_chunk", defaults.prefill_chunk),
+                            getattr(args, "max_queue", defaults.max_queue))
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
+    return {"max_sessions": getattr(args, "max_sessions", 64), "batch": batch}
+
+
+def worker_threads(args: argparse.Namespace) -> int:
+    """gRPC server threads: every admitted or queued request holds one, plus HEALTH_THREADS to spare."""
+    admitted = getattr(args, "max_queue", 0) + (args.max_sessions if args.role == "orchestrator" else 0)
+    return max(args.max_workers, admitted + HEALTH_THREADS)

@@ -54,6 +54,8 @@ def register(subparsers) -> None:
                                "(default: %(default)s)")
             options.add_hop_delay_arg(group)
             options.add_speculation_args(sub)
+        if role in ("verifier", "orchestrator"):
+            options.add_admission_args(sub, role)
         sub.set_defaults(func=run)
 
 
@@ -76,7 +78,8 @@ def _verifier(args: argparse.Namespace):
     from specpipe.presets import model_specs
 
     spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
-    return service(ModelVerifier.load(spec, args.device, mode=options.forward_mode(args)))
+    verifier = ModelVerifier.load(spec, args.device, mode=options.forward_mode(args), **options.verifier_options(args))
+    return service(verifier)
 
 
 def _drafter(args: argparse.Namespace):
@@ -100,6 +103,7 @@ def _cache(args: argparse.Namespace):
 
 
 def _orchestrator(args: argparse.Namespace):
+    from orchestrator.admission import Admission, AdmissionConfig
     from orchestrator.servicer import service
     from specpipe.cli.wiring import remote_generator
     from specpipe.presets import model_specs
@@ -109,7 +113,7 @@ def _orchestrator(args: argparse.Namespace):
                                  options.speculation_options(args), cache_url=args.cache,
                                  rpc_timeout_s=args.rpc_timeout or None, connect_timeout_s=args.connect_timeout,
                                  hop_delay_ms=args.hop_delay_ms)
-    return service(generator)
+    return service(generator, Admission(AdmissionConfig(args.max_sessions, args.max_queue)))
 
 
 BUILDERS = {"verifier": _verifier, "drafter": _drafter, "orchestrator": _orchestrator, "cache": _cache}
@@ -133,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(args.log_level, json=args.log_format == "json")
     options.set_threads(getattr(args, "threads", 0))
     handle = serve([BUILDERS[args.role](args)], ServerConfig(
-        host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=args.max_workers,
+        host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=options.worker_threads(args),
     ))
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(f"specpipe serve {args.role}: listening on {handle.address} (metrics port {metrics})", flush=True)

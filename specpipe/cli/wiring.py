@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from specpipe.cli.options import drafter_forward, forward_mode, set_threads, speculation_options
+from specpipe.cli.options import drafter_forward, forward_mode, set_threads, speculation_options, verifier_options
 from specpipe.errors import SpecpipeError
 from specpipe.models import load_tokenizer
 from specpipe.presets import model_specs
@@ -50,7 +50,7 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     verifier_spec, drafter_spec = model_specs(args.preset, args.verifier, args.draft_model)
     uses_model = bool(kinds & {"model", "hybrid"})
     forward = drafter_forward(args) if uses_model else {}  # a bad combination fails before the models load
-    verifier = ModelVerifier.load(verifier_spec, args.device, mode=forward_mode(args))
+    verifier = ModelVerifier.load(verifier_spec, args.device, mode=forward_mode(args), **verifier_options(args))
     uses_store = bool(kinds & {"ngram", "hybrid"})
     if uses_store and store is None:
         store = ngram_cache(args.cache)

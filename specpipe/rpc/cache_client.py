@@ -22,11 +22,6 @@ class CacheClient(Client):
             request = cache_convert.lookup_request_to_proto(session_id, context_suffix, k, width)
         return cache_convert.ngram_draft_from_proto(self._call(self._stub.Lookup, request))
 
-    def update(self, session_id: str, tokens: Sequence[int], start: int) -> int:
-        with encoding("update request"):
-            request = cache_convert.update_request_to_proto(session_id, tokens, start)
-        return self._call(self._stub.Update, request).recorded
-
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
         if not branches:  # the common fully-accepted round: no call, as the stores (same errors)
             ngram.check_session_id(session_id)

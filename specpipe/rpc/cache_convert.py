@@ -23,10 +23,6 @@ def ngram_draft_from_proto(msg: cache_pb2.LookupReply) -> NgramDraft:
     return NgramDraft(draft_from_proto(msg.draft), tuple(msg.levels), sources_from_proto(msg.sources))
 
 
-def update_request_to_proto(session_id: str, tokens: Sequence[int], start: int) -> cache_pb2.UpdateRequest:
-    return cache_pb2.UpdateRequest(session_id=session_id, tokens=tokens, start=start)
-
-
 def record_branches_request_to_proto(session_id: str, branches: Sequence[Sequence[int]]) -> cache_pb2.RecordBranchesRequest:
     return cache_pb2.RecordBranchesRequest(
         session_id=session_id, branches=[cache_pb2.Branch(tokens=branch) for branch in branches])

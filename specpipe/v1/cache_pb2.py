@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specpipe/v1/cache.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"Y\n\rLookupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x0e\x63ontext_suffix\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\t\n\x01k\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\"s\n\x0bLookupReply\x12%\n\x05\x64raft\x18\x01 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12\x12\n\x06levels\x18\x02 \x03(\x05\x42\x02\x10\x01\x12)\n\x07sources\x18\x03 \x03(\x0e\x32\x18.specpipe.v1.DraftSource\"F\n\rUpdateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\x06tokens\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\r\n\x05start\x18\x03 \x01(\x05\"\x1c\n\x06\x42ranch\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\"R\n\x15RecordBranchesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x08\x62ranches\x18\x02 \x03(\x0b\x32\x13.specpipe.v1.Branch\")\n\x13UpdateGlobalRequest\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\"\x1f\n\x0bUpdateReply\x12\x10\n\x08recorded\x18\x01 \x01(\x05\x32\xe6\x02\n\x05\x43\x61\x63he\x12>\n\x06Lookup\x12\x1a.specpipe.v1.LookupRequest\x1a\x18.specpipe.v1.LookupReply\x12>\n\x06Update\x12\x1a.specpipe.v1.UpdateRequest\x1a\x18.specpipe.v1.UpdateReply\x12N\n\x0eRecordBranches\x12\".specpipe.v1.RecordBranchesRequest\x1a\x18.specpipe.v1.UpdateReply\x12J\n\x0cUpdateGlobal\x12 .specpipe.v1.UpdateGlobalRequest\x1a\x18.specpipe.v1.UpdateReply\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specpipe/v1/cache.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"Y\n\rLookupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x0e\x63ontext_suffix\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\t\n\x01k\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\"s\n\x0bLookupReply\x12%\n\x05\x64raft\x18\x01 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12\x12\n\x06levels\x18\x02 \x03(\x05\x42\x02\x10\x01\x12)\n\x07sources\x18\x03 \x03(\x0e\x32\x18.specpipe.v1.DraftSource\"\x1c\n\x06\x42ranch\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\"R\n\x15RecordBranchesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x08\x62ranches\x18\x02 \x03(\x0b\x32\x13.specpipe.v1.Branch\")\n\x13UpdateGlobalRequest\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\"\x1f\n\x0bUpdateReply\x12\x10\n\x08recorded\x18\x01 \x01(\x05\x32\xa6\x02\n\x05\x43\x61\x63he\x12>\n\x06Lookup\x12\x1a.specpipe.v1.LookupRequest\x1a\x18.specpipe.v1.LookupReply\x12N\n\x0eRecordBranches\x12\".specpipe.v1.RecordBranchesRequest\x1a\x18.specpipe.v1.UpdateReply\x12J\n\x0cUpdateGlobal\x12 .specpipe.v1.UpdateGlobalRequest\x1a\x18.specpipe.v1.UpdateReply\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPREQUEST'].fields_by_name['context_suffix']._serialized_options = b'\020\001'
   _globals['_LOOKUPREPLY'].fields_by_name['levels']._loaded_options = None
   _globals['_LOOKUPREPLY'].fields_by_name['levels']._serialized_options = b'\020\001'
-  _globals['_UPDATEREQUEST'].fields_by_name['tokens']._loaded_options = None
-  _globals['_UPDATEREQUEST'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_BRANCH'].fields_by_name['tokens']._loaded_options = None
   _globals['_BRANCH'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_UPDATEGLOBALREQUEST'].fields_by_name['tokens']._loaded_options = None
@@ -46,16 +44,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPREQUEST']._serialized_end=155
   _globals['_LOOKUPREPLY']._serialized_start=157
   _globals['_LOOKUPREPLY']._serialized_end=272
-  _globals['_UPDATEREQUEST']._serialized_start=274
-  _globals['_UPDATEREQUEST']._serialized_end=344
-  _globals['_BRANCH']._serialized_start=346
-  _globals['_BRANCH']._serialized_end=374
-  _globals['_RECORDBRANCHESREQUEST']._serialized_start=376
-  _globals['_RECORDBRANCHESREQUEST']._serialized_end=458
-  _globals['_UPDATEGLOBALREQUEST']._serialized_start=460
-  _globals['_UPDATEGLOBALREQUEST']._serialized_end=501
-  _globals['_UPDATEREPLY']._serialized_start=503
-  _globals['_UPDATEREPLY']._serialized_end=534
-  _globals['_CACHE']._serialized_start=537
-  _globals['_CACHE']._serialized_end=895
+  _globals['_BRANCH']._serialized_start=274
+  _globals['_BRANCH']._serialized_end=302
+  _globals['_RECORDBRANCHESREQUEST']._serialized_start=304
+  _globals['_RECORDBRANCHESREQUEST']._serialized_end=386
+  _globals['_UPDATEGLOBALREQUEST']._serialized_start=388
+  _globals['_UPDATEGLOBALREQUEST']._serialized_end=429
+  _globals['_UPDATEREPLY']._serialized_start=431
+  _globals['_UPDATEREPLY']._serialized_end=462
+  _globals['_CACHE']._serialized_start=465
+  _globals['_CACHE']._serialized_end=759
 # @@protoc_insertion_point(module_scope)

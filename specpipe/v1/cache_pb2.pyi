@@ -29,16 +29,6 @@ class LookupReply(_message.Message):
     sources: _containers.RepeatedScalarFieldContainer[_common_pb2.DraftSource]
     def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., levels: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.DraftSource, str]]] = ...) -> None: ...
 
-class UpdateRequest(_message.Message):
-    __slots__ = ("session_id", "tokens", "start")
-    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
-    START_FIELD_NUMBER: _ClassVar[int]
-    session_id: str
-    tokens: _containers.RepeatedScalarFieldContainer[int]
-    start: int
-    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., start: _Optional[int] = ...) -> None: ...
-
 class Branch(_message.Message):
     __slots__ = ("tokens",)
     TOKENS_FIELD_NUMBER: _ClassVar[int]

@@ -27,10 +27,11 @@ if _version_not_supported:
 
 
 class CacheStub:
-    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft context + corpus caches), shared by every
-    drafter replica. Three tables, looked up in this order: the session's context table (confirmed
-    tokens), its verifier table (the verifier's argmax after draft nodes it did not accept) and the
-    global (corpus) table shared by all sessions. Session tables expire a while after their last update.
+    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft corpus cache), shared by every drafter
+    replica. Two tables, looked up in this order: the session's verifier table (the verifier's argmax
+    after draft nodes it did not accept) and the global (corpus) table shared by all sessions. A
+    session's table expires a while after its last update. (A session's own context is searched by
+    the n-gram drafter in the context it is given: it is not stored here.)
     """
 
     def __init__(self, channel):
@@ -43,11 +44,6 @@ class CacheStub:
                 '/specpipe.v1.Cache/Lookup',
                 request_serializer=specpipe_dot_v1_dot_cache__pb2.LookupRequest.SerializeToString,
                 response_deserializer=specpipe_dot_v1_dot_cache__pb2.LookupReply.FromString,
-                _registered_method=True)
-        self.Update = channel.unary_unary(
-                '/specpipe.v1.Cache/Update',
-                request_serializer=specpipe_dot_v1_dot_cache__pb2.UpdateRequest.SerializeToString,
-                response_deserializer=specpipe_dot_v1_dot_cache__pb2.UpdateReply.FromString,
                 _registered_method=True)
         self.RecordBranches = channel.unary_unary(
                 '/specpipe.v1.Cache/RecordBranches',
@@ -67,21 +63,15 @@ class CacheStub:
 
 
 class CacheServicer:
-    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft context + corpus caches), shared by every
-    drafter replica. Three tables, looked up in this order: the session's context table (confirmed
-    tokens), its verifier table (the verifier's argmax after draft nodes it did not accept) and the
-    global (corpus) table shared by all sessions. Session tables expire a while after their last update.
+    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft corpus cache), shared by every drafter
+    replica. Two tables, looked up in this order: the session's verifier table (the verifier's argmax
+    after draft nodes it did not accept) and the global (corpus) table shared by all sessions. A
+    session's table expires a while after its last update. (A session's own context is searched by
+    the n-gram drafter in the context it is given: it is not stored here.)
     """
 
     def Lookup(self, request, context):
         """A draft of up to k tokens after the context (a chain, or a tree of width alternatives at the first step).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Update(self, request, context):
-        """Records confirmed tokens in a session's context table.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,11 +105,6 @@ def add_CacheServicer_to_server(servicer, server):
                     request_deserializer=specpipe_dot_v1_dot_cache__pb2.LookupRequest.FromString,
                     response_serializer=specpipe_dot_v1_dot_cache__pb2.LookupReply.SerializeToString,
             ),
-            'Update': grpc.unary_unary_rpc_method_handler(
-                    servicer.Update,
-                    request_deserializer=specpipe_dot_v1_dot_cache__pb2.UpdateRequest.FromString,
-                    response_serializer=specpipe_dot_v1_dot_cache__pb2.UpdateReply.SerializeToString,
-            ),
             'RecordBranches': grpc.unary_unary_rpc_method_handler(
                     servicer.RecordBranches,
                     request_deserializer=specpipe_dot_v1_dot_cache__pb2.RecordBranchesRequest.FromString,
@@ -144,10 +129,11 @@ def add_CacheServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Cache:
-    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft context + corpus caches), shared by every
-    drafter replica. Three tables, looked up in this order: the session's context table (confirmed
-    tokens), its verifier table (the verifier's argmax after draft nodes it did not accept) and the
-    global (corpus) table shared by all sessions. Session tables expire a while after their last update.
+    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft corpus cache), shared by every drafter
+    replica. Two tables, looked up in this order: the session's verifier table (the verifier's argmax
+    after draft nodes it did not accept) and the global (corpus) table shared by all sessions. A
+    session's table expires a while after its last update. (A session's own context is searched by
+    the n-gram drafter in the context it is given: it is not stored here.)
     """
 
     @staticmethod
@@ -167,33 +153,6 @@ class Cache:
             '/specpipe.v1.Cache/Lookup',
             specpipe_dot_v1_dot_cache__pb2.LookupRequest.SerializeToString,
             specpipe_dot_v1_dot_cache__pb2.LookupReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Update(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/specpipe.v1.Cache/Update',
-            specpipe_dot_v1_dot_cache__pb2.UpdateRequest.SerializeToString,
-            specpipe_dot_v1_dot_cache__pb2.UpdateReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,88 @@
+"""Admission and backpressure over real gRPC servers (tiny preset): beyond --max-sessions /
+--max-queue the verifier and the orchestrator answer RESOURCE_EXHAUSTED before any work, and the
+health service still answers while every generation slot is taken."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+
+from orchestrator.admission import Admission, AdmissionConfig
+from orchestrator.generator import Generator
+from specpipe.errors import DeadlineExceeded, ResourceExhausted
+from specpipe.models import model_info, tiny_model, tiny_tokenizer
+from specpipe.presets import ModelSpec
+from specpipe.rpc.clients import GenerationClient, VerifierClient
+from specpipe.rpc.server import ServerConfig, serve
+from specpipe.types import SpeculationOptions
+from tests.grpc_harness import assert_serving
+from verifier_service.verifier import ModelVerifier
+
+CONFIG = ServerConfig(host="127.0.0.1", port=0, grace_s=1.0)
+
+
+def test_admission_queues_then_refuses():
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=1))
+    entered = threading.Event()
+    with admission.slot():
+        def queued():
+            with admission.slot(timeout_s=10):
+                entered.set()
+
+        waiter = threading.Thread(target=queued)
+        waiter.start()
+        while admission.waiting == 0:  # the second stream is queued
+            threading.Event().wait(0.01)
+        with pytest.raises(ResourceExhausted, match=r"1 generations running \(max 1\) and 1 waiting \(max 1\)"), \
+                admission.slot():
+            pass
+        assert not entered.is_set()
+    waiter.join()
+    assert entered.is_set()  # the queued stream ran once the slot freed
+
+
+def test_a_queued_stream_waits_no_longer_than_its_deadline():
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=4))
+    with admission.slot(), pytest.raises(DeadlineExceeded), admission.slot(timeout_s=0.05):
+        pass
+    with admission.slot():  # both slots were given back
+        pass
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    model = tiny_model()
+    return ModelVerifier(model, model_info(ModelSpec("tiny"), model), max_sessions=1)
+
+
+def test_verifier_over_max_sessions_is_resource_exhausted_over_grpc(verifier):
+    from verifier_service import servicer
+
+    with serve([servicer.service(verifier)], CONFIG) as server, \
+            VerifierClient(server.address, timeout_s=10) as client:
+        assert client.prefill("one", [1, 2, 3]) == 3
+        with pytest.raises(ResourceExhausted, match=r"1 open sessions \(max 1\)"):
+            client.prefill("two", list(range(100)))
+        assert client.release("one")
+        assert client.prefill("two", [4, 5]) == 2
+        client.release("two")
+        assert_serving(client)
+
+
+def test_orchestrator_refuses_streams_beyond_its_slots_and_health_answers(verifier):
+    from orchestrator import servicer
+
+    generator = Generator(tiny_tokenizer(), ModelVerifier(verifier.model, verifier.info()), {},
+                          SpeculationOptions(drafter="none"))
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=0))
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serve([servicer.service(generator, admission)], CONFIG))
+        client = stack.enter_context(GenerationClient(server.address, timeout_s=60))
+        long_stream = client.generate(token_ids=[1, 2, 3], max_new_tokens=1500)
+        next(long_stream)  # running: it holds the only slot
+        with pytest.raises(ResourceExhausted, match="orchestrator is full"):
+            list(client.generate(token_ids=[4, 5], max_new_tokens=4))
+        assert_serving(client)
+        long_stream.close()

@@ -1,0 +1,264 @@
+"""Batched verification (docs/batching.md): the gather policy, batch invariance of the batched
+forward, and golden tests of many concurrent sessions (tiny preset): every output == verifier-only
+greedy generate(), with sessions that join and leave mid-batch and a long prompt prefilling in
+chunks while others decode, embedded and over gRPC. Admission refuses before any forward."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from cache_service.memory import InMemoryNgramCache
+from drafter_service.hybrid import HybridDrafter
+from drafter_service.ngram_drafter import NgramDrafter
+from orchestrator.generator import Generator
+from specpipe import metrics
+from specpipe.errors import ResourceExhausted
+from specpipe.models import model_info, tiny_model
+from specpipe.presets import ModelSpec
+from specpipe.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
+from tests.golden import reference_greedy, run
+from verifier_service.batched import Segment, batched_forward, new_slot
+from verifier_service.scheduler import BatchConfig, Scheduler, Work, plan_batch
+from verifier_service.verifier import ModelVerifier
+
+MAX_NEW_TOKENS = 32
+
+
+@pytest.mark.parametrize("pending, budget, chunk, expected", [
+    ([], 64, 16, []),
+    ([(False, 5)], 64, 16, [(0, 5)]),                                    # a lone round goes at once
+    ([(False, 5), (False, 9), (False, 3)], 64, 16, [(0, 5), (1, 9), (2, 3)]),
+    ([(False, 50), (False, 20), (False, 10)], 64, 16, [(0, 50), (2, 10)]),  # the budget skips what does not fit
+    ([(False, 100), (False, 5)], 64, 16, [(0, 100)]),                    # a round past the budget runs alone
+    ([(True, 1000)], 64, 16, [(0, 16)]),                                 # a prompt enters in chunks
+    ([(True, 1000), (False, 5), (True, 7)], 64, 16, [(1, 5), (0, 16), (2, 7)]),  # rounds first, then chunks
+    ([(True, 100), (False, 60)], 64, 16, [(1, 60), (0, 4)]),             # chunks fill what rounds leave
+    ([(False, 64), (True, 100)], 64, 16, [(0, 64)]),
+])
+def test_plan_batch(pending, budget, chunk, expected):
+    assert plan_batch(pending, budget, chunk) == expected
+
+
+def _chain(kv, token_ids) -> Segment:
+    n = len(token_ids)
+    return Segment(kv, tuple(token_ids), torch.arange(kv.length, kv.length + n), torch.ones(n, n, dtype=torch.bool).tril(),
+                   logits=True)
+
+
+@pytest.mark.parametrize("mode", ["eager", "packed"])
+def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
+    model = tiny_model()
+    if mode == "packed":
+        from specpipe import native
+
+        native.pack_linears(model, torch.float32)
+    ids = list(range(10, 70))
+    with torch.inference_mode():
+        reference = model(torch.tensor([ids])).logits[0]  # [60, vocab]
+    alone, mate_a, mate_b, batched = (new_slot(model, 2048) for _ in range(4))
+    first = batched_forward(model, [_chain(alone, ids[:25])])[0]
+    rest = batched_forward(model, [_chain(alone, ids[25:])])[0]
+    batched_forward(model, [_chain(mate_a, ids[3:40])])
+    with_mates = batched_forward(model, [_chain(mate_a, ids[40:47]), _chain(batched, ids[:25]),
+                                         _chain(mate_b, ids[:9])])[1]
+    torch.testing.assert_close(torch.cat([first, rest]), reference, atol=1e-4, rtol=1e-4)
+    assert torch.equal(first, with_mates)  # bitwise: batch mates change nothing
+
+
+def _verifier(**batch) -> ModelVerifier:
+    model = tiny_model()
+    return ModelVerifier(model, model_info(ModelSpec("tiny"), model), batch=BatchConfig(**batch))
+
+
+def _prompts(count: int, seed: int = 7) -> list[tuple[int, ...]]:
+    """Different lengths; the first one long (it prefills in many chunks)."""
+    rng = random.Random(seed)
+    lengths = [400] + [rng.randint(3, 60) for _ in range(count - 1)]
+    return [tuple(rng.randrange(256) for _ in range(n)) for n in lengths]
+
+
+def _concurrently(jobs) -> list:
+    """Run the callables on their own threads, each starting a little after the previous (sessions
+    join and leave mid-batch); returns their results or raises the first error."""
+    results, errors = [None] * len(jobs), []
+
+    def run_one(i, job):
+        try:
+            results[i] = job()
+        except BaseException as err:  # noqa: BLE001  (re-raised below)
+            errors.append(err)
+
+    threads = [threading.Thread(target=run_one, args=(i, job)) for i, job in enumerate(jobs)]
+    for i, thread in enumerate(threads):
+        thread.start()
+        threads[i - 1].join(timeout=0.02) if i else None
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _forwards() -> tuple[float, float]:
+    """(forwards, sessions over all forwards) so far, from the batch histogram."""
+    samples = {s.name: s.value for s in metrics.VERIFY_BATCH_SESSIONS.collect()[0].samples}
+    return samples["specpipe_verify_batch_sessions_count"], samples["specpipe_verify_batch_sessions_sum"]
+
+
+SPECULATIONS = [SpeculationOptions(drafter=drafter, draft_len=k, width=width, schedule=schedule, adaptive="off")
+                for drafter, k, width, schedule in [
+                    ("model", 4, 1, "sequential"), ("model", 3, 2, "branch"), ("ngram", 4, 1, "sequential"),
+                    ("hybrid", 4, 2, "sequential"), ("model", 5, 1, "branch"), ("none", 1, 1, "sequential"),
+                    ("ngram", 3, 1, "branch"), ("model", 2, 3, "sequential")]]
+
+
+def test_concurrent_sessions_equal_verifier_greedy_embedded(tiny_tokenizer, tiny_drafter):
+    verifier = _verifier(max_batch_tokens=96, prefill_chunk=32)
+    store = InMemoryNgramCache()
+    ngram = NgramDrafter(store, verifier.info())
+    generator = Generator(tiny_tokenizer, verifier, {"model": tiny_drafter, "ngram": ngram,
+                                                     "hybrid": HybridDrafter(tiny_drafter, ngram)}, cache=store)
+    prompts = _prompts(12)
+    lengths = [MAX_NEW_TOKENS - 4 * (i % 3) for i in range(len(prompts))]  # they leave at different rounds
+    expected = [reference_greedy(verifier.model, ids, n) for ids, n in zip(prompts, lengths)]
+    before = _forwards()
+    outputs = _concurrently([
+        lambda ids=ids, n=n, spec=SPECULATIONS[i % len(SPECULATIONS)]:
+            run(generator, GenerationRequest(ids, n, speculation=spec))[0]
+        for i, (ids, n) in enumerate(zip(prompts, lengths))])
+    after = _forwards()
+    for i, (output, reference) in enumerate(zip(outputs, expected)):
+        assert output == reference, f"session {i} ({SPECULATIONS[i % len(SPECULATIONS)]})"
+    assert after[1] - before[1] > after[0] - before[0], "no forward ran more than one session"
+
+
+def test_sampled_output_is_the_same_with_and_without_batch_mates(tiny_tokenizer, tiny_drafter):
+    verifier = _verifier()
+    generator = Generator(tiny_tokenizer, verifier, {"model": tiny_drafter})
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
+    prompts = _prompts(6, seed=3)[1:]
+    fixed = SpeculationOptions(draft_len=4, adaptive="off")  # adaptive k follows timings: not repeatable from the seed
+    requests = [GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling, speculation=fixed) for ids in prompts]
+    alone = run(generator, requests[0])[0]
+    together = _concurrently([lambda r=r: run(generator, r)[0] for r in requests])
+    assert together[0] == alone
+
+
+def test_concurrent_streams_equal_verifier_greedy_over_grpc():
+    from tests.grpc_harness import shared_tiny_cluster
+
+    cluster = shared_tiny_cluster()
+    prompts = _prompts(8, seed=5)
+    expected = [reference_greedy(cluster.verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
+    speculations = [SpeculationOptions(drafter="model", draft_len=4, width=1 + i % 2,
+                                       schedule=("sequential", "branch")[i % 2], adaptive="off") for i in range(len(prompts))]
+
+    def stream(ids, speculation):
+        return [t for chunk in cluster.generation_client.generate(token_ids=ids, max_new_tokens=MAX_NEW_TOKENS,
+                                                                  speculation=speculation) for t in chunk.token_ids]
+
+    first_tokens = metrics.TTFT_MS.collect()[0].samples
+    ttft_before = next(s.value for s in first_tokens if s.name.endswith("_count"))
+    outputs = _concurrently([lambda ids=ids, s=s: stream(ids, s) for ids, s in zip(prompts, speculations)])
+    assert outputs == expected
+    ttft_after = next(s.value for s in metrics.TTFT_MS.collect()[0].samples if s.name.endswith("_count"))
+    assert ttft_after - ttft_before == len(prompts)  # one time-to-first-token per stream
+
+
+def test_max_sessions_refuses_before_any_forward():
+    verifier = _verifier()
+    verifier_max = ModelVerifier(verifier.model, verifier.info(), max_sessions=2)
+    verifier_max.prefill("a", [1, 2, 3])
+    verifier_max.prefill("b", [1, 2, 3])
+    before = _forwards()
+    with pytest.raises(ResourceExhausted, match="2 open sessions"):
+        verifier_max.prefill("c", list(range(200)))
+    assert _forwards() == before  # refused before its prefill ran
+    verifier_max.release("a")
+    assert verifier_max.prefill("c", [4, 5]) == 2
+
+
+def test_full_queue_refuses_before_any_forward():
+    model = tiny_model()
+    scheduler = Scheduler(model, BatchConfig(prefill_chunk=1, max_queue=1))
+    try:
+        long_prefill = Work(new_slot(model, 2048), tuple(range(1, 255)) * 4)  # ~1000 one-token forwards
+        thread = threading.Thread(target=scheduler.run, args=(long_prefill,))
+        thread.start()
+        from tests.grpc_harness import wait_until
+
+        assert wait_until(lambda: long_prefill.started, timeout_s=10)
+        kv = new_slot(model, 2048)
+        with pytest.raises(ResourceExhausted, match="queue is full"):
+            scheduler.run(Work(kv, (1, 2, 3)))
+        assert kv.length == 0
+        thread.join()
+        assert long_prefill.kv.length == len(long_prefill.token_ids) and long_prefill.error is None
+    finally:
+        scheduler.close()
+
+
+def test_verify_after_batched_tree_rollback_matches_a_fresh_prefill():
+    """A tree round keeps only its accepted path in the slot: the next round sees exactly the context."""
+    verifier = _verifier()
+    prompt = [5, 6, 7, 8]
+    verifier.prefill("tree", prompt)
+    result = verifier.verify("tree", 4, Draft(tokens=(9, 10, 11, 12), parents=(-1, -1, 1, 0)), SamplingParams())
+    context = prompt + list(result.accepted_tokens) + [result.correction_token]
+    verifier.prefill("fresh", context)
+    chain = Draft(tokens=(1, 2), parents=(-1, 0))
+    a = verifier.verify("tree", len(context), chain, SamplingParams())
+    b = verifier.verify("fresh", len(context), chain, SamplingParams())
+    assert a.node_argmax == b.node_argmax
+
+
+@pytest.mark.slow
+def test_concurrent_sessions_equal_verifier_greedy_smollm2():
+    """A real Llama-family model: four chats at once through the batched verifier, each == generate()."""
+    from drafter_service.model_drafter import ModelDrafter
+    from specpipe import packaged
+    from specpipe.models import load_tokenizer
+    from specpipe.presets import model_specs
+    from tests.test_golden_smollm2 import CHATS
+
+    packaged.prepare("smollm2-135m", progress=False)
+    verifier_spec, drafter_spec = model_specs("smollm2")
+    verifier = ModelVerifier.load(verifier_spec, batch=BatchConfig(prefill_chunk=8))
+    assert verifier.batched
+    tokenizer = load_tokenizer(verifier_spec)
+    generator = Generator(tokenizer, verifier, {"model": ModelDrafter.load(drafter_spec)})
+    prompts = [tuple(tokenizer(chat)["input_ids"]) for chat in CHATS]
+    expected = [reference_greedy(verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
+    outputs = _concurrently([lambda ids=ids, w=1 + i % 2: run(generator, GenerationRequest(
+        ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, width=w, adaptive="off")))[0] for i, ids in enumerate(prompts)])
+    assert outputs == expected
+
+
+def test_a_round_does_not_wait_for_a_long_prefill():
+    """A round queued while a long prompt prefills in chunks runs in the next forward, mixed with
+    the next chunk: it returns while the prompt is still entering."""
+    model = tiny_model()
+    scheduler = Scheduler(model, BatchConfig(prefill_chunk=4))
+    try:
+        long_prefill = Work(new_slot(model, 2048), tuple(range(1, 255)) * 4)  # ~250 chunks
+        thread = threading.Thread(target=scheduler.run, args=(long_prefill,))
+        thread.start()
+        from tests.grpc_harness import wait_until
+
+        assert wait_until(lambda: long_prefill.started, timeout_s=10)
+        kv = new_slot(model, 2048)
+        scheduler.run(Work(kv, (5, 6, 7)))  # a prompt of its own
+        round_ = scheduler.run(Work(kv, (8, 9), positions=torch.tensor([3, 4]),
+                                    allowed=torch.ones(2, 2, dtype=torch.bool).tril()))
+        fed_when_done = long_prefill.fed
+        thread.join()
+        assert round_.logits.shape == (2, 257)
+        assert fed_when_done < len(long_prefill.token_ids)
+        # what adaptive control learns the forward's cost from: it fed a prompt chunk beside the round
+        assert round_.batch_sessions == 2 and round_.batch_tokens == 2 + 4
+    finally:
+        scheduler.close()

@@ -1,0 +1,111 @@
+"""One forward pass over the work of many sessions (docs/batching.md), for the Llama / Qwen2 family.
+
+Every session's tokens (a prefill chunk, or [root] + a draft tree) are flattened into one ragged
+batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o projections, the MLP)
+and RoPE run on the flat batch: one GEMM for all sessions, where batching pays. Attention runs per
+session: its queries against its own slot (past + its new tokens) under its own mask (causal for a
+chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
+
+Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
+(the packed GEMM computes every row the same way for every M; attention is per session), so a
+session's logits do not depend on who else is in the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from verifier_service.kv import SlotKV
+
+SUPPORTED_TYPES = ("llama", "qwen2")  # decoder layers of the same shape (Qwen2 adds q/k/v biases)
+
+
+def supports(model: PreTrainedModel) -> str | None:
+    """None if the batched forward runs this model exactly; otherwise why not (it falls back to the
+    model-generic one-session forward)."""
+    config = model.config
+    if config.model_type not in SUPPORTED_TYPES:
+        return f"model type {config.model_type!r} (batched: {', '.join(SUPPORTED_TYPES)})"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention layers"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    return None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One session's share of a batched forward: n tokens fed after kv.length cached positions."""
+
+    kv: SlotKV
+    token_ids: tuple[int, ...]      # [n]
+    positions: torch.Tensor         # [n] absolute positions (past + depth for a tree)
+    allowed: torch.Tensor           # [n, n] bool: which of the new tokens each new token may see
+    logits: bool                    # whether its rows need logits (verify: yes; a prefill chunk: no)
+
+
+def new_slot(model: PreTrainedModel, max_context: int) -> SlotKV:
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return SlotKV(config.num_hidden_layers, config.num_key_value_heads, head_dim, model.dtype, model.device,
+                  max_context)
+
+
+def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
+            layer: int, offsets: Sequence[int]) -> torch.Tensor:
+    """q: [heads, num_tokens, head_dim]; k_new, v_new: [kv_heads, num_tokens, head_dim].
+    Returns [num_tokens, heads * head_dim]."""
+    out = q.new_empty(q.shape[1], q.shape[0] * q.shape[2])
+    for segment, start in zip(segments, offsets):
+        n, past = len(segment.token_ids), segment.kv.length
+        end = start + n
+        segment.kv.write(layer, past, k_new[:, start:end], v_new[:, start:end])
+        keys, values = segment.kv.view(layer, past + n)  # [kv_heads, past + n, head_dim]
+        allowed = torch.ones(n, past + n, dtype=torch.bool, device=q.device)  # [n, past + n]
+        allowed[:, past:] = segment.allowed
+        o = F.scaled_dot_product_attention(q[None, :, start:end], keys[None], values[None], attn_mask=allowed,
+                                           scale=attn.scaling, enable_gqa=True)  # [1, heads, n, head_dim]
+        out[start:end] = o[0].transpose(0, 1).reshape(n, -1)
+    return out
+
+
+@torch.inference_mode()
+def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
+    """Feed every segment after its cached positions and append them to its slot (kv.length grows by
+    n). Returns, per segment, logits [n, vocab] (float32) where segment.logits, else None."""
+    inner = model.model
+    device = model.device
+    lengths = [len(s.token_ids) for s in segments]
+    offsets = [sum(lengths[:i]) for i in range(len(segments))]
+    for segment, n in zip(segments, lengths):
+        segment.kv.reserve(segment.kv.length + n)
+    ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=device)  # [T]
+    positions = torch.cat([s.positions for s in segments]).to(device)                                # [T]
+    hidden = inner.embed_tokens(ids)                                                                  # [T, hidden]
+    cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, T, head_dim]
+    for layer_idx, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        shape = (x.shape[0], -1, attn.head_dim)
+        q = attn.q_proj(x).view(shape).transpose(0, 1)[None]   # [1, heads, T, head_dim]
+        k = attn.k_proj(x).view(shape).transpose(0, 1)[None]   # [1, kv_heads, T, head_dim]
+        v = attn.v_proj(x).view(shape).transpose(0, 1)         # [kv_heads, T, head_dim]
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        hidden = hidden + attn.o_proj(_attend(attn, q[0], k[0], v, segments, layer_idx, offsets))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    for segment, n in zip(segments, lengths):
+        segment.kv.length += n
+
+    rows = [i for segment, start, n in zip(segments, offsets, lengths) if segment.logits for i in range(start, start + n)]
+    logits = model.lm_head(inner.norm(hidden[rows])).float() if rows else None  # [rows, vocab]
+    out, row = [], 0
+    for segment, n in zip(segments, lengths):
+        out.append(logits[row : row + n] if segment.logits else None)
+        row += n if segment.logits else 0
+    return out
