@@ -76,6 +76,7 @@ def register(subparsers) -> None:
     parser.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
     parser.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
     parser.add_argument("--device", default="cpu", help="torch device of the model services (default: %(default)s)")
+    options.add_prepare_arg(parser)
     options.add_compile_arg(parser)
     parser.add_argument("--base-port", type=int, default=50051,
                         help="gRPC ports N (orchestrator), N+1 (verifier), N+2 (drafter), metrics ports "
