@@ -81,7 +81,7 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
                        "next one for its predicted outcomes, roll back on a miss (default: %(default)s)")
     group.add_argument("--predictor", default=DEFAULT.predictor, choices=PREDICTORS,
                        help="branch schedule: calibrated (drafter confidence, calibrated online) or paper (the "
-                       "fitted prediction function of seed 003, eq. 12) (default: %(default)s)")
+                       "fitted prediction function of Duan et al. 2024, eq. 12) (default: %(default)s)")
     group.add_argument("--hypotheses", type=hypotheses_arg, default=DEFAULT.hypotheses, metavar="M",
                        help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
                        "outcome of the main chain (default: %(default)s)")
