@@ -142,14 +142,12 @@ class ModelDrafter:
 
     def _alone(self, branch: _Branch, steps: Generator[Step, torch.Tensor, Draft]) -> Draft:
         """Run steps one forward at a time on this thread (the unbatched path)."""
-        logits = None
-        while True:
-            try:
-                step = steps.send(logits)
-            except StopIteration as done:
-                return done.value
+        work = Work(branch.cache, steps)
+        while work.step is not None:
             with self._forward_lock:
-                logits = self._runner.forward(branch.cache, step.token_ids)[-step.logit_rows:]  # [rows, vocab]
+                logits = self._runner.forward(branch.cache, work.step.token_ids)  # [n, vocab]
+            work.advance(logits[-work.step.logit_rows:])
+        return work.result
 
     def _new_cache(self) -> runner.Cache | SlotKV:
         return batched.new_slot(self._model, self._info.max_context) if self._scheduler else self._runner.new_cache()

@@ -90,7 +90,8 @@ def one_step(step: Step) -> Generator[Step, torch.Tensor | None, torch.Tensor | 
 
 class Work:
     """One request's steps over one slot. Made on the caller's thread (which runs the coroutine up to
-    its first step), then advanced by the scheduler thread."""
+    its first step), then advanced by the scheduler thread (or by the caller, one forward at a time,
+    where a model runs unbatched: then kv may be any specpipe.runner cache)."""
 
     def __init__(self, kv: SlotKV, steps: Generator[Step, torch.Tensor | None, Any]):
         self.kv = kv
