@@ -25,7 +25,8 @@ _END = object()
 
 
 def _replica_id() -> str:
-    return serve.get_replica_context().replica_id.unique_id
+    """This replica's actor name (SERVE_REPLICA::app#deployment#id)."""
+    return serve.get_replica_context().replica_id.to_full_id_str()
 
 
 @serve.deployment(name="Verifier")
