@@ -1,14 +1,14 @@
-"""Adaptive speculation (DESIGN section 6): how much to draft next round, from what rounds cost and
-what they yield.
+"""Adaptive speculation (docs/design.md, "Adaptive control"): how much to draft next round, from
+what rounds cost and what they yield (the cost model: orchestrator/costs.py).
 
-- Cost (ProPD section 4.2): verification time is linear in the draft size, T(n) = a + b*n for n
-  tokens fed, fitted online by least squares weighted toward recent rounds; drafting time is fitted
-  the same way against the draft length.
+- Cost (ProPD section 4.2): the verifier's forward time is linear in the tokens it feeds, T(n) =
+  a + b*n, fitted online by least squares weighted toward recent rounds (n: every session's tokens
+  in a batched forward); drafting time is fitted the same way against the draft length.
 - Yield: a_i = P(draft token i accepted | the tokens before it were), per drafter and depth,
   calibrated online (per session, leaning on the estimate of all sessions until it has its own
   evidence). A round of k drafts then yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens.
-  a_i is also learned per draft source (the small model, or the n-gram store's context, verifier or
-  global table), leaning on the rate of all sources at that depth.
+  a_i is also learned per draft source (the small model, or the n-gram drafter's context, verifier
+  or global table), leaning on the rate of all sources at that depth.
 - Entropy gate (Cerberus): a_1 is estimated separately for each bin of the verifier's entropy at
   the last position, so where the verifier is unsure, the first draft token is predicted to fail
   and the choice below drafts little or nothing. The threshold is not a constant: it is wherever
@@ -23,11 +23,13 @@ what they yield.
   the most expected tokens per millisecond, the draft time being spent whatever is kept. A chain
   the choice above sized is not cut where its sources' rates match those of all sources; a tree
   (--width) keeps its alternatives only where they pay for the longer verification.
-- Load: with `load` generations sharing the verifier (one forward at a time) and the drafter, a
-  round takes at least load * T(k + 1) and load * draft time. The verifier's time per emitted token,
-  T(k + 1) / E(k), then decides: a draft is kept only while its expected tokens pay for the longer
-  forward, and pre-drafts beyond one per round, which would take the shared drafter from other
-  sessions, stop.
+- Load (goodput): a verifier that batches puts this session's k + 1 tokens into a forward with
+  the other sessions' tokens; the choice counts the tokens of the whole forward against its time,
+  so a draft token is verified only where it is expected to land more often than the batch gains
+  per token of forward time, and under heavy load speculation falls to plain batched decoding.
+  Sessions that do not share the forward (an unbatched verifier) take turns: a round takes at least
+  that many forwards; the drafter serves one session at a time. Pre-drafts beyond one per round,
+  which would take the shared drafter from other sessions, stop under load.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from dataclasses import dataclass, field
 from typing import Sequence
 
-from specpipe.types import ROOT
+from orchestrator.costs import (
+    Ewma, LinearFit, Sharing, best_budget, choose_draft_len, hypotheses_that_fit, node_acceptance,
+)
 from orchestrator.estimates import Acceptance, Rates, depth_key, shrink
 
 ENTROPY_EDGES = (0.1, 0.5, 1.0, 2.0, 3.0)  # nats: upper edges of the entropy bins, the last bin open
@@ -56,123 +59,16 @@ def entropy_bin(nats: float | None) -> int:
     return -1 if nats is None else bisect.bisect_left(ENTROPY_EDGES, nats)
 
 
-def expected_tokens(acceptance: Sequence[float], k: int) -> float:
-    """E(k) = 1 + sum_{i=1..k} a_1 ... a_i: tokens emitted by a round of k drafts (the correction
-    or bonus token always comes)."""
-    total, reach = 1.0, 1.0
-    for a in acceptance[:k]:
-        reach *= a
-        total += reach
-    return total
-
-
-def round_ms(k: int, verify_ms: float, draft_ms: float, hit_rate: float, load: int, overhead_ms: float = 0.0) -> float:
-    """Expected time of a round of k drafts: verify_ms = T(k + 1), draft_ms = drafting k tokens,
-    overhead_ms = what a round costs besides the forward passes (network, orchestration). The branch
-    schedule hides min(draft, verify) of a round whose draft was pre-drafted (hit_rate; 0 for the
-    sequential schedule). load generations share the verifier and the drafter, each serving one of
-    them at a time."""
-    if k == 0:
-        draft_ms = 0.0
-    alone = verify_ms + overhead_ms + draft_ms - hit_rate * min(draft_ms, verify_ms)
-    return max(alone, load * verify_ms, load * draft_ms)
-
-
-def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: int, hit_rate: float = 0.0,
-                     load: int = 1, overhead_ms: float = 0.0) -> int:
-    """The k in 0..k_max with the most expected tokens per millisecond. verify_ms(n): T(n) for n
-    tokens fed; draft_ms(k): time to draft k tokens; acceptance: a_1..a_kmax."""
-    best_k, best_rate = 0, 0.0
-    for k in range(0, k_max + 1):
-        cost = round_ms(k, verify_ms(k + 1), draft_ms(k), hit_rate, load, overhead_ms)
-        rate = expected_tokens(acceptance, k) / max(1e-6, cost)
-        if rate > best_rate * (1 + 1e-9):  # ties go to the shorter draft
-            best_k, best_rate = k, rate
-    return best_k
-
-
-def node_acceptance(parents: Sequence[int], rate) -> list[float]:
-    """P(node accepted) for each node of a draft tree (parents[v] < v, ROOT for the first level):
-    P(parent accepted) * P(no earlier sibling was) * rate(v, depth, rank), where rate is P(v accepted
-    | its parent was and its earlier siblings were not) and rank is v's place among its siblings."""
-    probs: list[float] = []
-    depth: dict[int, int] = {ROOT: 0}
-    children: dict[int, int] = {}
-    missed: dict[int, float] = {}  # parent -> P(none of its children so far was accepted | it was)
-    for v, parent in enumerate(parents):
-        depth[v] = depth[parent] + 1
-        rank = children.get(parent, 0)
-        children[parent] = rank + 1
-        c = rate(v, depth[v], rank)
-        before = missed.get(parent, 1.0)
-        probs.append((1.0 if parent == ROOT else probs[parent]) * before * c)
-        missed[parent] = before * (1.0 - c)
-    return probs
-
-
-def best_budget(probs: Sequence[float], verify_ms, spent_ms: float, load: int = 1) -> list[int]:
-    """After drafting: the nodes to verify. The m most likely nodes (a node is never more likely
-    than its parent, so they form a tree) yield 1 + the sum of their probs tokens; m is the count
-    with the most tokens per millisecond when spent_ms (draft, overheads) is paid whatever m is;
-    verify_ms(n): T(n) for n tokens fed; load as in round_ms. Ties go to the smaller tree. Node
-    indices, ascending."""
-    order = sorted(range(len(probs)), key=lambda v: (-probs[v], v))
-    best_m, best_rate, tokens = 0, 0.0, 1.0
-    for m in range(len(order) + 1):
-        tokens += probs[order[m - 1]] if m else 0.0
-        rate = tokens / max(1e-6, spent_ms + verify_ms(m + 1), load * verify_ms(m + 1))
-        if rate > best_rate * (1 + 1e-9):
-            best_m, best_rate = m, rate
-    return sorted(order[:best_m])
-
-
-def hypotheses_that_fit(verify_ms: float, draft_ms: float, m_max: int) -> int:
-    """Pre-drafts run one after another while the verifier works: as many as fit in its time, at
-    least one."""
-    if draft_ms <= 0:
-        return m_max
-    return max(1, min(m_max, int(verify_ms // draft_ms)))
-
-
-@dataclass
-class LinearFit:
-    """y = a + b*x by exponentially weighted least squares: each new sample multiplies the weight of
-    the older ones by `decay`, so the fit follows a machine whose speed changes."""
-
-    decay: float = 0.97
-    proportional: bool = False  # while one x only has been seen: y = b*x through it (else a level line)
-    _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, wx, wy, wxx, wxy
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, x: float, y: float) -> None:
-        with self._lock:
-            s = [v * self.decay for v in self._sums]
-            self._sums = [s[0] + 1, s[1] + x, s[2] + y, s[3] + x * x, s[4] + x * y]
-
-    def line(self) -> tuple[float, float] | None:
-        """(a, b); None before the first sample."""
-        with self._lock:
-            w, wx, wy, wxx, wxy = self._sums
-        if w <= 0:
-            return None
-        var = w * wxx - wx * wx
-        if var <= 1e-9 * max(1.0, w * wxx):  # one x so far
-            return (0.0, wy / wx) if self.proportional and wx > 0 else (wy / w, 0.0)
-        b = max(0.0, (w * wxy - wx * wy) / var)  # time never falls with more tokens
-        return (wy - b * wx) / w, b
-
-    def predict(self, x: float, default: float = 0.0) -> float:
-        fit = self.line()
-        return default if fit is None else max(0.0, fit[0] + fit[1] * x)
-
-
 class SharedModels:
     """What all generations of one orchestrator learn together, per drafter kind: the verifier's
     cost line, the drafter's cost line, a round's overhead and the acceptance rates."""
 
     def __init__(self):
-        self.verify = LinearFit()                   # verify_ms against tokens fed (draft nodes + 1)
+        self.verify = LinearFit()                   # verify_ms against tokens fed in the forward (all sessions')
         self.overhead = LinearFit()                 # ms of a verify call beyond the forward (at x = 0)
+        self.batch_sessions = Ewma()                # sessions per verifier forward
+        self.others_fed = Ewma()                    # tokens of other sessions in a round's forward
+        self.emitted = Ewma()                       # tokens a session-round emits
         self.draft: dict[str, LinearFit] = {}       # drafter kind -> draft_ms against draft nodes
         self.acceptance = Rates()                   # (kind[, source], depth | entropy bin) -> hits, trials
         self.probe: dict[str, LinearFit] = {}       # drafter kind -> ms of a probe (at x = 0), catch-up included
@@ -203,6 +99,14 @@ class AdaptiveController:
         self._since_draft = 0          # rounds in a row without a draft
         self._probe_after = PROBE_AFTER
         self._rounds = 0
+
+    def sharing(self, load: int = 1) -> Sharing:
+        """How this session's rounds share the verifier and the drafter, from recent rounds: the other
+        sessions of its forwards (a batching verifier), and the other generations of this
+        orchestrator (load, itself included) that take turns where they are not in its forward."""
+        sessions = max(1.0, self._shared.batch_sessions.mean(1.0))
+        others_emitted = (sessions - 1) * self._shared.emitted.mean(1.0)
+        return Sharing(self._shared.others_fed.mean(), others_emitted, max(1.0, load / sessions), max(1.0, load))
 
     def _key(self, depth: int, source: str | None = None) -> tuple:
         """The first depth by the current entropy bin, the others by depth; optionally per source."""
@@ -236,7 +140,8 @@ class AdaptiveController:
         if verify.line() is None:  # nothing measured yet
             return self._k_max
         k = choose_draft_len(self.acceptance(), verify.predict, lambda k: draft.predict(k) if k else 0.0,
-                             self._k_max, self.hit_rate() if branch else 0.0, load, self._shared.overhead.predict(0))
+                             self._k_max, self.hit_rate() if branch else 0.0, self.sharing(load),
+                             self._shared.overhead.predict(0))
         if k == 0 and self._probe_due():
             return min(1, self._k_max)
         return k
@@ -261,26 +166,32 @@ class AdaptiveController:
             return self._rate(self._alternative_key(depth, rank)) if rank else self._source_rate(depth, sources[node])
 
         return best_budget(node_acceptance(parents, rate), self._shared.verify.predict,
-                           draft_ms + self._shared.overhead.predict(0), load)
+                           draft_ms + self._shared.overhead.predict(0), self.sharing(load))
 
     def hypotheses(self, k: int, load: int = 1) -> int:
         """Pre-drafts for the round in flight, whose main chain has k tokens: as many drafts of about
         that length as fit in its verification; one under load."""
         if load > 1:
             return 1
-        return hypotheses_that_fit(self._shared.verify.predict(k + 1), self._shared.draft_fit(self._kind).predict(k),
-                                   self._m_max)
+        forward_ms = self._shared.verify.predict(self.sharing(load).others_fed + k + 1)
+        return hypotheses_that_fit(forward_ms, self._shared.draft_fit(self._kind).predict(k), self._m_max)
 
     def observe(self, drafted: int, accepted: int, verify_ms: float, draft_ms: float, entropy: float,
                 call_ms: float | None = None, *, sources: Sequence[str] = (), draft_tokens: int | None = None,
-                nodes: int | None = None, alternatives: Sequence[tuple[int, int, bool]] = ()) -> None:
+                nodes: int | None = None, alternatives: Sequence[tuple[int, int, bool]] = (),
+                batch_sessions: int = 1, batch_tokens: int = 0) -> None:
         """Learn from a round: the main-chain tokens verified and how many were accepted, its timings
         (call_ms: the verify call as the orchestrator saw it), the verifier's entropy at the new
         last position, the source of each of those tokens (() = all from the model), how many chain
         tokens draft_ms drafted (default: drafted; more where keep() cut the draft), the draft nodes
-        verified (default: drafted) and (depth, rank, accepted) of each alternative tried."""
+        verified (default: drafted), (depth, rank, accepted) of each alternative tried, and the
+        verifier forward the round was part of (its sessions and tokens; 0 tokens: not reported)."""
         probe = drafted > 0 and self._probe_due()  # as draft_len saw it, before this round's timings
-        self._shared.verify.add((drafted if nodes is None else nodes) + 1, verify_ms)
+        fed = (drafted if nodes is None else nodes) + 1
+        self._shared.verify.add(max(fed, batch_tokens), verify_ms)
+        self._shared.batch_sessions.add(max(1, batch_sessions))
+        self._shared.others_fed.add(max(0, batch_tokens - fed))
+        self._shared.emitted.add(accepted + 1)
         for depth, rank, hit in alternatives:
             self._acceptance.add(self._alternative_key(depth, rank), hit)
         if call_ms is not None:

@@ -91,7 +91,8 @@ class AdaptivePolicy:
         self._controller.observe(
             len(chain), common_prefix(chain, result.accepted_nodes), result.verify_ms, verified.proposal.draft_ms,
             result.entropy, verified.call_ms, sources=[sources[n] for n in chain],
-            draft_tokens=len(first_path_nodes(verified.as_drafted.draft)), nodes=len(draft), alternatives=alternatives)
+            draft_tokens=len(first_path_nodes(verified.as_drafted.draft)), nodes=len(draft), alternatives=alternatives,
+            batch_sessions=result.batch_sessions, batch_tokens=result.batch_tokens)
         metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=self._kind).observe(len(chain))
         fit = self._shared.verify.line()
         if fit is not None:

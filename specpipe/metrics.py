@@ -58,3 +58,12 @@ TTFT_MS = Histogram("specpipe_ttft_ms", "Orchestrator: time from a Generate requ
                     buckets=_MS_BUCKETS)
 INTER_TOKEN_MS = Histogram("specpipe_inter_token_ms", "Orchestrator: time between streamed tokens (a chunk of n "
                            "tokens counts its gap n times, each gap / n)", buckets=_MS_BUCKETS)
+# Replicas and serving (specpipe.failover, specpipe.rpc.server): the autoscalers' signals.
+VERIFIER_FAILOVERS = Counter("specpipe_verifier_failovers_total", "Sessions re-prefilled on another verifier replica "
+                             "(theirs died, drained or lost the session)", ["reason"])
+DRAFTER_FAILOVERS = Counter("specpipe_drafter_failovers_total", "Proposals retried on another drafter replica")
+RPC_INFLIGHT = Gauge("specpipe_rpc_inflight", "RPCs being served now (a Generate stream counts for its lifetime)",
+                     ["method"])
+RPC_SECONDS = Counter("specpipe_rpc_seconds_total", "Time spent serving RPCs; its rate is the busy ratio "
+                      "(1.0 = one call always running)", ["method"])
+DRAINING = Gauge("specpipe_draining", "1 while the server drains (SIGTERM): health NOT_SERVING, no new sessions")

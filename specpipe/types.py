@@ -99,8 +99,10 @@ class VerifyResult:
     correction_token: int             # emitted after the accepted path (the bonus token when all match)
     entropy: float                    # nats, verifier distribution at the correction position
     node_argmax: tuple[int, ...]      # [num_nodes + 1] verifier argmax after the root and each node
-    verify_ms: float
+    verify_ms: float                  # the forward's time (a batched forward: all its sessions')
     context_len: int                  # session length after this round
+    batch_sessions: int = 1           # sessions in the verifier forward this round was part of
+    batch_tokens: int = 0             # tokens that forward fed, every session's; 0 = not reported
 
     @property
     def emitted(self) -> tuple[int, ...]:

@@ -8,9 +8,10 @@ import random
 
 import pytest
 
-from orchestrator.adaptive import (
-    PROBE_AFTER, PROBE_SHARE, AdaptiveController, LinearFit, SharedModels, best_budget, choose_draft_len, entropy_bin,
-    expected_tokens, hypotheses_that_fit, node_acceptance, round_ms,
+from orchestrator.adaptive import PROBE_AFTER, PROBE_SHARE, AdaptiveController, SharedModels, entropy_bin
+from orchestrator.costs import (
+    ALONE, LinearFit, Sharing, best_budget, choose_draft_len, expected_tokens, hypotheses_that_fit, node_acceptance,
+    round_ms, serial,
 )
 from orchestrator.generator import Generator
 from specpipe.types import SpeculationOptions
@@ -59,9 +60,9 @@ def test_expected_tokens(acceptance, k, expected):
     assert expected_tokens(acceptance, k) == pytest.approx(expected)
 
 
-def brute_force(acceptance, verify, draft, k_max, hit_rate=0.0, load=1):
-    rates = [expected_tokens(acceptance, k) / round_ms(k, verify(k + 1), draft(k), hit_rate, load)
-             for k in range(k_max + 1)]
+def brute_force(acceptance, verify, draft, k_max, hit_rate=0.0, sharing=ALONE):
+    rates = [(sharing.others_emitted + expected_tokens(acceptance, k)) /
+             round_ms(k, verify(sharing.others_fed + k + 1), draft(k), hit_rate, sharing) for k in range(k_max + 1)]
     return rates.index(max(rates))
 
 
@@ -93,8 +94,8 @@ def test_under_load_the_verifier_time_per_token_decides(a, slope):
     acceptance = [a] * 8
     verify, draft = (lambda n: 200.0 + slope * n), (lambda k: 50.0 * k)
     for load in (1, 2, 4, 16):
-        k = choose_draft_len(acceptance, verify, draft, 8, load=load)
-        assert k == brute_force(acceptance, verify, draft, 8, load=load)
+        k = choose_draft_len(acceptance, verify, draft, 8, sharing=serial(load))
+        assert k == brute_force(acceptance, verify, draft, 8, sharing=serial(load))
         if load >= 4:
             pays = max(expected_tokens(acceptance, j) / verify(j + 1) for j in range(1, 9)) > 1 / verify(1)
             assert (k > 0) == pays
@@ -177,8 +178,43 @@ def test_best_budget_is_the_optimum_with_the_draft_time_spent():
     assert best_budget([0.05] * 4, verify, 0.0) == []                   # a poor draft is not worth verifying
     assert best_budget(probs, lambda n: 250.0, 0.0) == [0, 1, 2, 3]     # extra tokens cost nothing: keep all
     # under load the verifier's time decides: verify time per emitted token, not the round's
-    assert len(best_budget(probs, verify, 100.0, load=4)) == \
+    assert len(best_budget(probs, verify, 100.0, serial(4))) == \
         max(range(5), key=lambda j: expected_tokens(acceptance, j) / (4 * verify(j + 1)))
+
+
+@pytest.mark.parametrize("a", [0.3, 0.6, 0.8, 0.95])
+def test_in_a_batched_forward_the_batch_goodput_decides(a):
+    """B sessions share one forward (T(n) = a + b*n over all their tokens; the others decode plainly):
+    a session drafts k where the whole forward's tokens per ms are highest; as B grows the forward's
+    fixed cost is shared and a draft token must land more often than a plain token costs, so drafts
+    shrink to plain batched decoding; with B = 1 the choice is the one of a session alone."""
+    acceptance = [a] * 8
+    verify, draft = (lambda n: 200.0 + 25.0 * n), (lambda k: 0.0)
+    chosen = []
+    for sessions in (1, 2, 4, 8, 16, 64, 256):
+        sharing = Sharing(others_fed=sessions - 1, others_emitted=sessions - 1)
+        k = choose_draft_len(acceptance, verify, draft, 8, sharing=sharing)
+        assert k == brute_force(acceptance, verify, draft, 8, sharing=sharing)
+        chosen.append(k)
+    assert chosen[0] == choose_draft_len(acceptance, verify, draft, 8) > 0
+    assert chosen == sorted(chosen, reverse=True) and chosen[-1] == 0
+    # what lands more often keeps drafting at a load where a poor drafter stops
+    busy = Sharing(others_fed=15, others_emitted=15)
+    assert choose_draft_len([0.95] * 8, verify, draft, 8, sharing=busy) > choose_draft_len([0.3] * 8, verify, draft, 8,
+                                                                                           sharing=busy) == 0
+
+
+def test_controller_learns_the_batch_it_shares():
+    """A controller fed rounds of big batched forwards (verify time set by all sessions' tokens)
+    drafts less than one fed the same rounds alone."""
+    alone, batched = AdaptiveController(SharedModels(), "model", 8, 1), AdaptiveController(SharedModels(), "model", 8, 1)
+    for i in range(60):
+        for controller, sessions in ((alone, 1), (batched, 16)):
+            n = 5 + (i % 3)
+            tokens = n + 1 + (sessions - 1) * 4
+            controller.observe(n, n // 2, 100.0 + 10.0 * tokens, 30.0, 1.0, batch_sessions=sessions, batch_tokens=tokens)
+    assert batched.sharing(16).others_fed == pytest.approx(60.0, rel=0.01)
+    assert batched.draft_len(16) < alone.draft_len(1)
 
 
 def test_acceptance_is_learned_per_source_and_cuts_what_a_poor_source_drafted():

@@ -258,5 +258,7 @@ def test_a_round_does_not_wait_for_a_long_prefill():
         thread.join()
         assert round_.logits.shape == (2, 257)
         assert fed_when_done < len(long_prefill.token_ids)
+        # what adaptive control learns the forward's cost from: it fed a prompt chunk beside the round
+        assert round_.batch_sessions == 2 and round_.batch_tokens == 2 + 4
     finally:
         scheduler.close()

@@ -88,7 +88,7 @@ def test_sparse_q_probs_stay_exact_float32():
 def test_verify_result_round_trip():
     result = VerifyResult(
         accepted_tokens=(4, 8), accepted_nodes=(0, 2), correction_token=99, entropy=f32(1.25),
-        node_argmax=(4, 5, 8, 99, 1), verify_ms=12.5, context_len=42,
+        node_argmax=(4, 5, 8, 99, 1), verify_ms=12.5, context_len=42, batch_sessions=3, batch_tokens=17,
     )
     assert convert.verify_result_from_proto(wire(convert.verify_result_to_proto(result))) == result
 

@@ -67,6 +67,8 @@ class Work:
     allowed: torch.Tensor | None = None    # [n, n] tree mask of a verify round; None: causal
     fed: int = 0                           # tokens already in the slot
     forward_ms: float = 0.0                # wall time of the forwards it took part in
+    batch_sessions: int = 1                # sessions in the last forward it took part in
+    batch_tokens: int = 0                  # tokens that forward fed, every session's
     logits: torch.Tensor | None = None     # [n, vocab] of a verify round, once done
     error: BaseException | None = None
     enqueued: float = field(default_factory=time.perf_counter)
@@ -112,6 +114,12 @@ class Scheduler:
             raise work.error
         return work
 
+    @property
+    def depth(self) -> int:
+        """Requests queued or in the forward now."""
+        with self._cond:
+            return len(self._pending)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -154,6 +162,7 @@ class Scheduler:
             for (work, n), rows in zip(batch, logits):
                 work.fed += n
                 work.forward_ms += forward_ms
+                work.batch_sessions, work.batch_tokens = len(batch), tokens
                 work.logits = rows
                 if work.fed == len(work.token_ids):
                     finished.append(work)

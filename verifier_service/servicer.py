@@ -35,6 +35,12 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def Release(self, request, context):
         return common_pb2.ReleaseReply(released=self._verifier.release(request.session_id))
 
+    @rpc_method
+    def Load(self, request, context):
+        load = self._verifier.serving_load()
+        return verifier_pb2.LoadReply(open_sessions=load.open_sessions, max_sessions=load.max_sessions,
+                                      queued=load.queued)
+
 
 def service(verifier: Verifier) -> Service:
     return Service(

@@ -26,6 +26,7 @@ from specpipe import metrics, runner
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
+from specpipe.replicas import VerifierLoad
 from specpipe.sampling import check_sampling, rejection_sample_chain, warp
 from specpipe.types import Draft, ModelInfo, SamplingParams, VerifyResult
 from specpipe.verification import (
@@ -128,17 +129,18 @@ class ModelVerifier:
             self._sessions[session_id] = session
 
     def _forward(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
-                 ) -> tuple[torch.Tensor | None, float]:
+                 ) -> tuple[torch.Tensor | None, float, tuple[int, int]]:
         """Feed token_ids after the cached positions: a prompt (batched: in chunks, no logits) or a
         round's [root] + draft nodes (tree_parents: a tree's, None: a chain). Returns the logits
-        [n, vocab] of a round and the forward time in ms."""
+        [n, vocab] of a round, the forward time in ms, and the (sessions, tokens) of the (last)
+        forward it took part in."""
         if not token_ids:
-            return None, 0.0
+            return None, 0.0, (1, 0)
         if self._scheduler is None:
             start = time.perf_counter()
             with self._forward_lock:
                 logits = self._runner.forward(cache, token_ids, tree_parents)
-            return logits, (time.perf_counter() - start) * 1e3
+            return logits, (time.perf_counter() - start) * 1e3, (1, len(token_ids))
         if prompt:
             work = Work(cache, tuple(token_ids))
         else:
@@ -146,7 +148,7 @@ class ModelVerifier:
             work = Work(cache, tuple(token_ids), positions=tree_position_ids(parents, cache.length)[0],
                         allowed=tree_allowed(parents, 0))  # [n, n]: the root and each node's ancestors
         work = self._scheduler.run(work)
-        return work.logits, work.forward_ms
+        return work.logits, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         check_sampling(sampling)
@@ -173,7 +175,7 @@ class ModelVerifier:
     def _verify_locked(self, session: _Session, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         past_len = len(session.context) - 1
         tree = not draft.is_chain
-        logits, verify_ms = self._forward(  # [1 + n, vocab]; verify_ms: the (batched) forward's time
+        logits, verify_ms, (batch_sessions, batch_tokens) = self._forward(  # [1 + n, vocab]
             session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
         metrics.VERIFY_MS.labels(draft_nodes=str(len(draft))).observe(verify_ms)
 
@@ -202,6 +204,8 @@ class ModelVerifier:
             node_argmax=tuple(node_argmax),
             verify_ms=verify_ms,
             context_len=len(session.context),
+            batch_sessions=batch_sessions,
+            batch_tokens=batch_tokens,
         )
 
     def release(self, session_id: str) -> bool:
@@ -220,3 +224,11 @@ class ModelVerifier:
         now = time.monotonic()
         for sid in [s for s, sess in self._sessions.items() if now - sess.last_used > self._session_ttl_s]:
             del self._sessions[sid]
+
+    def serving_load(self) -> VerifierLoad:
+        """Open sessions and queued work (the batch queue's depth; unbatched: 1 while a forward runs),
+        for least-loaded routing of new sessions (specpipe.replicas)."""
+        with self._sessions_lock:
+            open_sessions = len(self._sessions)
+        queued = self._scheduler.depth if self._scheduler is not None else int(self._forward_lock.locked())
+        return VerifierLoad(open_sessions, self._max_sessions, queued)

@@ -43,9 +43,10 @@ def register(subparsers) -> None:
         if role == "orchestrator":
             group = sub.add_argument_group("peers")
             group.add_argument("--verifier-addr", default=os.environ.get("SPECPIPE_VERIFIER_ADDR"),
-                               help="host:port of the verifier service (required; env SPECPIPE_VERIFIER_ADDR)")
+                               help="the verifier replicas: host:port, a comma list, or dns:///name:port (a headless "
+                               "Service, re-resolved as replicas come and go) (required; env SPECPIPE_VERIFIER_ADDR)")
             group.add_argument("--drafter-addr", default=os.environ.get("SPECPIPE_DRAFTER_ADDR"),
-                               help="host:port of the drafter service (env SPECPIPE_DRAFTER_ADDR); "
+                               help="the drafter replicas, same forms as --verifier-addr (env SPECPIPE_DRAFTER_ADDR); "
                                "without it only --drafter none works")
             group.add_argument("--rpc-timeout", type=float, default=60.0, metavar="S",
                                help="deadline of each verifier / drafter call in seconds (default: %(default)s)")
@@ -67,6 +68,9 @@ def _add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None
     group.add_argument("--metrics-port", type=int, default=None,
                        help="Prometheus HTTP port; 0 = a free one (default: off)")
     group.add_argument("--max-workers", type=int, default=64, help="concurrent RPCs; each Generate stream holds one (default: %(default)s)")
+    group.add_argument("--drain-timeout", type=float, default=float(os.environ.get("SPECPIPE_DRAIN_TIMEOUT", 30)),
+                       metavar="S", help="on SIGTERM: health NOT_SERVING, new sessions refused, running calls "
+                       "get this long to finish (default: %(default)s; env SPECPIPE_DRAIN_TIMEOUT)")
     group.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                        type=str.upper, help="(default: %(default)s)")
     group.add_argument("--log-format", default="json", choices=("json", "text"), help="(default: %(default)s)")
@@ -129,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     options.set_threads(getattr(args, "threads", 0))
     handle = serve([BUILDERS[args.role](args)], ServerConfig(
         host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=options.worker_threads(args),
+        drain_timeout_s=args.drain_timeout,
     ))
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(f"specpipe serve {args.role}: listening on {handle.address} (metrics port {metrics})", flush=True)

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 from cache_service import local_redis
 from specpipe.cli import options
-from specpipe.errors import SpecpipeError, Unavailable
+from specpipe.errors import InvalidArgument, SpecpipeError, Unavailable
 from specpipe.presets import DEFAULT_PRESET, PRESETS
 
 ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
-PORT_OFFSET = {"orchestrator": 0, "verifier": 1, "drafter": 2}
 METRICS_OFFSET = 100
 HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
@@ -48,17 +47,21 @@ class UpConfig:
     log_level: str
     speculation: tuple[str, ...]  # orchestrator flags: --drafter ... --schedule ... --hop-delay-ms ...
     cache: str                    # --cache: memory, redis (a local redis-server) or a store URL
+    verifiers: int = 1            # replicas (one process each); the orchestrator routes over them
+    drafters: int = 1
+    drain_timeout_s: float = 30.0
 
 
 @dataclass
 class Child:
-    role: str
+    role: str  # verifier, drafter, orchestrator; replicas are named verifier-1, verifier-2, ...
     proc: subprocess.Popen
     stdout_path: pathlib.Path
     stderr_path: pathlib.Path
     core: int | None
     port: int | None = None
     metrics_port: int | None = None
+    reported: bool = False  # its exit was reported
 
     @property
     def address(self) -> str:
@@ -82,6 +85,11 @@ def register(subparsers) -> None:
     parser.add_argument("--startup-timeout", type=float, default=300.0, metavar="S", help="(default: %(default)s)")
     parser.add_argument("--log-dir", default=None, help="where the services' stdout / stderr go (default: a temp dir)")
     parser.add_argument("--log-level", default="INFO", type=str.upper, help="(default: %(default)s)")
+    parser.add_argument("--verifiers", type=int, default=1, metavar="N",
+                        help="verifier replicas; each session is pinned to the least loaded (default: %(default)s)")
+    parser.add_argument("--drafters", type=int, default=1, metavar="M", help="drafter replicas (default: %(default)s)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                        help="each service's drain on SIGTERM (default: %(default)s)")
     options.add_speculation_args(parser)
     options.add_hop_delay_arg(parser)
     parser.set_defaults(func=run)
@@ -102,14 +110,17 @@ def _up(args: argparse.Namespace) -> int:
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
         log_level=args.log_level,
         speculation=options.speculation_flags(args) + ("--hop-delay-ms", str(args.hop_delay_ms)),
-        cache=args.cache,
+        cache=args.cache, verifiers=args.verifiers, drafters=args.drafters, drain_timeout_s=args.drain_timeout,
     )
+    if config.verifiers < 1 or config.drafters < 1:
+        raise InvalidArgument("--verifiers and --drafters must be >= 1")
     config.log_dir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
 
-    cores = service_cores(config, ROLES)
+    names = replica_names(config)
+    cores = service_cores(config, tuple(n for role in ROLES for n in names[role]))
     children: dict[str, Child] = {}
     redis: local_redis.LocalRedis | None = None
     try:
@@ -120,21 +131,21 @@ def _up(args: argparse.Namespace) -> int:
         # The drafter serves the ngram / hybrid methods from the store the orchestrator feeds; with the
         # orchestrator's private memory store there is none to share, so the drafter gets no --cache.
         store = () if cache_url == "memory" else ("--cache", cache_url)
-        for role in ("verifier", "drafter"):
-            children[role] = start_service(role, config, cores.get(role), store if role == "drafter" else ())
-        for role in ("verifier", "drafter"):
-            wait_serving(children[role], config.startup_timeout_s, stop)
-        peers = ("--verifier-addr", children["verifier"].address, "--drafter-addr", children["drafter"].address)
+        replicas = names["verifier"] + names["drafter"]
+        for name in replicas:
+            children[name] = start_service(name, config, cores.get(name), store if name.startswith("drafter") else ())
+        for name in replicas:
+            wait_serving(children[name], config.startup_timeout_s, stop)
+        peers = ("--verifier-addr", ",".join(children[n].address for n in names["verifier"]),
+                 "--drafter-addr", ",".join(children[n].address for n in names["drafter"]))
         children["orchestrator"] = start_service("orchestrator", config, cores.get("orchestrator"),
-                                          peers + config.speculation + ("--cache", cache_url))
+                                                 peers + config.speculation + ("--cache", cache_url))
         wait_serving(children["orchestrator"], config.startup_timeout_s, stop)
         if stop.is_set():
             return 0
         _print_table(children, config, redis)
         while not stop.wait(0.1):
-            for child in children.values():
-                if child.proc.poll() is not None:
-                    raise Unavailable(_died(child))
+            check_children(children, names)
             if redis is not None and redis.process.poll() is not None:
                 raise Unavailable(f"redis-server on {redis.address} exited with status {redis.process.returncode}")
         print("specpipe up: stopping", file=sys.stderr, flush=True)
@@ -145,9 +156,27 @@ def _up(args: argparse.Namespace) -> int:
         print(f"specpipe up: error: {err}", file=sys.stderr, flush=True)
         return 1
     finally:
-        stop_all(list(children.values())[::-1])
+        stop_all(list(children.values())[::-1], STOP_GRACE_S + config.drain_timeout_s)
         if redis is not None:
             redis.stop()  # last: the services may still write to it while they stop
+
+
+def replica_names(config: UpConfig) -> dict[str, tuple[str, ...]]:
+    """role -> its processes' names: the role itself when it has one replica, else role-1, role-2, ..."""
+    counts = {"verifier": config.verifiers, "drafter": config.drafters, "orchestrator": 1}
+    return {role: (role,) if n == 1 else tuple(f"{role}-{i}" for i in range(1, n + 1)) for role, n in counts.items()}
+
+
+def check_children(children: dict[str, Child], names: dict[str, tuple[str, ...]]) -> None:
+    """A replica that exits (killed, drained) is reported once; the orchestrator routes around it.
+    Unavailable when the orchestrator or the last replica of a role is gone."""
+    for name, child in children.items():
+        if child.proc.poll() is not None and not child.reported:
+            child.reported = True
+            print(f"specpipe up: {name} exited with status {child.proc.returncode}", file=sys.stderr, flush=True)
+    for role, role_names in names.items():
+        if all(children[n].proc.poll() is not None for n in role_names):
+            raise Unavailable(_died(children[role_names[-1]]))
 
 
 class _Stopped(Exception):
@@ -166,10 +195,19 @@ def service_cores(config: UpConfig, roles: tuple[str, ...]) -> dict[str, int]:
     return dict(zip(roles, available))
 
 
-def start_service(role: str, config: UpConfig, core: int | None, extra: tuple[str, ...]) -> Child:
+def port_offset(name: str, config: UpConfig) -> int:
+    """orchestrator N, verifiers N+1.., drafters after them (N+1, N+2 with one replica each)."""
+    role, _, index = name.partition("-")
+    i = int(index or 1) - 1
+    return {"orchestrator": 0, "verifier": 1 + i, "drafter": 1 + config.verifiers + i}[role]
+
+
+def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[str, ...]) -> Child:
+    role, offset = name.partition("-")[0], port_offset(name, config)
     port, metrics_port = (0, 0) if config.base_port == 0 else (
-        config.base_port + PORT_OFFSET[role], config.base_port + METRICS_OFFSET + PORT_OFFSET[role])
+        config.base_port + offset, config.base_port + METRICS_OFFSET + offset)
     cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
+           "--drain-timeout", str(config.drain_timeout_s),
            "--metrics-port", str(metrics_port), "--preset", config.preset, "--device", config.device,
            "--compile", config.compile, "--draft-weights", config.draft_weights,
            "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
@@ -182,12 +220,12 @@ def start_service(role: str, config: UpConfig, core: int | None, extra: tuple[st
     env.pop("SPECPIPE_CACHE", None)  # the store is the flags': a drafter must not pick one up on its own
     root = str(pathlib.Path(__file__).resolve().parents[2])  # so the children import this checkout
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    stdout_path, stderr_path = config.log_dir / f"{role}.out", config.log_dir / f"{role}.err"
+    stdout_path, stderr_path = config.log_dir / f"{name}.out", config.log_dir / f"{name}.err"
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                 start_new_session=True,  # signals come from us, in order, not from the terminal
                                 preexec_fn=lambda: _child_setup(core))
-    return Child(role, proc, stdout_path, stderr_path, core)
+    return Child(name, proc, stdout_path, stderr_path, core)
 
 
 def _child_setup(core: int | None) -> None:
@@ -244,9 +282,9 @@ def _died(child: Child) -> str:
 
 def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redis.LocalRedis | None) -> None:
     rows = [("service", "address", "metrics", "pid", "core")]
-    for role in ("orchestrator", "verifier", "drafter"):
-        c = children[role]
-        rows.append((role, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core)))
+    for name in sorted(children, key=lambda n: (ROLES.index(n.partition("-")[0]) + 1) % len(ROLES)):
+        c = children[name]
+        rows.append((name, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core)))
     if redis is not None:
         rows.append(("redis", redis.address, "-", str(redis.process.pid), "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -256,12 +294,12 @@ def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redi
           flush=True)
 
 
-def stop_all(children: list[Child]) -> None:
-    """SIGTERM every child (graceful gRPC stop), SIGKILL what is left after STOP_GRACE_S."""
+def stop_all(children: list[Child], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every child (graceful drain and stop), SIGKILL what is left after grace_s."""
     for child in children:
         if child.proc.poll() is None:
             child.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + grace_s
     for child in children:
         try:
             child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -83,27 +83,34 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
 def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
                      cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
                      hop_delay_ms: float = 0.0):
-    """The orchestrator of a distributed deployment: the verifier and the drafter service are gRPC
-    clients. Each draft method the drafter service serves (ModelInfo.methods) goes through it; the
-    n-gram and hybrid methods it does not serve run here, over the n-gram store cache_url, which this
-    orchestrator feeds with every confirmed token (a drafter service drafting n-grams must use the
-    same store). Waits up to connect_timeout_s for the verifier (it may still be loading its model).
+    """The orchestrator of a distributed deployment: verifier and drafter replicas behind gRPC clients.
+    verifier_addr / drafter_addr: host:port, a comma list, or dns:///name:port re-resolved as replicas
+    come and go (specpipe.replicas); each session is pinned to the least-loaded verifier replica and
+    moved with its context when that replica is lost (specpipe.failover). Each draft method the
+    drafter service serves (ModelInfo.methods) goes through it; the n-gram and hybrid methods it does
+    not serve run here, over the n-gram store cache_url, which this orchestrator feeds with every
+    confirmed token (a drafter service drafting n-grams must use the same store). Waits up to
+    connect_timeout_s for a verifier replica (it may still be loading its model).
     hop_delay_ms: latency added to each direction of every call to the verifier and the drafter."""
+    from specpipe.failover import ReplicatedDrafter, ReplicatedVerifier, drafter_probe, first_answer, verifier_probe
+    from specpipe.replicas import ReplicaSet
     from specpipe.rpc.clients import DrafterClient, VerifierClient
 
-    verifier = VerifierClient(verifier_addr, timeout_s=rpc_timeout_s, hop_delay_ms=hop_delay_ms)
-    verifier.wait_ready(connect_timeout_s)
+    verifiers = ReplicaSet(verifier_addr, lambda a: VerifierClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms),
+                           verifier_probe)
+    verifiers.wait_ready(connect_timeout_s)
+    verifier = ReplicatedVerifier(verifiers)
     store = ngram_cache(cache_url)
     served: dict = {}
     if drafter_addr is not None:
+        drafters = ReplicaSet(drafter_addr, lambda a: DrafterClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms),
+                              drafter_probe)
         methods = ("model",)
         try:
-            with DrafterClient(drafter_addr, timeout_s=rpc_timeout_s) as probe:
-                methods = probe.info().methods or methods
+            methods = first_answer(drafters, "info").methods or methods
         except SpecpipeError as err:  # not up yet: assume the small model alone
             log.warning("drafter service unreachable at start", extra={"error": str(err)})
-        served = {method: DrafterClient(drafter_addr, timeout_s=rpc_timeout_s, method=method, hop_delay_ms=hop_delay_ms)
-                  for method in methods}
+        served = {method: ReplicatedDrafter(drafters, method) for method in methods}
     return served_generator(tokenizer_spec, verifier, served, defaults, store)
 
 

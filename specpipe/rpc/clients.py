@@ -4,6 +4,7 @@ client. A failed call raises the same specpipe.errors exception the in-process o
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from typing import Iterator, Sequence
 
@@ -67,11 +68,11 @@ class Client:
         self.hop_delay_s = hop_delay_ms / 1e3
         self._channel = channel(target)
 
-    def _call(self, method, request):
+    def _call(self, method, request, timeout_s: float | None = None):
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the request's way
         with rpc_errors():
-            reply = method(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready)
+            reply = method(request, timeout=timeout_s or self.timeout_s, wait_for_ready=self.wait_for_ready)
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the reply's way
         return reply
@@ -83,10 +84,10 @@ class Client:
         except grpc.FutureTimeoutError:
             raise errors.Unavailable(f"{self.target} not reachable within {timeout_s:g} s") from None
 
-    def health(self, service: str = "") -> str:
+    def health(self, service: str = "", timeout_s: float | None = None) -> str:
         """Health status name of a service ("" = the whole server): SERVING, NOT_SERVING, ..."""
         stub = health_pb2_grpc.HealthStub(self._channel)
-        reply = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        reply = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service), timeout_s)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
     def close(self) -> None:
@@ -128,6 +129,13 @@ class VerifierClient(Client):
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released
 
+    def load(self, timeout_s: float | None = None):
+        """The replica's load (specpipe.replicas.VerifierLoad), for least-loaded routing."""
+        from specpipe.replicas import VerifierLoad
+
+        reply = self._call(self._stub.Load, verifier_pb2.LoadRequest(), timeout_s)
+        return VerifierLoad(reply.open_sessions, reply.max_sessions, reply.queued)
+
 
 class DrafterClient(Client):
     """specpipe.protocols.Drafter over gRPC: one draft method (ModelInfo.methods) of a drafter service."""
@@ -148,6 +156,14 @@ class DrafterClient(Client):
 
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released
+
+    def with_method(self, method: str) -> DrafterClient:
+        """This client on the same channel for another draft method (closing either closes both)."""
+        if method == self.method:
+            return self
+        other = copy.copy(self)
+        other.method = method
+        return other
 
 
 class GenerationClient(Client):

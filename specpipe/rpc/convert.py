@@ -147,6 +147,8 @@ def verify_result_to_proto(result: types.VerifyResult) -> verifier_pb2.VerifyRep
         node_argmax=result.node_argmax,
         verify_ms=result.verify_ms,
         context_len=result.context_len,
+        batch_sessions=result.batch_sessions,
+        batch_tokens=result.batch_tokens,
     )
 
 
@@ -159,6 +161,8 @@ def verify_result_from_proto(msg: verifier_pb2.VerifyReply) -> types.VerifyResul
         node_argmax=tuple(msg.node_argmax),
         verify_ms=msg.verify_ms,
         context_len=msg.context_len,
+        batch_sessions=max(1, msg.batch_sessions),  # 0: a verifier that does not report it
+        batch_tokens=msg.batch_tokens,
     )
 
 

@@ -1,6 +1,11 @@
 """The one server bootstrap of every service: a gRPC server with its servicers, the standard health
 service (grpc.health.v1, what Kubernetes probes), reflection, Prometheus metrics over HTTP, and a
-graceful stop on SIGTERM / SIGINT. Also `rpc_method`, the one place where errors become statuses.
+graceful drain on SIGTERM / SIGINT. Also `rpc_method`, the one place where errors become statuses.
+
+Drain (what Kubernetes does to a pod it stops): health turns NOT_SERVING for every service, calls
+that start new work (NEW_WORK: a session, a stream, a draft) are refused with UNAVAILABLE so the
+caller goes to another replica, calls already running (rounds of open sessions, Generate streams)
+finish for up to drain_timeout_s, then the server stops.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import inspect
 import logging
 import signal
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -18,6 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specpipe import metrics
 from specpipe.errors import SpecpipeError, Unavailable
 
 log = logging.getLogger("specpipe.rpc")
@@ -50,6 +57,12 @@ class ServerConfig:
     metrics_port: int | None = None  # Prometheus HTTP; None = off, 0 = a free port
     max_workers: int = 64            # concurrent RPCs (a Generate stream holds one for its lifetime)
     grace_s: float = 5.0             # in-flight RPCs get this long on stop
+    drain_timeout_s: float = 30.0    # on SIGTERM: how long running calls may go on before the stop
+
+
+# Calls refused while draining: each starts work a replica would have to carry past its end.
+NEW_WORK = frozenset({"/specpipe.v1.Verifier/Prefill", "/specpipe.v1.Generation/Generate",
+                      "/specpipe.v1.Drafter/Propose"})
 
 
 def service_name(pb2_module, name: str) -> str:
@@ -100,14 +113,79 @@ def rpc_method(fn):
     return unary
 
 
+# --- drain and in-flight accounting ------------------------------------------------------------
+
+class _Drain(grpc.ServerInterceptor):
+    """Counts the calls of the served services in flight and refuses NEW_WORK while draining."""
+
+    def __init__(self, service_names: tuple[str, ...]):
+        self._prefixes = tuple(f"/{name}/" for name in service_names)  # not health / reflection
+        self._inflight = 0
+        self._idle = threading.Condition()
+        self.draining = threading.Event()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout=timeout_s)
+
+    def _enter(self, method: str, context: grpc.ServicerContext) -> None:
+        if self.draining.is_set() and method in NEW_WORK:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{method}: this replica is draining (shutting down); "
+                          "retry on another replica")
+        with self._idle:
+            self._inflight += 1
+        metrics.RPC_INFLIGHT.labels(method=method[1:]).inc()
+
+    def _exit(self, method: str, start: float) -> None:
+        metrics.RPC_INFLIGHT.labels(method=method[1:]).dec()
+        metrics.RPC_SECONDS.labels(method=method[1:]).inc(time.perf_counter() - start)
+        with self._idle:
+            self._inflight -= 1
+            self._idle.notify_all()
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(self._prefixes):
+            return handler
+        if handler.unary_unary is not None:
+            def unary(request, context):
+                self._enter(method, context)
+                start = time.perf_counter()
+                try:
+                    return handler.unary_unary(request, context)
+                finally:
+                    self._exit(method, start)
+
+            return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
+                                                       handler.response_serializer)
+        if handler.unary_stream is not None:
+            def stream(request, context):
+                self._enter(method, context)
+                start = time.perf_counter()
+                try:
+                    yield from handler.unary_stream(request, context)
+                finally:
+                    self._exit(method, start)
+
+            return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return handler  # no client-streaming calls in specpipe's protos
+
+
 # --- bootstrap ---------------------------------------------------------------------------------
 
 class ServerHandle:
     """A started server. `port` / `address` are the bound ones (useful with port 0)."""
 
     def __init__(self, server: grpc.Server, health_servicer: health.HealthServicer, config: ServerConfig,
-                 port: int, service_names: tuple[str, ...], metrics_http=None):
+                 port: int, service_names: tuple[str, ...], drain: _Drain, metrics_http=None):
         self.server = server
+        self._drain = drain
         self.health = health_servicer
         self.config = config
         self.port = port
@@ -123,6 +201,30 @@ class ServerHandle:
     def metrics_port(self) -> int | None:
         return self._metrics_http.server_port if self._metrics_http is not None else None
 
+    @property
+    def draining(self) -> bool:
+        return self._drain.draining.is_set()
+
+    @property
+    def inflight(self) -> int:
+        """Calls of the served services running now (not health checks)."""
+        return self._drain.inflight
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """NOT_SERVING, refuse new work, wait up to timeout_s for running calls; True if they all ended.
+        The server keeps listening (running sessions' rounds still come in) until stop()."""
+        timeout_s = self.config.drain_timeout_s if timeout_s is None else timeout_s
+        if not self._drain.draining.is_set():
+            self._drain.draining.set()
+            metrics.DRAINING.set(1)
+            self.health.enter_graceful_shutdown()
+            log.info("draining", extra={"services": list(self.service_names), "inflight": self.inflight,
+                                        "timeout_s": timeout_s})
+        idle = self._drain.wait_idle(timeout_s)
+        if not idle:
+            log.warning("drain timed out", extra={"inflight": self.inflight, "timeout_s": timeout_s})
+        return idle
+
     def stop(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING first (load balancers stop sending), then let in-flight RPCs finish."""
         if self._stopped.is_set():
@@ -136,13 +238,16 @@ class ServerHandle:
         log.info("server stopped", extra={"services": list(self.service_names), "port": self.port})
 
     def wait(self) -> None:
-        """Block until SIGTERM / SIGINT (handlers installed when called from the main thread), then stop."""
+        """Block until SIGTERM / SIGINT (handlers installed when called from the main thread), then
+        drain (up to config.drain_timeout_s) and stop."""
         stop = threading.Event()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda signum, frame: stop.set())
         while not stop.wait(0.1) and not self._stopped.is_set():
             pass
+        if not self._stopped.is_set():
+            self.drain()
         self.stop()
 
     def __enter__(self) -> ServerHandle:
@@ -154,13 +259,15 @@ class ServerHandle:
 
 def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) -> ServerHandle:
     """Start a server with the given (ready) servicers; health turns SERVING once it listens."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=SERVER_OPTIONS)
+    names = tuple(s.name for s in services)
+    drain = _Drain(names)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=SERVER_OPTIONS,
+                         interceptors=(drain,))
     for service in services:
         service.add_to_server(service.servicer, server)
 
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = tuple(s.name for s in services)
     reflection.enable_server_reflection(names + (health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
     try:
@@ -182,7 +289,7 @@ def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) ->
     server.start()
     for name in names + ("",):  # "" = the whole server
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    handle = ServerHandle(server, health_servicer, config, port, names, metrics_http)
+    handle = ServerHandle(server, health_servicer, config, port, names, drain, metrics_http)
     log.info("server started", extra={"services": list(names), "address": handle.address,
                                       "metrics_port": handle.metrics_port})
     return handle

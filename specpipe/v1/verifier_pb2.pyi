@@ -40,7 +40,7 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., context_len: _Optional[int] = ..., draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class VerifyReply(_message.Message):
-    __slots__ = ("accepted_tokens", "accepted_nodes", "correction_token", "entropy", "node_argmax", "verify_ms", "context_len")
+    __slots__ = ("accepted_tokens", "accepted_nodes", "correction_token", "entropy", "node_argmax", "verify_ms", "context_len", "batch_sessions", "batch_tokens")
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_NODES_FIELD_NUMBER: _ClassVar[int]
     CORRECTION_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,8 @@ class VerifyReply(_message.Message):
     NODE_ARGMAX_FIELD_NUMBER: _ClassVar[int]
     VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     accepted_tokens: _containers.RepeatedScalarFieldContainer[int]
     accepted_nodes: _containers.RepeatedScalarFieldContainer[int]
     correction_token: int
@@ -55,4 +57,20 @@ class VerifyReply(_message.Message):
     node_argmax: _containers.RepeatedScalarFieldContainer[int]
     verify_ms: float
     context_len: int
-    def __init__(self, accepted_tokens: _Optional[_Iterable[int]] = ..., accepted_nodes: _Optional[_Iterable[int]] = ..., correction_token: _Optional[int] = ..., entropy: _Optional[float] = ..., node_argmax: _Optional[_Iterable[int]] = ..., verify_ms: _Optional[float] = ..., context_len: _Optional[int] = ...) -> None: ...
+    batch_sessions: int
+    batch_tokens: int
+    def __init__(self, accepted_tokens: _Optional[_Iterable[int]] = ..., accepted_nodes: _Optional[_Iterable[int]] = ..., correction_token: _Optional[int] = ..., entropy: _Optional[float] = ..., node_argmax: _Optional[_Iterable[int]] = ..., verify_ms: _Optional[float] = ..., context_len: _Optional[int] = ..., batch_sessions: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoadReply(_message.Message):
+    __slots__ = ("open_sessions", "max_sessions", "queued")
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    open_sessions: int
+    max_sessions: int
+    queued: int
+    def __init__(self, open_sessions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...

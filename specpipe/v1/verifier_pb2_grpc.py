@@ -56,6 +56,11 @@ class VerifierStub:
                 request_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
                 _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/specpipe.v1.Verifier/Load',
+                request_serializer=specpipe_dot_v1_dot_verifier__pb2.LoadRequest.SerializeToString,
+                response_deserializer=specpipe_dot_v1_dot_verifier__pb2.LoadReply.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -88,6 +93,13 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Load(self, request, context):
+        """The replica's load: orchestrators pin each new session to the least-loaded replica.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +122,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.FromString,
                     response_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseReply.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=specpipe_dot_v1_dot_verifier__pb2.LoadRequest.FromString,
+                    response_serializer=specpipe_dot_v1_dot_verifier__pb2.LoadReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +238,33 @@ class Verifier:
             '/specpipe.v1.Verifier/Release',
             specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
             specpipe_dot_v1_dot_common__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specpipe.v1.Verifier/Load',
+            specpipe_dot_v1_dot_verifier__pb2.LoadRequest.SerializeToString,
+            specpipe_dot_v1_dot_verifier__pb2.LoadReply.FromString,
             options,
             channel_credentials,
             insecure,
