@@ -18,8 +18,7 @@ from typing import AsyncIterator, Iterator
 from grpc_health.v1 import health_pb2
 from ray import serve
 
-from deploy.ray.failover import RecoveringVerifier
-from deploy.ray.handles import HandleDrafter, HandleVerifier
+from deploy.ray.handles import HandleDrafter, HandleVerifier, serve_replicas
 
 _END = object()
 
@@ -156,7 +155,7 @@ class OrchestratorDeployment:
         served = {method: HandleDrafter(drafter, method, drafter_info, self._timeout_s)
                   for method in drafter_info.methods}
         generator = served_generator(model_specs(args.preset, args.verifier, args.draft_model)[0],
-                                     RecoveringVerifier(self._verifier), served, speculation_options(args),
+                                     serve_replicas(self._verifier), served, speculation_options(args),
                                      ngram_cache(args.cache))
         self._servicer = GenerationServicer(generator, Admission(AdmissionConfig(args.max_sessions, args.max_queue)))
 

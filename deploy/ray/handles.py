@@ -4,7 +4,12 @@ DeploymentResponse.result() from the Generator's threads (never on Serve's event
 
 A session's calls carry its id as the handle's session_id, which the deployments' request router
 (deploy/ray/router.py) pins to one replica. Ray's failures come back as the specpipe.errors a gRPC
-client raises, so the Generator (and the failover wrapper) cannot tell a Ray peer from a gRPC one.
+client raises, so the Generator and specpipe.failover cannot tell a Ray peer from a gRPC one.
+
+Failover is specpipe.failover's ReplicatedVerifier, over a ReplicaSet of one endpoint: the whole
+verifier deployment (serve_replicas), inside which Serve's router places sessions on replicas. A
+session whose replica is lost is re-prefilled through the handle from the context ReplicatedVerifier
+recorded, and the router puts it on a live replica.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 
 from specpipe import errors
+from specpipe.failover import ReplicatedVerifier
+from specpipe.replicas import Probe, ReplicaSet
 from specpipe.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 
 
@@ -40,6 +47,19 @@ def ray_errors(what: str):
         raise errors.ResourceExhausted(f"{what}: {err.message}") from None
     except TimeoutError:
         raise errors.DeadlineExceeded(f"{what}: no reply within the deadline") from None
+
+
+DEPLOYMENT_ENDPOINT = "ray-serve-verifier:1"  # the ReplicaSet's one endpoint (its form: host:port)
+
+
+def deployment_probe(client) -> Probe:
+    """Serve health-checks the replicas and routes to live ones only: the deployment serves."""
+    return Probe(serving=True)
+
+
+def serve_replicas(verifier: HandleVerifier) -> ReplicatedVerifier:
+    """The failover verifier of the orchestrator deployment (see the module's docstring)."""
+    return ReplicatedVerifier(ReplicaSet(DEPLOYMENT_ENDPOINT, lambda address: verifier, deployment_probe))
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,9 @@ class HandleVerifier:
     def placements(self) -> list[Placement]:
         with self._lock:
             return [*self._closed, *self._open.values()]
+
+    def close(self) -> None:
+        """The handle needs no closing (ReplicaSet's client protocol)."""
 
 
 class HandleDrafter:

@@ -6,7 +6,7 @@ drafter resyncs any session by longest common prefix, so its calls prefer the la
 back to any other (not strict). A new session goes to the least loaded replica: fewest sessions
 pinned by this router, then the shortest queue Serve knows. A pin to a replica that is gone
 (scaled down, dead) is dropped: the session's next call is placed anew, and the orchestrator
-re-prefills it there (deploy/ray/failover.py). Why not Serve's consistent-hash router: placement by
+re-prefills it there (specpipe.failover, deploy/ray/handles.py). Why not Serve's consistent-hash router: placement by
 hash ignores load, and every change of the replica set moves running sessions away from their KV.
 
 Pins are per router, i.e. per orchestrator replica and deployment: a session's calls all come from
