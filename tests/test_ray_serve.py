@@ -5,6 +5,8 @@ replicas, both lossless; health and error statuses as against `specpipe up`."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import socket
 import threading
 
@@ -18,6 +20,7 @@ from tests.golden import GOLDEN_PROMPTS, reference_greedy
 
 ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]') runs the Ray Serve tests")
 
+ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 MAX_NEW_TOKENS = 32
 FLAGS = "--preset tiny --threads 1"
 BRANCH = {drafter: SpeculationOptions(drafter=drafter, draft_len=4, schedule="branch", adaptive="off")
@@ -52,7 +55,9 @@ def app():
     from deploy.ray import launch
 
     config = tiny_config(verifier_replicas=2)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Ray's workers import deploy.ray and specpipe from this checkout, whatever is installed
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}})
     try:
         launch.start(config, timeout_s=180)
         with GenerationClient(f"127.0.0.1:{config['grpc_options']['port']}", timeout_s=120) as client:
