@@ -1,5 +1,5 @@
 """Hybrid drafter: one token tree from the small model and the n-gram store (shared prefixes merged),
-at most nodes_per_level * draft_len nodes (DESIGN section 4), in this priority:
+at most nodes_per_level * draft_len nodes (docs/design.md, "Drafting"), in this priority:
 
   1. the model's chain / tree;
   2. the n-gram continuation of the model's main chain: drafts past the model's depth at no forward

@@ -1,4 +1,4 @@
-"""The branch schedule (DESIGN section 5, seed 003 section 4): as soon as round r's draft goes to the
+"""The branch schedule (docs/design.md, "Branch-prediction scheduling"; Duan et al. 2024, section 4): as soon as round r's draft goes to the
 verifier, draft round r+1 for the most likely outcomes of round r (hypotheses), one after another in
 the background; on the verifier's verdict use the pre-draft of the matching hypothesis at once (hit),
 or drop them all, bump the session's epoch and draft afresh from the true context (miss).

@@ -1,8 +1,8 @@
 """Benchmark harness: verifier-only greedy generate() against speculative decoding, and against
 what users would pick instead (transformers assisted generation and prompt lookup), on the same
-prompts, models and machine, in one run (docs/design.md, "Measuring"). Absolute times vary between
-machines; the ratios from one run are what count. Every output is checked token for token against
-the verifier alone run the same way."""
+prompts, models and machine, in one run (docs/design.md, "Measuring on machines without a
+GPU"). Absolute times vary between machines; the ratios from one run are what count. Every output is
+checked token for token against the verifier alone run the same way."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Load-test arithmetic (shared/DESIGN.md section 7, "Load is measured like vllm bench serve"): the
-per-request records a Locust run writes, the users a load shape wants at a time, and the table per
-user level (aggregate tokens/s, TTFT and inter-token latency percentiles, goodput under SLOs,
-errors). Pure functions over plain numbers: no locust import here, since importing locust
-monkey-patches the whole process for gevent."""
+"""Load-test arithmetic (docs/design.md, "Deployment shapes and serving": load is measured like vllm bench
+serve): the per-request records a Locust run writes, the users a load shape wants at a time, and the
+table per user level (aggregate tokens/s, TTFT and inter-token latency percentiles, goodput under SLOs,
+errors). Pure functions over plain numbers: no locust import here, since importing locust monkey-patches
+the whole process for gevent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Model presets and loading (shared/DESIGN.md section 8).
+"""Model presets and loading (docs/design.md, "Models").
 
 A preset names a verifier, a drafter and their shared tokenizer:
 - tiny: random Qwen2 models built in code, a byte-level tokenizer; the drafter is the verifier's

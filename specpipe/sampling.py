@@ -1,7 +1,7 @@
 """Sampling math: logit warping, counter-based randomness and lossless rejection sampling.
 
 Randomness is a pure function of (seed, absolute position, stream), so a seeded generation gives
-the same tokens whatever the scheduling, batch mates or deployment (shared/DESIGN.md section 3).
+the same tokens whatever the scheduling, batch mates or deployment (docs/design.md, "Verification").
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def rejection_sample_chain(
     seed: int,
     first_position: int,
 ) -> tuple[int, int]:
-    """Lossless speculative sampling (Leviathan et al. 2023, eqs. 1-3; paper 003 section 3).
+    """Lossless speculative sampling (Leviathan et al. 2023, eqs. 1-3; Duan et al. 2024, section 3).
 
     tokens: [n] draft chain; q: [n] drafter distributions (None = one-hot, e.g. n-gram drafts);
     target_probs: [n + 1, vocab] warped verifier distributions after the root and after each

@@ -1,4 +1,4 @@
-"""Value types shared by every service (vocabulary: shared/DESIGN.md section 2)."""
+"""Value types shared by every service (vocabulary: docs/design.md, "Vocabulary")."""
 
 from __future__ import annotations
 

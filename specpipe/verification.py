@@ -1,4 +1,4 @@
-"""Greedy tree verification and tree attention (Medusa / ProPD tree attention, paper 004 section 3).
+"""Greedy tree verification and tree attention (the tree attention of Medusa and ProPD, ProPD section 3).
 
 A draft is a token tree rooted at the last confirmed token. The verifier feeds [root] + nodes in one
 forward pass: node i sits at position past_len + depth(i) and sees the context, the root and its own

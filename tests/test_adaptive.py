@@ -1,5 +1,5 @@
-"""Adaptive speculation (DESIGN section 6): the online cost fit recovers a known line from noisy
-timings and follows a change; the choice picks the known optimum on synthetic acceptance curves,
+"""Adaptive speculation (docs/design.md, "Adaptive control"): the online cost fit recovers a
+known line from noisy timings and follows a change; the choice picks the known optimum on synthetic acceptance curves,
 shrinks under load, and gates on the verifier's entropy; a session that stopped drafting probes
 again; and with --adaptive on the output is still the verifier's own greedy output, for every
 drafter kind and both schedules, embedded and distributed."""

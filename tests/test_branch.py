@@ -1,5 +1,5 @@
-"""The branch schedule (DESIGN section 5): golden tests for every drafter kind, embedded and over
-gRPC; sequential and branch give the same sample for the same seed; forced misses and stale epochs
+"""The branch schedule (docs/design.md, "Branch-prediction scheduling"): golden tests for every
+drafter kind, embedded and over gRPC; sequential and branch give the same sample for the same seed; forced misses and stale epochs
 change nothing; the drafter's branches never disturb each other."""
 
 import threading

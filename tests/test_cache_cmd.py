@@ -140,6 +140,7 @@ def test_open_store_forms(redis_url):  # noqa: F811
             open_store(url)
 
 
+@pytest.mark.slow  # three service processes and a redis-server
 def test_specpipe_up_with_a_local_redis(tmp_path):
     """`specpipe up --cache redis` starts a redis-server, lists it with the services, gives it to the
     orchestrator and the drafter (ngram drafts come from it), and stops it with the others."""

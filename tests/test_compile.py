@@ -76,7 +76,8 @@ def test_slot_bounds_the_context(model):
     assert runner.served_info(info, runner.Runner(model)).max_context == info.max_context
 
 
-@pytest.fixture(scope="module", params=["packed", "graphs"])
+# graphs (torch.compile'd static slots, here through inductor) compiles every bucket first: a minute
+@pytest.fixture(scope="module", params=["packed", pytest.param("graphs", marks=pytest.mark.slow)])
 def compiled(request, tiny_tokenizer):
     """A compiled verifier and drafter (tiny preset) behind one generator over an in-memory store."""
     from drafter_service.model_drafter import ModelDrafter
@@ -125,6 +126,7 @@ def test_golden_compiled_tree(compiled, references):
         assert run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))[0] == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", ["graphs"], indirect=True)
 def test_no_compilation_after_warm_up(compiled, references):
     """Warm-up compiled every bucket: new sessions, forks and rollbacks reuse the graphs."""
@@ -140,9 +142,12 @@ def test_no_compilation_after_warm_up(compiled, references):
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--compile", "maybe", "hi"], "invalid choice: 'maybe'"),
-    (["generate", "--draft-weights", "bf16", "--prompt", "hi"], "--draft-weights bf16 packs the drafter's weights"),
-    (["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]"),
-    (["bench", "--forward-curve", "--acceptance", "high"], "--acceptance takes rates in [0, 1]"),
+    pytest.param(["generate", "--draft-weights", "bf16", "--prompt", "hi"],
+                 "--draft-weights bf16 packs the drafter's weights", marks=pytest.mark.slow),  # each a process
+    pytest.param(["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]",
+                 marks=pytest.mark.slow),
+    pytest.param(["bench", "--forward-curve", "--acceptance", "high"], "--acceptance takes rates in [0, 1]",
+                 marks=pytest.mark.slow),
 ])
 def test_cli_rejects_bad_compile_flags(argv, message):
     proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", *argv, "--preset", "tiny"],
@@ -166,6 +171,7 @@ def test_forward_curve_and_bounds(model):
     assert "| eager | 1.00 | 2.50x (4) | 5.00x (4) |" in curve.bounds_markdown({"eager": rows})
 
 
+@pytest.mark.slow
 def test_bench_compiled_over_grpc_reports_both_baselines(tmp_path):
     """`bench --compile on --transport grpc`: compiled services, the eager generate() baseline and the
     compiled verifier alone in one run; compiled methods are checked against the compiled verifier."""

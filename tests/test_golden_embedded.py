@@ -90,9 +90,44 @@ def test_sampling_same_seed_same_output(tiny_generator, references, speculation)
     assert first == again and first != other
 
 
-def test_sessions_are_released(tiny_generator, tiny_verifier, references):
+class RecordingPeer:
+    """A verifier or drafter that records the sessions it opens and the releases it is asked for."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.opened: list[str] = []
+        self.released: dict[str, bool] = {}  # session -> whether the peer still held it when released
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def prefill(self, session_id, *args, **kwargs):  # a verifier's session starts here
+        self.opened.append(session_id)
+        return self._inner.prefill(session_id, *args, **kwargs)
+
+    def propose(self, request):  # and a drafter's here
+        self.opened.append(request.session_id)
+        return self._inner.propose(request)
+
+    def release(self, session_id):
+        self.released[session_id] = self._inner.release(session_id)
+        return self.released[session_id]
+
+
+def test_sessions_are_released(tiny_tokenizer, tiny_verifier, tiny_drafter, references):
+    """A client that goes away after the first chunk: the verifier and the drafter are told to release
+    the session, while they still hold it, and hold nothing of it afterwards."""
+    from orchestrator.generator import Generator
+
+    verifier, drafter = RecordingPeer(tiny_verifier), RecordingPeer(tiny_drafter)
+    generator = Generator(tiny_tokenizer, verifier, {"model": drafter})
     ids, _ = references[GOLDEN_PROMPTS[4]]
-    stream = tiny_generator.generate(GenerationRequest(ids, MAX_NEW_TOKENS, request_id="cancelled"))
+    stream = generator.generate(GenerationRequest(ids, MAX_NEW_TOKENS, request_id="cancelled",
+                                                  speculation=SpeculationOptions(draft_len=4, adaptive="off")))
     next(stream)
+    assert not verifier.released and not drafter.released  # still generating
+    [session] = verifier.opened
+    assert session.startswith("cancelled-") and set(drafter.opened) == {session}
     stream.close()  # a client that goes away
-    assert not tiny_verifier.release("cancelled")
+    assert verifier.released == {session: True} and drafter.released == {session: True}
+    assert not tiny_verifier.release(session) and not tiny_drafter.release(session)

@@ -1,4 +1,5 @@
-"""Golden tests on a real model: SmolLM2-135M-Instruct verifier, its first layers as the drafter."""
+"""Golden tests on a real model: SmolLM2-135M-Instruct verifier, its first layers as the drafter.
+The default suite runs the chain on two chats; the rest (`-m slow`) takes minutes on two cores."""
 
 import pytest
 
@@ -48,12 +49,17 @@ def smollm2_grpc(smollm2):
         yield Generator(generator.tokenizer, verifier_client, {"model": drafter_client}), verifier
 
 
-@pytest.mark.parametrize("speculation", [SpeculationOptions(draft_len=4, adaptive="off"), SpeculationOptions(draft_len=3, width=3, adaptive="off")],
-                         ids=["chain k=4", "tree k=3 width=3"])
-def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation):
+@pytest.mark.parametrize("speculation, chats", [
+    pytest.param(SpeculationOptions(draft_len=4, adaptive="off"), CHATS[:2], id="chain k=4, chats 1-2"),  # default suite
+    pytest.param(SpeculationOptions(draft_len=4, adaptive="off"), CHATS[2:], id="chain k=4, chats 3-4",
+                 marks=pytest.mark.slow),
+    pytest.param(SpeculationOptions(draft_len=3, width=3, adaptive="off"), CHATS, id="tree k=3 width=3",
+                 marks=pytest.mark.slow),
+])
+def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation, chats):
     generator, verifier = smollm2
     drafted = accepted = 0
-    for chat in CHATS:
+    for chat in chats:
         ids = generator.encode(messages=[("user", chat)])
         tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
         assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
@@ -62,6 +68,7 @@ def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation):
     assert 0 < accepted < drafted
 
 
+@pytest.mark.slow
 def test_smollm2_over_grpc_equals_verifier_greedy(smollm2_grpc):
     generator, verifier = smollm2_grpc
     for chat in CHATS[:2]:
@@ -70,13 +77,19 @@ def test_smollm2_over_grpc_equals_verifier_greedy(smollm2_grpc):
         assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
 
 
+NEAR_TIE_LOGITS = 1e-2  # packed and eager logits differ in the last bits (~1e-5 here), a wrong kernel by far more
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["sequential", "branch"])
 def test_smollm2_compiled_equals_verifier_greedy(smollm2, smollm2_compiled, schedule):
     """--compile on (packed GEMMs): speculative == the compiled verifier alone == transformers
-    generate() on the compiled model; the eager output is reported beside it, not required."""
+    generate() on the compiled model. Against eager generate() the honest claim is weaker: the packed
+    kernel sums in another order than BLAS, so greedy output may part from eager's, but only at a
+    position where the eager model's two best logits (nearly) tie; on these chats it does not part."""
     compiled, compiled_verifier = smollm2_compiled
     _, eager_verifier = smollm2
-    drafted = accepted = changed = 0
+    drafted = accepted = 0
     for chat in CHATS:
         ids = compiled.encode(messages=[("user", chat)])
         expected = reference_greedy(compiled_verifier.model, ids, MAX_NEW_TOKENS)
@@ -86,9 +99,25 @@ def test_smollm2_compiled_equals_verifier_greedy(smollm2, smollm2_compiled, sche
         assert tokens == alone == expected, chat
         drafted += sum(c.round.drafted for c in chunks)
         accepted += sum(c.round.accepted for c in chunks)
-        changed += expected != reference_greedy(eager_verifier.model, ids, MAX_NEW_TOKENS)
+        assert_parts_only_at_a_near_tie(eager_verifier.model, ids, reference_greedy(eager_verifier.model, ids,
+                                                                                    MAX_NEW_TOKENS), expected)
     assert 0 < accepted < drafted
-    print(f"compiled vs eager greedy output: {changed} of {len(CHATS)} chats differ")
+
+
+def assert_parts_only_at_a_near_tie(eager_model, prompt_ids, eager: list[int], compiled: list[int]) -> None:
+    """compiled == eager, or at the first token where they differ, both are the eager model's two
+    best tokens and their logits lie within NEAR_TIE_LOGITS."""
+    import torch
+
+    if compiled == eager:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(eager, compiled)) if a != b), min(len(eager), len(compiled)))
+    assert first < min(len(eager), len(compiled)), "one output is a prefix of the other: not a tie"
+    with torch.inference_mode():
+        logits = eager_model(torch.tensor([[*prompt_ids, *eager[:first]]])).logits[0, -1]
+    top = torch.topk(logits, 2)
+    assert {eager[first], compiled[first]} == set(top.indices.tolist()), (first, eager[first], compiled[first])
+    assert float(top.values[0] - top.values[1]) < NEAR_TIE_LOGITS, (first, top.values.tolist())
 
 
 @pytest.fixture(scope="module")

@@ -110,6 +110,14 @@ def test_network_policy_denies_by_default_and_allows_the_flows(objects):
         assert allowed(src, dst), f"{src} -> {dst}"
     for src, dst in [("drafter", "verifier"), ("verifier", "redis"), ("verifier", "drafter")]:
         assert not allowed(src, dst), f"{src} -> {dst}"
+    # the models-prepare Job reaches PyPI (HTTPS outside the cluster) and nothing of specpipe's
+    job = next(j for j in of_kind(objects, "Job") if j["metadata"]["name"] == "specpipe-models-prepare")
+    component = job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+    prepare = next(p for p in policies if p["spec"]["podSelector"].get("matchLabels", {})
+                   .get("app.kubernetes.io/component") == component)
+    out = [rule for rule in prepare["spec"]["egress"] if any("ipBlock" in peer for peer in rule["to"])]
+    assert [port["port"] for rule in out for port in rule["ports"]] == [443]
+    assert all("10.0.0.0/8" in peer["ipBlock"]["except"] for rule in out for peer in rule["to"])
 
 
 def test_redis_has_auth_from_a_secret_and_is_a_bounded_cache(objects):

@@ -1,6 +1,7 @@
 """Sampling end to end on the tiny model: with model drafts, emitted tokens follow the verifier's
 own (warped) distribution. top_k=4 keeps the effective vocabulary tiny so a chi-square test has power."""
 
+import pytest
 import torch
 
 from specpipe import runner
@@ -11,6 +12,7 @@ from tests.test_sampling import CHI2_999, _chi_square
 CONTEXT = [72, 101, 108, 108, 111, 44, 32]
 
 
+@pytest.mark.slow  # 3000 verify rounds; tests/test_sampling.py checks the same math in the default suite
 def test_first_and_second_tokens_follow_verifier_distribution(tiny_verifier, tiny_drafter):
     model = tiny_verifier.model
     counts_first = torch.zeros(257)

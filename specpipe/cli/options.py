@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from specpipe.cli.models_cmd import add_prepare_arg
 from specpipe.errors import InvalidArgument
 from specpipe.presets import DEFAULT_PRESET, PRESETS
 from specpipe.types import (
@@ -24,6 +25,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
     group.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all cores)")
     add_compile_arg(group)
+    add_prepare_arg(group)
 
 
 def add_compile_arg(parser) -> None:
@@ -79,7 +81,7 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
                        "next one for its predicted outcomes, roll back on a miss (default: %(default)s)")
     group.add_argument("--predictor", default=DEFAULT.predictor, choices=PREDICTORS,
                        help="branch schedule: calibrated (drafter confidence, calibrated online) or paper (the "
-                       "fitted prediction function of seed 003, eq. 12) (default: %(default)s)")
+                       "fitted prediction function of Duan et al. 2024, eq. 12) (default: %(default)s)")
     group.add_argument("--hypotheses", type=hypotheses_arg, default=DEFAULT.hypotheses, metavar="M",
                        help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
                        "outcome of the main chain (default: %(default)s)")

@@ -1,6 +1,6 @@
-"""`specpipe up`: verifier, drafter and orchestrator, each its own process on loopback (DESIGN
-section 7, shape 2). With --pin each gets its own CPU core, the stand-in for one accelerator per
-service (DESIGN section 10). With --cache redis a private redis-server (no persistence) is started
+"""`specpipe up`: verifier, drafter and orchestrator, each its own process on loopback (docs/design.md,
+"Deployment shapes and serving", shape 2). With --pin each gets its own CPU core, the stand-in for one accelerator per
+service (docs/design.md, "Measuring on machines without a GPU"). With --cache redis a private redis-server (no persistence) is started
 first and is the n-gram store of the orchestrator and the drafter. Ctrl-C / SIGTERM stops all of
 them: SIGTERM, then SIGKILL after a grace; the redis-server last.
 """
@@ -76,6 +76,7 @@ def register(subparsers) -> None:
     parser.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
     parser.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
     parser.add_argument("--device", default="cpu", help="torch device of the model services (default: %(default)s)")
+    options.add_prepare_arg(parser)
     options.add_compile_arg(parser)
     parser.add_argument("--base-port", type=int, default=50051,
                         help="gRPC ports N (orchestrator), N+1 (verifier), N+2 (drafter), metrics ports "
