@@ -6,67 +6,53 @@ state and any replica can serve any session (it only costs a re-feed).
 
 A session holds a few branches (cache + tokens), so that the branch schedule's proposals for several
 predicted outcomes of one round never disturb each other: a proposal that would crop tokens another
-proposal of the same epoch may still extend forks the branch instead (copy-on-write, runner.fork).
+proposal of the same epoch may still extend forks the branch instead (copy-on-write).
 Branches of older epochs hold dropped hypotheses: they are cropped in place or evicted.
+
+Llama / Qwen2 models in eager or packed mode draft batched (docs/batching.md): each branch is a KV
+slot, and one scheduler thread runs the next step of every pending proposal, of every session, as
+one forward (drafter_service.drafting: the catch-up, then one token per depth). Other architectures
+and the CUDA graphs mode draft one proposal's forward at a time through specpipe.runner; both paths
+run the same drafting coroutine.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import torch
 from transformers import PreTrainedModel
 
-from specpipe import metrics, runner
+from drafter_service.drafting import draft_steps
+from specpipe import batched, metrics, runner
+from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work
 from specpipe.errors import Aborted, InvalidArgument
+from specpipe.kv import SlotKV
 from specpipe.lifecycle import Sweeper, evict_idle, sweep_period
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
-from specpipe.sampling import STREAM_DRAFT, check_sampling, sample_sparse, truncate, uniform, warp
+from specpipe.sampling import check_sampling
 from specpipe.trees import common_prefix
-from specpipe.types import ROOT, Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, SparseDist
+from specpipe.types import Draft, ModelInfo, ProposeRequest, ProposeResult
 from specpipe.verification import check_token_ids
 
-BRANCH_LEVELS = 2  # tree drafts add the top-(width - 1) alternatives at this many first levels
+log = logging.getLogger(__name__)
+
+DRAFT_BATCH = BatchConfig(max_queue=256)  # the drafter's default: a queue as deep as max_sessions
 
 
 @dataclass
 class _Branch:
-    cache: runner.Cache
+    cache: runner.Cache | SlotKV
     tokens: list[int] = field(default_factory=list)  # the tokens whose KV the cache holds
     epoch: int = 0                                   # of the last proposal that used it
     busy: bool = False
-
-
-@dataclass
-class _Nodes:
-    """A draft being built, one column per Draft field."""
-
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    q: list[SparseDist] = field(default_factory=list)
-    confidence: list[float] = field(default_factory=list)
-    runner_up: list[int] = field(default_factory=list)
-    runner_up_confidence: list[float] = field(default_factory=list)
-
-    def add(self, token: int, parent: int, probs, runner_up: int, q: SparseDist | None = None) -> int:
-        """Append a node (probs: the drafter's distribution there); returns its index."""
-        self.tokens.append(token)
-        self.parents.append(parent)
-        if q is not None:
-            self.q.append(q)
-        self.confidence.append(float(probs[token]))
-        self.runner_up.append(runner_up)
-        self.runner_up_confidence.append(float(probs[runner_up]) if runner_up >= 0 else 0.0)
-        return len(self.tokens) - 1
-
-    def draft(self, sampled: bool) -> Draft:
-        return Draft(tuple(self.tokens), tuple(self.parents), tuple(self.q) if sampled else None,
-                     confidence=tuple(self.confidence), runner_up=tuple(self.runner_up),
-                     runner_up_confidence=tuple(self.runner_up_confidence))
 
 
 @dataclass
@@ -76,19 +62,33 @@ class _Session:
     last_used: float = field(default_factory=time.monotonic)
 
 
+def _stale(session: _Session, epoch: int) -> None:
+    """A newer proposal of the session dropped this one's hypothesis: stop now."""
+    if epoch < session.epoch:
+        metrics.STALE_PROPOSALS.inc()
+        raise Aborted(f"epoch {epoch} is stale: the session is at epoch {session.epoch}")
+
+
 class ModelDrafter:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
                  max_branches: int = 4, mode: str = "eager", weights: str = "fp32",
-                 buckets: Sequence[int] = runner.BUCKETS, session_ttl_s: float = 600.0):
-        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)
+                 buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig = DRAFT_BATCH, batching: bool = True,
+                 session_ttl_s: float = 600.0):
+        """batching: False drafts one proposal per forward even where batching is supported (to compare)."""
+        self._model = model
+        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears
         self._runner.warm_up()  # graphs: every forward bucket now, before the first request
         self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
         self._max_q_entries = max_q_entries
         self._max_branches = max_branches  # per session
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # LRU: the cache is soft state
-        self._sessions_lock = threading.Lock()
-        self._forward_lock = threading.Lock()
+        self._sessions_lock = threading.Lock()  # sessions, and every branch's tokens
+        self._forward_lock = threading.Lock()  # unbatched: one forward at a time; a fork never sees one half done
+        unbatched = batched.unbatched_reason(model, mode, batching)
+        self._scheduler = Scheduler(model, batch, role="drafter") if unbatched is None else None
+        if unbatched is not None:
+            log.info("drafter runs one proposal per forward", extra={"reason": unbatched})
         self._session_ttl_s = session_ttl_s  # idle sessions are swept: their KV caches are freed
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "drafter-session-sweeper")
 
@@ -96,6 +96,10 @@ class ModelDrafter:
     def load(cls, spec: ModelSpec, device: str = "cpu", **kwargs) -> ModelDrafter:
         model = load_model(spec, device)
         return cls(model, model_info(spec, model), **kwargs)
+
+    @property
+    def batched(self) -> bool:
+        return self._scheduler is not None
 
     def info(self) -> ModelInfo:
         return self._info
@@ -116,45 +120,42 @@ class ModelDrafter:
         branch = self._checkout(session, context, request.epoch)
         try:
             width = request.width if request.sampling.greedy else 1
-            draft = self._draft(session, branch, context, draft_len, width, request.sampling, request.epoch)
+            chunk = self._scheduler.config.prefill_chunk if self._scheduler else len(context)
+            steps = self._on_branch(session, branch, request.epoch, draft_steps(
+                context, len(branch.tokens), draft_len, width, request.sampling, self._max_q_entries, chunk))
+            draft = self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler else self._alone(branch, steps)
         finally:
             branch.busy = False
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.DRAFT_MS.labels(drafter="model").observe(draft_ms)
         return ProposeResult(draft, draft_ms)
 
-    def _draft(self, session: _Session, branch: _Branch, context: list[int], draft_len: int, width: int,
-               sampling: SamplingParams, epoch: int) -> Draft:
-        keep = len(branch.tokens)  # _checkout cropped it to a prefix of context
-        logits = self._forward(session, branch, context[keep:], epoch)  # [vocab]
-        nodes = _Nodes()
-        parent = ROOT
-        for depth in range(draft_len):
-            probs = logits.softmax(-1)
-            branches = width if depth < BRANCH_LEVELS else 1
-            top = probs.topk(min(max(2, branches), probs.shape[-1])).indices.tolist()
-            q = None
-            if sampling.greedy:
-                token, alternatives = top[0], top[1:branches]
-            else:
-                q = truncate(warp(logits, sampling), self._max_q_entries)
-                token, alternatives = sample_sparse(q, uniform(sampling.seed, len(context) + depth, STREAM_DRAFT)), []
-            other = next((t for t in top if t != token), -1)
-            chain_parent, parent = parent, nodes.add(token, parent, probs, other, q)
-            for alternative in alternatives:  # siblings of the chain node: leaves of the tree
-                nodes.add(alternative, chain_parent, probs, -1)
-            if depth + 1 < draft_len:
-                logits = self._forward(session, branch, [token], epoch)
-        return nodes.draft(sampled=not sampling.greedy)
+    def _on_branch(self, session: _Session, branch: _Branch, epoch: int,
+                   draft: Generator[list[int], torch.Tensor, Draft]) -> Generator[Step, torch.Tensor, Draft]:
+        """The drafting coroutine's feeds as steps on branch: each first checks the epoch, and what it
+        fed joins the branch's tokens."""
+        logits = None
+        while True:
+            try:
+                token_ids = draft.send(logits)
+            except StopIteration as done:
+                return done.value
+            _stale(session, epoch)
+            logits = (yield Step(tuple(token_ids), logit_rows=1))[-1]  # [vocab]
+            with self._sessions_lock:
+                branch.tokens.extend(token_ids)
 
-    def _forward(self, session: _Session, branch: _Branch, token_ids: list[int], epoch: int):
-        with self._forward_lock:
-            if epoch < session.epoch:  # a newer proposal dropped this one's hypothesis: stop now
-                metrics.STALE_PROPOSALS.inc()
-                raise Aborted(f"epoch {epoch} is stale: the session is at epoch {session.epoch}")
-            logits = self._runner.forward(branch.cache, token_ids)[-1]
-            branch.tokens.extend(token_ids)
-            return logits
+    def _alone(self, branch: _Branch, steps: Generator[Step, torch.Tensor, Draft]) -> Draft:
+        """Run steps one forward at a time on this thread (the unbatched path)."""
+        work = Work(branch.cache, steps)
+        while work.step is not None:
+            with self._forward_lock:
+                logits = self._runner.forward(branch.cache, work.step.token_ids)  # [n, vocab]
+            work.advance(logits[-work.step.logit_rows:])
+        return work.result
+
+    def _new_cache(self) -> runner.Cache | SlotKV:
+        return batched.new_slot(self._model, self._info.max_context) if self._scheduler else self._runner.new_cache()
 
     def _checkout(self, session: _Session, context: list[int], epoch: int) -> _Branch:
         """The branch to draft after context on: the one sharing the longest prefix with it, cropped in
@@ -189,13 +190,11 @@ class ModelDrafter:
 
     def _session(self, session_id: str, epoch: int) -> _Session:
         with self._sessions_lock:
-            session = self._sessions.pop(session_id, None) or _Session([_Branch(self._runner.new_cache())])
+            session = self._sessions.pop(session_id, None) or _Session([_Branch(self._new_cache())])
             self._sessions[session_id] = session  # most recently used last
             session.last_used = time.monotonic()
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
-            if epoch < session.epoch:
-                metrics.STALE_PROPOSALS.inc()
-                raise Aborted(f"epoch {epoch} is stale: the session is at epoch {session.epoch}")
+            _stale(session, epoch)
             session.epoch = epoch
             return session

@@ -11,38 +11,52 @@ from specpipe.limits import DEFAULT_LIMITS, Limits, check_propose
 from specpipe.protocols import Drafter
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
+from specpipe.types import ModelInfo
 from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 
-class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, drafters: Mapping[str, Drafter], limits: Limits = DEFAULT_LIMITS):
+class DraftMethods:
+    """The draft methods one drafter service serves (method -> Drafter); the first is the default.
+    Also what the Ray Serve drafter deployment serves (deploy/ray)."""
+
+    def __init__(self, drafters: Mapping[str, Drafter]):
         if not drafters:
             raise ValueError("a drafter service needs at least one draft method")
-        self._drafters = dict(drafters)  # method -> drafter; the first is the default
-        self._limits = limits  # an orchestrator's own Generate caps draft_len and width; any other caller, here
+        self._drafters = dict(drafters)
 
-    def _drafter(self, method: str) -> Drafter:
+    def drafter(self, method: str) -> Drafter:
         drafter = self._drafters.get(method or next(iter(self._drafters)))
         if drafter is None:
             raise FailedPrecondition(f"draft method {method!r} is not served here; served: {', '.join(self._drafters)}")
         return drafter
 
+    def info(self) -> ModelInfo:
+        return replace(self.drafter("").info(), methods=tuple(self._drafters))
+
+    def release(self, session_id: str) -> bool:
+        released = [drafter.release(session_id) for drafter in self._drafters.values()]
+        return any(released)
+
+
+class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
+    def __init__(self, drafters: Mapping[str, Drafter], limits: Limits = DEFAULT_LIMITS):
+        self._methods = DraftMethods(drafters)
+        self._limits = limits  # an orchestrator's own Generate caps draft_len and width; any other caller, here
+
     @rpc_method
     def Info(self, request, context):
-        info = self._drafter("").info()
-        return convert.model_info_to_proto(replace(info, methods=tuple(self._drafters)))
+        return convert.model_info_to_proto(self._methods.info())
 
     @rpc_method
     def Propose(self, request, context):
         propose = convert.propose_request_from_proto(request)
         check_propose(propose, self._limits)
-        result = self._drafter(request.method).propose(propose)
+        result = self._methods.drafter(request.method).propose(propose)
         return convert.propose_result_to_proto(result)
 
     @rpc_method
     def Release(self, request, context):
-        released = [drafter.release(request.session_id) for drafter in self._drafters.values()]
-        return common_pb2.ReleaseReply(released=any(released))
+        return common_pb2.ReleaseReply(released=self._methods.release(request.session_id))
 
 
 def service(drafters: Mapping[str, Drafter], limits: Limits = DEFAULT_LIMITS) -> Service:

@@ -1,7 +1,9 @@
-"""Aggregate tokens/s of N concurrent embedded generations: the batched verifier against one
-session per forward (the verifier before batching), on the same prompts, in one run.
+"""Aggregate tokens/s of N concurrent embedded generations: the batched verifier (and, with
+--drafter model, the batched model drafter) against one session per forward (the services before
+batching), on the same prompts, in one run.
 
     PYTHONPATH=. python scripts/batch_throughput.py --preset smollm2 --concurrency 1,2,4,8 --compile on
+    PYTHONPATH=. python scripts/batch_throughput.py --preset smollm2 --concurrency 1,4,8 --compile on --drafter model
 
 Greedy; every output is checked against the first configuration's (batching changes no token).
 A measurement, not a test: absolute numbers depend on the machine; compare rows of one run.
@@ -46,7 +48,10 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--drafter", default="none", choices=("none", "model"),
                         help="none: plain (batched) decoding; model: speculation with the preset's drafter "
-                        "(the drafter itself is not batched)")
+                        "(batched along with the verifier, or one proposal per forward along with it)")
+    parser.add_argument("--adaptive", default="on", choices=("on", "off"),
+                        help="on: adaptive control picks k <= 4 each round (the default); off: k = 4 fixed")
+    parser.add_argument("--schedule", default="sequential", choices=("sequential", "branch"))
     parser.add_argument("--compile", default="off", choices=("off", "on"), help="on: the packed CPU GEMM")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     args = parser.parse_args()
@@ -56,26 +61,30 @@ def main() -> None:
     tokenizer = load_tokenizer(verifier_spec)
     model = load_model(verifier_spec)
     mode = "packed" if args.compile == "on" else "eager"
-    drafters = {}
+    info = model_info(verifier_spec, model)  # before packing (it reads the lm_head's weight)
+    # configuration -> (verifier, drafters); each model is packed once, by its first service
+    services = {"one session per forward": (ModelVerifier(model, info, mode=mode, batching=False), {}),
+                "batched": (ModelVerifier(model, info, mode="eager"), {})}
     if args.drafter == "model":
         from drafter_service.model_drafter import ModelDrafter
 
-        drafters["model"] = ModelDrafter.load(drafter_spec, mode=mode)
-    info = model_info(verifier_spec, model)  # before packing (it reads the lm_head's weight)
-    verifiers = {"one session per forward": ModelVerifier(model, info, mode=mode, batching=False),
-                 "batched": ModelVerifier(model, info, mode="eager")}  # the model is packed once, by the first
-    speculation = SpeculationOptions(drafter=args.drafter, draft_len=4)
+        draft_model = load_model(drafter_spec)
+        draft_info = model_info(drafter_spec, draft_model)
+        services["one session per forward"][1]["model"] = ModelDrafter(draft_model, draft_info, mode=mode, batching=False)
+        services["batched"][1]["model"] = ModelDrafter(draft_model, draft_info, mode="eager")
+    speculation = SpeculationOptions(drafter=args.drafter, draft_len=4, adaptive=args.adaptive, schedule=args.schedule)
     prompts = [tuple(tokenizer(p)["input_ids"]) for p in GOLDEN_PROMPTS]
-    for verifier in verifiers.values():  # warm-up: first-call costs are not the batching's
+    for verifier, drafters in services.values():  # warm-up: first-call costs are not the batching's
         generate_concurrently(Generator(tokenizer, verifier, drafters, speculation),
                               [GenerationRequest(prompts[0], 8, speculation=speculation)])
-    print(f"preset {args.preset}, drafter {args.drafter}, {mode}, {args.max_new_tokens} new tokens per stream")
-    print(f"{'streams':>7} | " + " | ".join(f"{name:>24}" for name in verifiers) + " | speed-up")
+    print(f"preset {args.preset}, drafter {args.drafter}, adaptive {args.adaptive}, {args.schedule}, {mode}, "
+          f"{args.max_new_tokens} new tokens per stream")
+    print(f"{'streams':>7} | " + " | ".join(f"{name:>24}" for name in services) + " | speed-up")
     for n in (int(c) for c in args.concurrency.split(",")):
         requests = [GenerationRequest(prompts[i % len(prompts)], args.max_new_tokens, speculation=speculation)
                     for i in range(n)]
         rates, reference = [], None
-        for verifier in verifiers.values():
+        for verifier, drafters in services.values():
             generator = Generator(tokenizer, verifier, drafters, speculation)
             outputs, seconds = generate_concurrently(generator, requests)
             reference = reference or outputs

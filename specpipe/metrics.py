@@ -50,7 +50,12 @@ VERIFY_BATCH_SESSIONS = Histogram("specpipe_verify_batch_sessions", "Sessions pe
                                   buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
 VERIFY_BATCH_TOKENS = Histogram("specpipe_verify_batch_tokens", "Tokens per batched verifier forward (all sessions)",
                                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
-QUEUE_DEPTH = Gauge("specpipe_queue_depth", "Requests waiting: verifier rounds and prefills for the model, "
+DRAFT_BATCH_SESSIONS = Histogram("specpipe_draft_batch_sessions", "Proposals per batched drafter forward (each of a "
+                                 "session's concurrent branch-schedule proposals counts once)",
+                                 buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
+DRAFT_BATCH_TOKENS = Histogram("specpipe_draft_batch_tokens", "Tokens per batched drafter forward (all proposals)",
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+QUEUE_DEPTH = Gauge("specpipe_queue_depth", "Requests waiting: verifier rounds and prefills and drafter proposals for the model, "
                     "orchestrator generations for a session slot", ["role"])
 QUEUE_WAIT_MS = Histogram("specpipe_queue_wait_ms", "Time a request waited before its work started", ["role"],
                           buckets=_MS_BUCKETS)

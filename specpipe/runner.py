@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
+from specpipe.kv import SlotKV
 from specpipe.trees import common_prefix
 from specpipe.types import ModelInfo
 from specpipe.verification import additive_mask, tree_allowed, tree_attention_mask, tree_position_ids
@@ -65,12 +66,15 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def cache_len(cache: Cache) -> int:
-    return cache.length if isinstance(cache, StaticKV) else cache.get_seq_length()
+def cache_len(cache: Cache | SlotKV) -> int:
+    return cache.length if isinstance(cache, (StaticKV, SlotKV)) else cache.get_seq_length()
 
 
-def crop(cache: Cache, length: int) -> None:
+def crop(cache: Cache | SlotKV, length: int) -> None:
     """Keep the first `length` positions (transformers 5 crop takes the NEGATIVE count to drop)."""
+    if isinstance(cache, SlotKV):  # a batched forward's slot (specpipe.kv)
+        cache.crop(length)
+        return
     drop = cache_len(cache) - length
     if drop <= 0:
         return
@@ -80,11 +84,13 @@ def crop(cache: Cache, length: int) -> None:
         cache.crop(-drop)
 
 
-def fork(cache: Cache, length: int) -> Cache:
+def fork(cache: Cache | SlotKV, length: int) -> Cache | SlotKV:
     """A new cache holding the first `length` positions of cache, which stays as it is. Copy-on-write
     for free: the fork's layers start as views of the same tensors, and DynamicLayer.update appends
     by torch.cat (new tensors), never in place. A static slot is copied (its prefix only) into a
-    new slot."""
+    new slot, and so is a batched forward's slot (SlotKV.fork)."""
+    if isinstance(cache, SlotKV):
+        return cache.fork(length)
     if isinstance(cache, StaticKV):
         return _fork_slot(cache, length)
     forked = copy.copy(cache)

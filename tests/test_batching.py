@@ -21,8 +21,8 @@ from specpipe.models import model_info, tiny_model
 from specpipe.presets import ModelSpec
 from specpipe.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import reference_greedy, run
-from verifier_service.batched import Segment, batched_forward, new_slot
-from verifier_service.scheduler import BatchConfig, Scheduler, Work, plan_batch
+from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work, one_step, plan_batch
+from specpipe.batched import Segment, batched_forward, new_slot
 from verifier_service.verifier import ModelVerifier
 
 MAX_NEW_TOKENS = 32
@@ -46,7 +46,7 @@ def test_plan_batch(pending, budget, chunk, expected):
 def _chain(kv, token_ids) -> Segment:
     n = len(token_ids)
     return Segment(kv, tuple(token_ids), torch.arange(kv.length, kv.length + n), torch.ones(n, n, dtype=torch.bool).tril(),
-                   logits=True)
+                   logit_rows=n)
 
 
 @pytest.mark.parametrize("mode", ["eager", "packed"])
@@ -186,7 +186,7 @@ def test_full_queue_refuses_before_any_forward():
     model = tiny_model()
     scheduler = Scheduler(model, BatchConfig(prefill_chunk=1, max_queue=1))
     try:
-        long_prefill = Work(new_slot(model, 2048), tuple(range(1, 255)) * 4)  # ~1000 one-token forwards
+        long_prefill = Work(new_slot(model, 2048), one_step(Step(tuple(range(1, 255)) * 4, chunked=True)))  # ~1000 one-token forwards
         thread = threading.Thread(target=scheduler.run, args=(long_prefill,))
         thread.start()
         from tests.grpc_harness import wait_until
@@ -194,10 +194,10 @@ def test_full_queue_refuses_before_any_forward():
         assert wait_until(lambda: long_prefill.started, timeout_s=10)
         kv = new_slot(model, 2048)
         with pytest.raises(ResourceExhausted, match="queue is full"):
-            scheduler.run(Work(kv, (1, 2, 3)))
+            scheduler.run(Work(kv, one_step(Step((1, 2, 3), chunked=True))))
         assert kv.length == 0
         thread.join()
-        assert long_prefill.kv.length == len(long_prefill.token_ids) and long_prefill.error is None
+        assert long_prefill.kv.length == 254 * 4 and long_prefill.error is None
     finally:
         scheduler.close()
 
@@ -244,20 +244,20 @@ def test_a_round_does_not_wait_for_a_long_prefill():
     model = tiny_model()
     scheduler = Scheduler(model, BatchConfig(prefill_chunk=4))
     try:
-        long_prefill = Work(new_slot(model, 2048), tuple(range(1, 255)) * 4)  # ~250 chunks
+        long_prefill = Work(new_slot(model, 2048), one_step(Step(tuple(range(1, 255)) * 4, chunked=True)))  # ~250 chunks
         thread = threading.Thread(target=scheduler.run, args=(long_prefill,))
         thread.start()
         from tests.grpc_harness import wait_until
 
         assert wait_until(lambda: long_prefill.started, timeout_s=10)
         kv = new_slot(model, 2048)
-        scheduler.run(Work(kv, (5, 6, 7)))  # a prompt of its own
-        round_ = scheduler.run(Work(kv, (8, 9), positions=torch.tensor([3, 4]),
-                                    allowed=torch.ones(2, 2, dtype=torch.bool).tril()))
-        fed_when_done = long_prefill.fed
+        scheduler.run(Work(kv, one_step(Step((5, 6, 7), chunked=True))))  # a prompt of its own
+        round_ = scheduler.run(Work(kv, one_step(Step((8, 9), positions=torch.tensor([3, 4]),
+                                                      allowed=torch.ones(2, 2, dtype=torch.bool).tril(), logit_rows=2))))
+        fed_when_done = long_prefill.kv.length
         thread.join()
-        assert round_.logits.shape == (2, 257)
-        assert fed_when_done < len(long_prefill.token_ids)
+        assert round_.result.shape == (2, 257)
+        assert fed_when_done < 254 * 4
         # what adaptive control learns the forward's cost from: it fed a prompt chunk beside the round
         assert round_.batch_sessions == 2 and round_.batch_tokens == 2 + 4
     finally:

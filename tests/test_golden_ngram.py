@@ -42,7 +42,7 @@ def distributed_generator(redis_url, verifier, model_drafter):
             serve([drafter_servicer.service(drafters)], config) as drafter_server:
         generator = remote_generator(model_specs("tiny")[0], verifier_server.address, drafter_server.address,
                                      SpeculationOptions(draft_len=4, adaptive="off"), cache_url=redis_url)
-        assert all(type(generator.drafters[kind]).__name__ == "DrafterClient" for kind in ("model", "ngram", "hybrid"))
+        assert all(type(generator.drafters[kind]).__name__ == "ReplicatedDrafter" for kind in ("model", "ngram", "hybrid"))
         yield generator
     drafter_store.close()
 

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specpipe import metrics, runner
+from specpipe import batched, metrics, runner
+from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work, one_step
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from specpipe.kv import SlotKV
 from specpipe.lifecycle import Sweeper, evict_idle, sweep_period
 from specpipe.limits import DEFAULT_LIMITS, Limits, check_draft, check_prefill, draft_nodes_label
 from specpipe.models import load_model, model_info
@@ -38,9 +40,6 @@ from specpipe.verification import (
     tree_position_ids,
     verify_greedy,
 )
-from verifier_service import batched
-from verifier_service.kv import SlotKV
-from verifier_service.scheduler import BatchConfig, Scheduler, Work
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +73,7 @@ class ModelVerifier:
         self._session_ttl_s = session_ttl_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
-        unbatched = "the CUDA graphs mode" if mode == "graphs" else batched.supports(model)
-        unbatched = unbatched if batching else "batching off"
+        unbatched = batched.unbatched_reason(model, mode, batching)
         self._scheduler = Scheduler(model, batch or BatchConfig()) if unbatched is None else None
         if unbatched is not None:
             log.info("verifier runs one session per forward", extra={"reason": unbatched})
@@ -147,13 +145,13 @@ class ModelVerifier:
                 logits = self._runner.forward(cache, token_ids, tree_parents)
             return logits, (time.perf_counter() - start) * 1e3, (1, len(token_ids))
         if prompt:
-            work = Work(cache, tuple(token_ids))
+            step = Step(tuple(token_ids), chunked=True)
         else:
             parents = list(tree_parents) if tree_parents is not None else list(range(-1, len(token_ids) - 2))
-            work = Work(cache, tuple(token_ids), positions=tree_position_ids(parents, cache.length)[0],
-                        allowed=tree_allowed(parents, 0))  # [n, n]: the root and each node's ancestors
-        work = self._scheduler.run(work)
-        return work.logits, work.forward_ms, (work.batch_sessions, work.batch_tokens)
+            step = Step(tuple(token_ids), positions=tree_position_ids(parents, cache.length)[0],
+                        allowed=tree_allowed(parents, 0), logit_rows=len(token_ids))  # [n, n]: root + ancestors
+        work = self._scheduler.run(Work(cache, one_step(step)))
+        return work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         check_sampling(sampling)

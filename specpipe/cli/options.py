@@ -172,7 +172,7 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
 
 def verifier_options(args: argparse.Namespace) -> dict:
     """ModelVerifier keywords from the admission and batching flags (defaults where a command has none)."""
-    from verifier_service.scheduler import BatchConfig
+    from specpipe.batch_scheduler import BatchConfig
 
     defaults = BatchConfig()
     try:

@@ -56,9 +56,11 @@ def add_session_ttl_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def session_ttl_s(args: argparse.Namespace) -> float:
-    if args.session_ttl <= 0:
-        raise InvalidArgument(f"--session-ttl must be > 0, got {args.session_ttl}")
-    return args.session_ttl
+    """--session-ttl (600 s for a command without it)."""
+    ttl = getattr(args, "session_ttl", 600.0)
+    if ttl <= 0:
+        raise InvalidArgument(f"--session-ttl must be > 0, got {ttl}")
+    return ttl
 
 
 def add_learn_global_arg(parser: argparse.ArgumentParser) -> None:

@@ -83,29 +83,16 @@ def _add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None
 
 def _verifier(args: argparse.Namespace):
     from verifier_service.servicer import service
-    from verifier_service.verifier import ModelVerifier
-    from specpipe.presets import model_specs
+    from specpipe.cli.wiring import load_verifier
 
-    spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
-    verifier = ModelVerifier.load(spec, args.device, mode=options.forward_mode(args), **options.verifier_options(args),
-                                  limits=security_args.limits(args), session_ttl_s=security_args.session_ttl_s(args))
-    return service(verifier)
+    return service(load_verifier(args))
 
 
 def _drafter(args: argparse.Namespace):
-    from drafter_service.model_drafter import ModelDrafter
     from drafter_service.servicer import service
-    from specpipe.cli.wiring import build_drafters, ngram_cache
-    from specpipe.presets import model_specs
+    from specpipe.cli.wiring import drafter_methods
 
-    spec = model_specs(args.preset, args.verifier, args.draft_model)[1]
-    model = ModelDrafter.load(spec, args.device, **options.drafter_forward(args),
-                              session_ttl_s=security_args.session_ttl_s(args))
-    if not args.cache:
-        return service({"model": model}, security_args.limits(args))
-    store = ngram_cache(args.cache, security_args.tls(args))
-    drafters = build_drafters(("model", "ngram", "hybrid"), store, model, model.info())
-    return service(drafters, security_args.limits(args))
+    return service(drafter_methods(args), security_args.limits(args))
 
 
 def _cache(args: argparse.Namespace):

@@ -40,6 +40,28 @@ def build_drafters(kinds, store, model_drafter, info) -> dict:
     return drafters
 
 
+def load_verifier(args: argparse.Namespace):
+    """The ModelVerifier of the model flags, with the admission and batching flags."""
+    from verifier_service.verifier import ModelVerifier
+
+    spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
+    return ModelVerifier.load(spec, args.device, mode=forward_mode(args), **verifier_options(args),
+                              limits=security_args.limits(args), session_ttl_s=security_args.session_ttl_s(args))
+
+
+def drafter_methods(args: argparse.Namespace) -> dict:
+    """What a drafter service serves: the small model alone, or, given an n-gram store (--cache),
+    the model, ngram and hybrid draft methods over it."""
+    from drafter_service.model_drafter import ModelDrafter
+
+    spec = model_specs(args.preset, args.verifier, args.draft_model)[1]
+    model = ModelDrafter.load(spec, args.device, **drafter_forward(args), session_ttl_s=security_args.session_ttl_s(args))
+    if not args.cache:
+        return {"model": model}
+    store = ngram_cache(args.cache, security_args.tls(args))
+    return build_drafters(("model", "ngram", "hybrid"), store, model, model.info())
+
+
 def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] | None = None, store=None):
     """Everything in this process: the verifier, the n-gram store (--cache, or store) and the drafters
     that drafter_kinds (default: the one --drafter names) need; the small model is loaded only for the
@@ -75,7 +97,6 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
     confirmed token (a drafter service drafting n-grams must use the same store). Waits up to
     connect_timeout_s for a verifier replica (it may still be loading its model).
     hop_delay_ms: latency added to each direction of every call to the verifier and the drafter."""
-    from orchestrator.generator import Generator
     from specpipe.failover import ReplicatedDrafter, ReplicatedVerifier, drafter_probe, first_answer, verifier_probe
     from specpipe.replicas import ReplicaSet
     from specpipe.rpc.clients import DrafterClient, VerifierClient
@@ -95,6 +116,16 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
         except SpecpipeError as err:  # not up yet: assume the small model alone
             log.warning("drafter service unreachable at start", extra={"error": str(err)})
         served = {method: ReplicatedDrafter(drafters, method) for method in methods}
+    return served_generator(tokenizer_spec, verifier, served, defaults, store, limits, learn_global)
+
+
+def served_generator(tokenizer_spec, verifier, served: dict, defaults, store, limits=DEFAULT_LIMITS,
+                     learn_global: bool = False):
+    """The orchestrator over a verifier and the draft methods a drafter service serves (method ->
+    Drafter): the n-gram and hybrid methods it does not serve run here, over store, which the
+    generator feeds with every confirmed token. Also what the Ray Serve orchestrator runs (deploy/ray)."""
+    from orchestrator.generator import Generator
+
     local = build_drafters(("ngram", "hybrid") if "model" in served else ("ngram",), store, served.get("model"),
                            verifier.info())
     return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store, limits=limits,

@@ -1,4 +1,5 @@
-"""A session's verifier KV cache as one preallocated slot that grows by doubling (docs/batching.md).
+"""A session's KV cache as one preallocated slot that grows by doubling (docs/batching.md): the
+verifier's per session, the model drafter's per branch.
 
 A batched forward writes each session's new keys/values straight into its slot and attends over the
 slot's valid prefix, so no round copies a whole cache (a DynamicCache concatenates every layer every
@@ -61,6 +62,21 @@ class SlotKV:
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+
+    @torch.inference_mode()
+    def fork(self, length: int) -> SlotKV:
+        """A new slot holding a copy of the first `length` positions; this slot stays as it is. Safe
+        while a forward appends to this slot: it writes past `length` only, and a growing slot fills
+        its new tensors before it swaps them in."""
+        length = min(length, self.length)
+        keys, values = self.keys, self.values
+        num_layers, num_kv_heads, _, head_dim = keys.shape
+        forked = SlotKV(num_layers, num_kv_heads, head_dim, keys.dtype, keys.device, self.max_capacity)
+        forked.reserve(length)
+        forked.keys[:, :, :length] = keys[:, :, :length]
+        forked.values[:, :, :length] = values[:, :, :length]
+        forked.length = length
+        return forked
 
     @torch.inference_mode()
     def keep_positions(self, positions: Sequence[int]) -> None:

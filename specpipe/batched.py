@@ -1,14 +1,20 @@
-"""One forward pass over the work of many sessions (docs/batching.md), for the Llama / Qwen2 family.
+"""One forward pass over the work of many sessions (docs/batching.md), for the Llama / Qwen2 family;
+shared by the verifier and the model drafter.
 
-Every session's tokens (a prefill chunk, or [root] + a draft tree) are flattened into one ragged
-batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o projections, the MLP)
+Every session's tokens (a prefill chunk, [root] + a draft tree, or a drafter's catch-up / next
+draft token) are flattened into one ragged batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o projections, the MLP)
 and RoPE run on the flat batch: one GEMM for all sessions, where batching pays. Attention runs per
 session: its queries against its own slot (past + its new tokens) under its own mask (causal for a
 chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
 
 Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
 (the packed GEMM computes every row the same way for every M; attention is per session), so a
-session's logits do not depend on who else is in the forward.
+session's logits do not depend on who else is in the forward. One exception, handled here: MKL's
+fp32 GEMM rounds differently below 4 rows (its GEMV-like path; checked on this machine's MKL
+2024.2 for every shape of the tiny and SmolLM2 models: rows are bitwise equal for every M >= 4 and
+differ for M = 1..3), so a batch of fewer than MIN_GEMM_ROWS rows is padded to that many. This
+matters to the drafter most: its steps are one token per session, M = 1 alone and M = 8 with 7
+batch mates. The packed GEMM needs no padding; padding it costs nothing measurable.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from verifier_service.kv import SlotKV
+from specpipe.kv import SlotKV
 
 SUPPORTED_TYPES = ("llama", "qwen2")  # decoder layers of the same shape (Qwen2 adds q/k/v biases)
+MIN_GEMM_ROWS = 4                     # fewer rows are padded: see the module docstring
 
 
 def supports(model: PreTrainedModel) -> str | None:
@@ -39,6 +46,14 @@ def supports(model: PreTrainedModel) -> str | None:
     return None
 
 
+def unbatched_reason(model: PreTrainedModel, mode: str, batching: bool = True) -> str | None:
+    """None if a service runs this model through batched_forward; otherwise why it runs one session
+    per forward (specpipe.runner): batching off, the CUDA graphs mode, or an unsupported model."""
+    if not batching:
+        return "batching off"
+    return "the CUDA graphs mode" if mode == "graphs" else supports(model)
+
+
 @dataclass(frozen=True)
 class Segment:
     """One session's share of a batched forward: n tokens fed after kv.length cached positions."""
@@ -47,7 +62,7 @@ class Segment:
     token_ids: tuple[int, ...]      # [n]
     positions: torch.Tensor         # [n] absolute positions (past + depth for a tree)
     allowed: torch.Tensor           # [n, n] bool: which of the new tokens each new token may see
-    logits: bool                    # whether its rows need logits (verify: yes; a prefill chunk: no)
+    logit_rows: int                 # how many of its last rows need logits (verify: n; drafter: 1; prefill: 0)
 
 
 def new_slot(model: PreTrainedModel, max_context: int) -> SlotKV:
@@ -59,9 +74,9 @@ def new_slot(model: PreTrainedModel, max_context: int) -> SlotKV:
 
 def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
             layer: int, offsets: Sequence[int]) -> torch.Tensor:
-    """q: [heads, num_tokens, head_dim]; k_new, v_new: [kv_heads, num_tokens, head_dim].
-    Returns [num_tokens, heads * head_dim]."""
-    out = q.new_empty(q.shape[1], q.shape[0] * q.shape[2])
+    """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim] (rows: the segments'
+    tokens, then padding). Returns [rows, heads * head_dim], zero on padding rows."""
+    out = q.new_zeros(q.shape[1], q.shape[0] * q.shape[2])
     for segment, start in zip(segments, offsets):
         n, past = len(segment.token_ids), segment.kv.length
         end = start + n
@@ -75,10 +90,17 @@ def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, seg
     return out
 
 
+def _pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, ...] with zero rows appended up to MIN_GEMM_ROWS."""
+    pad = MIN_GEMM_ROWS - x.shape[0]
+    return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad > 0 else x
+
+
 @torch.inference_mode()
 def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
     """Feed every segment after its cached positions and append them to its slot (kv.length grows by
-    n). Returns, per segment, logits [n, vocab] (float32) where segment.logits, else None."""
+    n). Returns, per segment, the logits [logit_rows, vocab] (float32) of its last logit_rows rows,
+    or None where it needs none."""
     inner = model.model
     device = model.device
     lengths = [len(s.token_ids) for s in segments]
@@ -87,8 +109,9 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
         segment.kv.reserve(segment.kv.length + n)
     ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=device)  # [T]
     positions = torch.cat([s.positions for s in segments]).to(device)                                # [T]
-    hidden = inner.embed_tokens(ids)                                                                  # [T, hidden]
-    cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, T, head_dim]
+    ids, positions = _pad_rows(ids), _pad_rows(positions)                                            # [R >= T]
+    hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
+    cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, R, head_dim]
     for layer_idx, layer in enumerate(inner.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
@@ -102,10 +125,10 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
     for segment, n in zip(segments, lengths):
         segment.kv.length += n
 
-    rows = [i for segment, start, n in zip(segments, offsets, lengths) if segment.logits for i in range(start, start + n)]
-    logits = model.lm_head(inner.norm(hidden[rows])).float() if rows else None  # [rows, vocab]
+    rows = [i for s, start, n in zip(segments, offsets, lengths) for i in range(start + n - s.logit_rows, start + n)]
+    logits = model.lm_head(_pad_rows(inner.norm(hidden[rows]))).float() if rows else None  # [>= len(rows), vocab]
     out, row = [], 0
-    for segment, n in zip(segments, lengths):
-        out.append(logits[row : row + n] if segment.logits else None)
-        row += n if segment.logits else 0
+    for segment in segments:
+        out.append(logits[row : row + segment.logit_rows] if segment.logit_rows else None)
+        row += segment.logit_rows
     return out

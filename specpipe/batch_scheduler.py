@@ -1,0 +1,222 @@
+"""The batch scheduler of the verifier and the model drafter: one thread owns the model and runs the
+pending steps of every request as one forward (docs/batching.md).
+
+A request (Work) is a coroutine of steps over one slot: it yields a Step (tokens to feed), receives
+the logits the step asked for, and returns its result. A verify round or a prompt is one step; a
+drafting proposal is a catch-up of the context, then one step per draft depth, its next token
+chosen on the scheduler thread from the logits of the step before, so every pending proposal's next
+step joins the very next forward.
+
+Gather policy (plan_batch): dispatch as soon as the model is free, with whatever is pending, never
+waiting for company. Whole steps go first (a decoding session's latency is the product), oldest
+first, within the token budget; chunked steps (prompts) fill the rest in chunks of at most
+prefill_chunk tokens, so a long prompt enters over several forwards and never stalls the decode
+rounds of others for more than one chunk. A whole step larger than the whole budget runs alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specpipe import metrics
+from specpipe.batched import Segment, batched_forward
+from specpipe.errors import ResourceExhausted, Unavailable
+from specpipe.kv import SlotKV
+
+# role -> (sessions per forward, tokens per forward) histograms
+_BATCH_METRICS = {"verifier": (metrics.VERIFY_BATCH_SESSIONS, metrics.VERIFY_BATCH_TOKENS),
+                  "drafter": (metrics.DRAFT_BATCH_SESSIONS, metrics.DRAFT_BATCH_TOKENS)}
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_batch_tokens: int = 512  # tokens per forward, all sessions together
+    prefill_chunk: int = 256     # prompt tokens a prefill (drafter: a catch-up) feeds per forward
+    max_queue: int = 64          # requests waiting for the model; beyond: RESOURCE_EXHAUSTED
+
+    def __post_init__(self):
+        for name in ("max_batch_tokens", "prefill_chunk", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefill_chunk: int) -> list[tuple[int, int]]:
+    """pending: (chunked, tokens left) per request, oldest first. Returns (request index, tokens
+    to feed now) for the next forward: whole steps, oldest first, within the budget (the first
+    always, even past it); then chunks of chunked steps from what is left."""
+    plan, budget = [], max_batch_tokens
+    for i, (chunked, left) in enumerate(pending):
+        if not chunked and (left <= budget or not plan):
+            plan.append((i, left))
+            budget -= left
+    for i, (chunked, left) in enumerate(pending):
+        if chunked and budget > 0:
+            take = min(left, prefill_chunk, budget)
+            plan.append((i, take))
+            budget -= take
+        elif chunked and not plan:  # nothing else to run: never idle with work pending
+            plan.append((i, min(left, prefill_chunk)))
+            budget = 0
+    return plan
+
+
+@dataclass(frozen=True)
+class Step:
+    """Tokens to feed after a slot's cached positions."""
+
+    token_ids: tuple[int, ...]             # [n]
+    positions: torch.Tensor | None = None  # [n] a tree's positions (past + depth); None: consecutive
+    allowed: torch.Tensor | None = None    # [n, n] a tree's mask (root + ancestors); None: causal
+    logit_rows: int = 0                    # how many of the last rows need logits
+    chunked: bool = False                  # a prompt: may enter over several forwards (needs no logits)
+
+    def __post_init__(self):
+        if self.chunked and self.logit_rows:
+            raise ValueError("a chunked step needs no logits")
+
+
+def one_step(step: Step) -> Generator[Step, torch.Tensor | None, torch.Tensor | None]:
+    """A request of a single step; its result is the step's logits."""
+    logits = yield step
+    return logits
+
+
+class Work:
+    """One request's steps over one slot. Made on the caller's thread (which runs the coroutine up to
+    its first step), then advanced by the scheduler thread (or by the caller, one forward at a time,
+    where a model runs unbatched: then kv may be any specpipe.runner cache)."""
+
+    def __init__(self, kv: SlotKV, steps: Generator[Step, torch.Tensor | None, Any]):
+        self.kv = kv
+        self._steps = steps
+        self.step: Step | None = None  # the current one; None once the coroutine has returned
+        self.fed = 0                   # tokens of the current step already in the slot
+        self.result: Any = None        # what the coroutine returned
+        self.forward_ms = 0.0          # wall time of the forwards it took part in
+        self.batch_sessions = 1        # requests in the last forward it took part in
+        self.batch_tokens = 0          # tokens that forward fed, every request's
+        self.error: BaseException | None = None
+        self.enqueued = time.perf_counter()
+        self.started = False
+        self.done = threading.Event()
+        self.advance(None)
+
+    def advance(self, logits: torch.Tensor | None) -> None:
+        """Send the current step's logits to the coroutine: the next step, or its result."""
+        try:
+            self.step = self._steps.send(logits)
+        except StopIteration as stop:
+            self.step, self.result = None, stop.value
+        self.fed = 0
+
+    def left(self) -> tuple[bool, int]:
+        """(chunked, tokens left) of the current step, for plan_batch."""
+        return self.step.chunked, len(self.step.token_ids) - self.fed
+
+    def segment(self, n: int) -> Segment:
+        """The next n tokens of the current step as a segment of a batched forward."""
+        step, start = self.step, self.kv.length
+        positions = step.positions if step.positions is not None else torch.arange(start, start + n)
+        allowed = step.allowed if step.allowed is not None else torch.ones(n, n, dtype=torch.bool).tril()
+        return Segment(self.kv, step.token_ids[self.fed : self.fed + n], positions, allowed, step.logit_rows)
+
+
+class Scheduler:
+    def __init__(self, model: PreTrainedModel, config: BatchConfig = BatchConfig(), role: str = "verifier"):
+        self._model = model
+        self.config = config
+        self._role = role
+        self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
+        self._pending: list[Work] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"specpipe-{role}-batch", daemon=True)
+        self._thread.start()
+
+    def run(self, work: Work) -> Work:
+        """Queue work and block until its coroutine has returned (raises what it or a forward raised)."""
+        if work.step is None:
+            return work
+        with self._cond:
+            if self._closed:
+                raise Unavailable(f"the {self._role} is shutting down")
+            if len(self._pending) >= self.config.max_queue:
+                raise ResourceExhausted(f"{self._role} queue is full ({len(self._pending)} requests waiting, "
+                                        f"max {self.config.max_queue}); retry later or add {self._role} replicas")
+            self._pending.append(work)
+            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
+            self._cond.notify()
+        work.done.wait()
+        if work.error is not None:
+            raise work.error
+        return work
+
+    @property
+    def depth(self) -> int:
+        """Requests queued or in the forward now."""
+        with self._cond:
+            return len(self._pending)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    for work in self._pending:
+                        work.error = Unavailable(f"the {self._role} is shutting down")
+                        work.done.set()
+                    return
+                pending = list(self._pending)
+            plan = plan_batch([w.left() for w in pending], self.config.max_batch_tokens, self.config.prefill_chunk)
+            self._step([(pending[i], n) for i, n in plan])
+
+    def _step(self, batch: list[tuple[Work, int]]) -> None:
+        now = time.perf_counter()
+        for work, _ in batch:
+            if not work.started:
+                work.started = True
+                metrics.QUEUE_WAIT_MS.labels(role=self._role).observe((now - work.enqueued) * 1e3)
+        tokens = sum(n for _, n in batch)
+        self._batch_sessions.observe(len(batch))
+        self._batch_tokens.observe(tokens)
+        finished: list[Work] = []
+        try:
+            logits = batched_forward(self._model, [work.segment(n) for work, n in batch])
+        except Exception as err:  # a bad forward fails its requests, never the scheduler
+            for work, _ in batch:
+                work.error = err
+            finished = [work for work, _ in batch]
+        else:
+            forward_ms = (time.perf_counter() - now) * 1e3
+            for (work, n), rows in zip(batch, logits):
+                work.fed += n
+                work.forward_ms += forward_ms
+                work.batch_sessions, work.batch_tokens = len(batch), tokens
+                if work.fed < len(work.step.token_ids):
+                    continue
+                try:
+                    work.advance(rows)
+                except Exception as err:  # the request's own error (a stale epoch): it alone fails
+                    work.error = err
+                if work.step is None or work.error is not None:
+                    finished.append(work)
+        with self._cond:
+            for work in finished:
+                self._pending.remove(work)
+            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
+        for work in finished:
+            work.done.set()

@@ -1,0 +1,142 @@
+"""The Ray Serve application (deploy/ray) on a local Ray with the tiny preset, through Serve's gRPC
+proxy with the public GenerationClient: speculative output == the verifier's own greedy output for
+the model and n-gram drafters with the branch schedule; two concurrent sessions on two verifier
+replicas, both lossless; health and error statuses as against `specpipe up`."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import threading
+
+import pytest
+
+from specpipe import errors
+from specpipe.models import tiny_model, tiny_tokenizer
+from specpipe.rpc.clients import GenerationClient
+from specpipe.types import SpeculationOptions
+from tests.golden import GOLDEN_PROMPTS, reference_greedy
+
+ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]') runs the Ray Serve tests")
+
+ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+MAX_NEW_TOKENS = 32
+FLAGS = "--preset tiny --threads 1"
+BRANCH = {drafter: SpeculationOptions(drafter=drafter, draft_len=4, schedule="branch", adaptive="off")
+          for drafter in ("model", "ngram")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_config(verifier_replicas: int) -> dict:
+    """deploy/ray/serve.yaml on free ports, fixed replica counts, small CPU shares."""
+    from deploy.ray import launch
+
+    config = launch.load_config()
+    config["http_options"]["port"] = free_port()
+    config["grpc_options"]["port"] = free_port()
+    app = config["applications"][0]
+    app["args"] = {"verifier": FLAGS, "drafter": FLAGS, "orchestrator": f"{FLAGS} --rpc-timeout 60"}
+    for deployment in app["deployments"]:
+        deployment.pop("autoscaling_config")
+        deployment["num_replicas"] = verifier_replicas if deployment["name"] == "Verifier" else 1
+        deployment["ray_actor_options"]["num_cpus"] = 0.25
+    return config
+
+
+@pytest.fixture(scope="module")
+def app():
+    """The application on a fresh local Ray (2 CPUs), shut down after the module."""
+    from deploy.ray import launch
+
+    config = tiny_config(verifier_replicas=2)
+    # Ray's workers import deploy.ray and specpipe from this checkout, whatever is installed
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}})
+    try:
+        launch.start(config, timeout_s=180)
+        with GenerationClient(f"127.0.0.1:{config['grpc_options']['port']}", timeout_s=120) as client:
+            yield client
+    finally:  # the whole local Ray goes (serve.shutdown() would first wait for a replica being replaced)
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def references():
+    model, tokenizer = tiny_model(), tiny_tokenizer()
+    out = {}
+    for prompt in GOLDEN_PROMPTS[:3]:
+        ids = tuple(tokenizer(prompt)["input_ids"])
+        out[prompt] = (ids, reference_greedy(model, ids, MAX_NEW_TOKENS))
+    return out
+
+
+def generate(client, ids, speculation, max_new_tokens=MAX_NEW_TOKENS):
+    chunks = list(client.generate(token_ids=ids, max_new_tokens=max_new_tokens, speculation=speculation))
+    return [t for c in chunks for t in c.token_ids], chunks
+
+
+@pytest.mark.parametrize("drafter", BRANCH)
+def test_ray_branch_schedule_equals_verifier_greedy(app, references, drafter):
+    accepted = 0
+    for prompt, (ids, expected) in references.items():
+        tokens, chunks = generate(app, ids, BRANCH[drafter])
+        assert tokens == expected, prompt
+        accepted += sum(c.round.accepted for c in chunks)
+    assert accepted > 0  # the drafts were verified, not skipped
+
+
+def test_ray_concurrent_sessions_pinned_apart_and_a_lost_replica(app, references):
+    """Session 2 starts while session 1 runs: the router puts it on the other (least loaded) verifier
+    replica, and both are lossless. Then session 1's replica dies mid-generation: session 1 is
+    prefilled again on the other replica from the context the orchestrator recorded, and not a
+    token is lost, repeated or changed."""
+    from ray import serve
+
+    (ids1, _), (ids2, expected2) = list(references.values())[:2]
+    long_tokens = 400  # session 1 outlives session 2 and the kill by far
+    expected1 = reference_greedy(tiny_model(), ids1, long_tokens)
+    placements = serve.get_app_handle("specpipe").placements
+    tokens1: list[int] = []
+    first_chunk = threading.Event()
+
+    def session1():
+        for chunk in app.generate(token_ids=ids1, max_new_tokens=long_tokens, speculation=BRANCH["model"],
+                                  request_id="one"):
+            tokens1.extend(chunk.token_ids)
+            first_chunk.set()
+
+    thread = threading.Thread(target=session1)
+    thread.start()
+    assert first_chunk.wait(120)
+    tokens2, _ = generate(app, ids2, BRANCH["ngram"])
+    assert tokens2 == expected2
+
+    recorded = placements.remote().result(timeout_s=30)
+    one = next(p for p in recorded if p.session_id.startswith("one-"))
+    two = next(p for p in recorded if p.session_id.startswith("req-") and p.opened_s > one.opened_s)
+    assert one.released_s is None and two.released_s is not None  # session 1 still runs: they overlapped
+    assert one.replica != two.replica
+
+    ray.kill(ray.get_actor(one.replica, namespace="serve"), no_restart=True)
+    thread.join(120)
+    assert tokens1 == expected1
+    history = [p.replica for p in placements.remote().result(timeout_s=30) if p.session_id == one.session_id]
+    assert history[0] == one.replica and history[-1] == two.replica  # re-prefilled on the live replica
+
+
+def test_ray_health_and_errors(app):
+    from ray.serve.generated import serve_pb2, serve_pb2_grpc
+
+    assert app.health() == "SERVING"  # grpc.health.v1, answered by the orchestrator deployment
+    stub = serve_pb2_grpc.RayServeAPIServiceStub(app._channel)
+    assert stub.Healthz(serve_pb2.HealthzRequest(), timeout=30).message  # Serve's own health
+    with pytest.raises(errors.InvalidArgument, match="max_new_tokens"):
+        generate(app, (1, 2, 3), BRANCH["model"], max_new_tokens=0)
+    with pytest.raises(errors.InvalidArgument, match="unknown drafter"):
+        generate(app, (1, 2, 3), SpeculationOptions(drafter="bogus", schedule="branch"))
