@@ -31,7 +31,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     def _generate(self, request, context, start: float):
         source, generation = convert.generate_request_from_proto(request, self._generator.defaults)
-        generation = replace(generation, tenant=tenant_from_metadata(context.invocation_metadata()))
+        metadata = getattr(context, "invocation_metadata", tuple)()  # Ray Serve's gRPC context has none
+        generation = replace(generation, tenant=tenant_from_metadata(metadata))
         prompt_ids = self._generator.encode(**source.encode_kwargs())
         chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
         last = start
