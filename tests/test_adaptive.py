@@ -293,6 +293,7 @@ def test_adaptive_equals_verifier_greedy(generator, references, speculation):
     assert drafted > 0
 
 
+@pytest.mark.slow  # a bench run per swept k (the sweep table itself: tests/test_bench.py)
 def test_bench_sweep_reports_the_best_fixed_setting_against_adaptive(tmp_path):
     import json
     import subprocess

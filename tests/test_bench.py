@@ -80,6 +80,7 @@ def test_report_section_needs_its_markers():
         "<!-- bench-report:begin -->x<!-- bench-report:end --><!-- bench-report:poor:begin -->\nnew\n<!-- bench-report:poor:end -->"
 
 
+@pytest.mark.slow  # a full bench run of both MT-Bench turns (the default suite keeps test_transformers_baselines_beside_specpipe)
 def test_mtbench_second_turns_and_categories(tmp_path):
     out = tmp_path / "mt.json"
     proc = bench("--suite", "mtbench", "--turns", "2", "--limit", "2", "--max-new-tokens", "8", "--no-pin",
