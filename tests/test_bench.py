@@ -57,9 +57,10 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--baselines", "generate,vllm"], "unknown baselines ['vllm']"),
-    (["--prompts", "/no/such/file.jsonl"], "does not exist"),
+    pytest.param(["--prompts", "/no/such/file.jsonl"], "does not exist", marks=pytest.mark.slow),  # loads the models first
     (["--report", "/no/such/result.json"], "bench result /no/such/result.json does not exist"),
-    (["--suite", "humaneval", "--turns", "2", "--limit", "1", "--no-pin"], "--turns 2 needs prompts with a second turn"),
+    pytest.param(["--suite", "humaneval", "--turns", "2", "--limit", "1", "--no-pin"],
+                 "--turns 2 needs prompts with a second turn", marks=pytest.mark.slow),  # loads the models first
     (["--methods", "model:branch+fast"], "[/K][+adaptive][@HOP_MS]"),
     (["--methods", "model:branch/0"], "[/K][+adaptive][@HOP_MS]"),
 ])
