@@ -168,8 +168,8 @@ class Generator:
                 while True:
                     start = time.perf_counter()
                     as_drafted, proposal = proposal, policy.trim(proposal, self._load.active)
-                    result = schedule.verify(gen, proposal, as_drafted, policy.hypotheses(proposal, self._load.active),
-                                             draft_len)
+                    hypotheses = policy.hypotheses(proposal, self._load.active) if branch else 0  # pre-drafts
+                    result = schedule.verify(gen, proposal, as_drafted, hypotheses, draft_len)
                     verify_end = time.perf_counter()
                     self.observer.verified(gen, proposal, result)
                     policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3))

@@ -1,11 +1,14 @@
 """What a round leaves behind besides its tokens: Prometheus metrics, and the n-gram store's tables
 (the orchestrator, not the verifier, forwards confirmed tokens and the verifier's argmax to it).
 
-A store that is down or slow costs drafts, never the generation: every store call is guarded."""
+Store calls run off the per-token path, in order, on one background thread: a round does not wait
+for the store, and a session's release waits for its records before it returns. A store that is down
+or slow costs drafts, never the generation: every store call is guarded."""
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from specpipe import metrics
@@ -24,6 +27,7 @@ class RoundObserver:
         # Finished outputs go to their tenant's global (corpus) table only if learn_global (off by default:
         # docs/security.md); otherwise it holds `specpipe cache seed` corpora alone.
         self.learn_global = learn_global
+        self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specpipe-store")  # FIFO: records in order
 
     def verified(self, gen: Generation, proposal: ProposeResult, result: VerifyResult) -> None:
         """Before gen confirms the round: the verifier's argmax after each rejected draft node to the
@@ -41,16 +45,20 @@ class RoundObserver:
         metrics.GENERATIONS.labels(finish_reason=gen.finish).inc()
 
     def released(self, session_id: str) -> None:
+        """Drop the session's tables once everything queued before has reached the store."""
         if self.store is not None:
-            self._guard("release", self.store.release, session_id)
+            self._guard("release", self.store.release, session_id).result()
 
-    @staticmethod
-    def _guard(call: str, fn: Callable, *args) -> None:
-        try:
-            fn(*args)
-        except Exception as err:
-            metrics.CACHE_FAILURES.labels(call=call).inc()
-            log.warning("n-gram store call failed", extra={"call": call, "error": str(err)})
+    def _guard(self, call: str, fn: Callable, *args) -> Future:
+        return self._calls.submit(guarded, call, fn, *args)
+
+
+def guarded(call: str, fn: Callable, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as err:
+        metrics.CACHE_FAILURES.labels(call=call).inc()
+        log.warning("n-gram store call failed", extra={"call": call, "error": str(err)})
 
 
 def count_round(spec: SpeculationOptions, proposal: ProposeResult, result: VerifyResult, emitted: int,
