@@ -8,6 +8,7 @@ of `specpipe up --cache redis` and of the tests (never the machine's own Redis).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -91,10 +92,14 @@ def start(port: int | None = None, timeout_s: float = 10.0, password: str | None
     listen = ["--port", str(port)] if tls is None else [
         "--port", "0", "--tls-port", str(port), "--tls-cert-file", tls.cert, "--tls-key-file", tls.key,
         "--tls-ca-cert-file", tls.ca, "--tls-auth-clients", "yes"]
-    secret = ["--requirepass", password] if password else []  # (visible in ps to this machine's users)
+    try:
+        config = [_secret_config(workdir, password)] if password else []  # never on the command line (ps)
+    except ValueError:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     process = subprocess.Popen(
-        [binary, *listen, "--bind", HOST, "--save", "", "--appendonly", "no",
-         "--dir", workdir, "--logfile", f"{workdir}/redis.log", *secret],
+        [binary, *config, *listen, "--bind", HOST, "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--logfile", f"{workdir}/redis.log"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # a terminal's Ctrl-C goes to our process, which stops it last
         preexec_fn=_die_with_parent,
@@ -139,6 +144,18 @@ def _log_tail(workdir: str) -> str:
     except OSError:
         return ""
     return "".join(f"\n    {line}" for line in lines)
+
+
+def _secret_config(workdir: str, password: str) -> str:
+    """A redis.conf readable by this user only (0600, in the 0700 workdir) with the password: a
+    command line is readable by every user of the machine, a config file is not."""
+    if any(c in password for c in '"\\\r\n'):
+        raise ValueError("the redis password must not contain quotes, backslashes or line breaks")
+    path = os.path.join(workdir, "secret.conf")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as conf:
+        conf.write(f'requirepass "{password}"\n')
+    return path
 
 
 def _die_with_parent() -> None:

@@ -32,6 +32,10 @@ from specpipe.tenancy import check_tenant
 from specpipe.types import Draft
 
 GLOBAL_KEY = "{g}:ngram"  # the default tenant's global table
+# What specpipe's Redis user needs and no more: its own keys (sessions {s:..., global tables {g}:... and
+# {g:<tenant>}:...), reads, writes, the Lua scripts and PING, nothing @dangerous (docs/security.md;
+# deploy/k8s/base/redis.yaml writes the same rules into its ACL file).
+ACL_RULES = "~{s:* ~{g}:* ~{g:* +@read +@write +@scripting +ping -@dangerous"
 
 
 def global_key(tenant: str) -> str:

@@ -30,7 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from drafter_service.drafting import draft_steps
-from specpipe import batched, metrics, runner
+from specpipe import batched, cores, metrics, runner
 from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work
 from specpipe.errors import Aborted, InvalidArgument
 from specpipe.kv import SlotKV
@@ -101,6 +101,11 @@ class ModelDrafter:
     def batched(self) -> bool:
         return self._scheduler is not None
 
+    @property
+    def model(self):
+        """The small model (packed in place in packed mode)."""
+        return self._model
+
     def info(self) -> ModelInfo:
         return self._info
 
@@ -149,7 +154,7 @@ class ModelDrafter:
         """Run steps one forward at a time on this thread (the unbatched path)."""
         work = Work(branch.cache, steps)
         while work.step is not None:
-            with self._forward_lock:
+            with self._forward_lock, cores.forward("drafter"):
                 logits = self._runner.forward(branch.cache, work.step.token_ids)  # [n, vocab]
             work.advance(logits[-work.step.logit_rows:])
         return work.result

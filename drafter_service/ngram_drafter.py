@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 from specpipe import metrics, ngram
+from specpipe.breaker import Breaker
 from specpipe.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
 from specpipe.protocols import NgramCache
 from specpipe.trees import first_path
@@ -26,6 +27,7 @@ class NgramDrafter:
         self._cache = cache
         self._info = info  # the verifier's: the store holds the verifier's own tokens
         self._config = config
+        self._breaker = Breaker()  # a store that fails is skipped for a while, not waited for every round
 
     def info(self) -> ModelInfo:
         return self._info
@@ -47,15 +49,21 @@ class NgramDrafter:
         return ProposeResult(replace(found.draft, sources=found.sources), draft_ms)
 
     def _stored(self, request: ProposeRequest, chain: list[int], k: int, width: int) -> NgramDraft:
-        """The store's continuation after the context and chain; a store that fails costs its part."""
+        """The store's continuation after the context and chain; a store that fails costs its part,
+        and is skipped (specpipe.breaker) until its pause has passed."""
+        if not self._breaker.allows():
+            return ngram.EMPTY_NGRAM_DRAFT
         suffix = [*request.context[-SUFFIX_TOKENS:], *chain][-SUFFIX_TOKENS:]
         try:
-            return self._cache.lookup(request.session_id, suffix, k, width, request.tenant)
+            found = self._cache.lookup(request.session_id, suffix, k, width, request.tenant)
         except Exception as err:
+            self._breaker.failed()
             metrics.CACHE_FAILURES.labels(call="lookup").inc()
             log.warning("n-gram store lookup failed, drafting from the context only",
                         extra={"session_id": request.session_id, "error": str(err)})
             return ngram.EMPTY_NGRAM_DRAFT
+        self._breaker.succeeded()
+        return found
 
     def release(self, session_id: str) -> bool:
         return False  # the store's session tables belong to the orchestrator's session lifecycle

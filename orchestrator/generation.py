@@ -28,6 +28,11 @@ class Generation:
         far); the round's correction takes one."""
         return self.request.max_new_tokens - (len(self.output) if emitted is None else emitted) - 1
 
+    def window_room(self, max_context: int) -> int:
+        """Draft nodes the verifier can still take: its window holds the context, the nodes and one
+        position for the round's correction."""
+        return max_context - len(self.context) - 1
+
     def emit(self, result: VerifyResult, decode: Callable[[list[int]], str], eos: Sequence[int]) -> tuple[list[int], str]:
         """Take a round's verified tokens: the ones emitted (up to the first finish) and the new text
         that is safe to stream."""

@@ -20,11 +20,12 @@ from dataclasses import replace
 from typing import Iterator, Mapping, Sequence
 
 from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
-from specpipe.lifecycle import ContextPool, deadline_scope, random_seed
+from specpipe.lifecycle import ContextPool, cancel_scope, deadline_scope, random_seed
 from specpipe.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
 from specpipe.protocols import Drafter, NgramCache, Verifier
 from specpipe.sampling import check_sampling
 from specpipe.tenancy import check_tenant, session_prefix
+from specpipe.trees import fit_nodes
 from specpipe.types import (
     ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest,
     ProposeRequest, ProposeResult, RoundStats, SpeculationOptions,
@@ -167,7 +168,7 @@ class Generator:
                 proposal, resolution, idle_since = schedule.first(gen, draft_len()), NO_SPECULATION, None
                 while True:
                     start = time.perf_counter()
-                    as_drafted, proposal = proposal, policy.trim(proposal, self._load.active)
+                    as_drafted, proposal = proposal, self._fit(gen, policy.trim(proposal, self._load.active))
                     hypotheses = policy.hypotheses(proposal, self._load.active) if branch else 0  # pre-drafts
                     result = schedule.verify(gen, proposal, as_drafted, hypotheses, draft_len)
                     verify_end = time.perf_counter()
@@ -187,6 +188,12 @@ class Generator:
             finally:
                 schedule.close()
                 self._release(gen.session_id, proposer.drafter)
+
+    def _fit(self, gen: Generation, proposal: ProposeResult) -> ProposeResult:
+        """The draft cut to the verifier's context window: the room caps a draft's depth, not a
+        tree's nodes, and a fresh draft or a pre-draft may be a tree (docs/security.md, "Context window")."""
+        fitted = fit_nodes(proposal.draft, gen.window_room(self.info.max_context))
+        return proposal if fitted is proposal.draft else replace(proposal, draft=fitted)
 
     def _emit(self, gen: Generation, proposal: ProposeResult, result, resolution: Resolution, idle_ms: float,
               start: float) -> GenerationChunk:
@@ -221,7 +228,7 @@ class Generator:
         return FixedPolicy(spec)
 
     def _release(self, session_id: str, drafter: Drafter | None) -> None:
-        with deadline_scope(None):  # releasing is cleanup: it runs past the client's deadline too
+        with deadline_scope(None), cancel_scope(None):  # releasing is cleanup: it runs after the client left too
             self.observer.released(session_id)
             for peer in (self.verifier, drafter):
                 if peer is None:

@@ -3,7 +3,8 @@
 
 Store calls run off the per-token path, in order, on one background thread: a round does not wait
 for the store, and a session's release waits for its records before it returns. A store that is down
-or slow costs drafts, never the generation: every store call is guarded."""
+or slow costs drafts, never the generation: every store call is guarded, and after a failure the
+calls are skipped for a while (specpipe.breaker: the tables are a cache, and expire on their own)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from specpipe import metrics
+from specpipe.breaker import Breaker
 from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.protocols import NgramCache
 from specpipe.types import ProposeResult, SpeculationOptions, VerifyResult
@@ -28,6 +30,7 @@ class RoundObserver:
         # docs/security.md); otherwise it holds `specpipe cache seed` corpora alone.
         self.learn_global = learn_global
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specpipe-store")  # FIFO: records in order
+        self._breaker = Breaker()
 
     def verified(self, gen: Generation, proposal: ProposeResult, result: VerifyResult) -> None:
         """Before gen confirms the round: the verifier's argmax after each rejected draft node to the
@@ -50,15 +53,19 @@ class RoundObserver:
             self._guard("release", self.store.release, session_id).result()
 
     def _guard(self, call: str, fn: Callable, *args) -> Future:
-        return self._calls.submit(guarded, call, fn, *args)
+        return self._calls.submit(self._guarded, call, fn, *args)
 
-
-def guarded(call: str, fn: Callable, *args) -> None:
-    try:
-        fn(*args)
-    except Exception as err:
-        metrics.CACHE_FAILURES.labels(call=call).inc()
-        log.warning("n-gram store call failed", extra={"call": call, "error": str(err)})
+    def _guarded(self, call: str, fn: Callable, *args) -> None:
+        if not self._breaker.allows():
+            return
+        try:
+            fn(*args)
+        except Exception as err:
+            self._breaker.failed()
+            metrics.CACHE_FAILURES.labels(call=call).inc()
+            log.warning("n-gram store call failed", extra={"call": call, "error": str(err)})
+        else:
+            self._breaker.succeeded()
 
 
 def count_round(spec: SpeculationOptions, proposal: ProposeResult, result: VerifyResult, emitted: int,

@@ -11,7 +11,9 @@ Gather policy (plan_batch): dispatch as soon as the model is free, with whatever
 waiting for company. Whole steps go first (a decoding session's latency is the product), oldest
 first, within the token budget; chunked steps (prompts) fill the rest in chunks of at most
 prefill_chunk tokens, so a long prompt enters over several forwards and never stalls the decode
-rounds of others for more than one chunk. A whole step larger than the whole budget runs alone.
+rounds of others for more than one chunk; next to whole steps, a chunk is also kept small enough
+that the forward takes at most prefill_stall x the whole steps' own time (stall_chunk_cap). A
+whole step larger than the whole budget runs alone.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specpipe import metrics
+from specpipe import cores, metrics
 from specpipe.batched import Segment, batched_forward
-from specpipe.errors import ResourceExhausted, Unavailable
+from specpipe.errors import Cancelled, ResourceExhausted, Unavailable
+from specpipe.fits import LinearFit
 from specpipe.kv import SlotKV
+from specpipe.lifecycle import Cancellation
 
 # role -> (sessions per forward, tokens per forward) histograms
 _BATCH_METRICS = {"verifier": (metrics.VERIFY_BATCH_SESSIONS, metrics.VERIFY_BATCH_TOKENS),
@@ -40,22 +44,29 @@ class BatchConfig:
     max_batch_tokens: int = 512  # tokens per forward, all sessions together
     prefill_chunk: int = 256     # prompt tokens a prefill (drafter: a catch-up) feeds per forward
     max_queue: int = 64          # requests waiting for the model; beyond: RESOURCE_EXHAUSTED
+    prefill_stall: float = 1.5   # beside decode steps, chunks keep a forward within this x their time; 0: off
 
     def __post_init__(self):
         for name in ("max_batch_tokens", "prefill_chunk", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.prefill_stall != 0 and self.prefill_stall <= 1:
+            raise ValueError(f"prefill_stall must be above 1 (or 0: off), got {self.prefill_stall}")
 
 
-def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefill_chunk: int) -> list[tuple[int, int]]:
+def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefill_chunk: int,
+               chunk_cap: int | None = None) -> list[tuple[int, int]]:
     """pending: (chunked, tokens left) per request, oldest first. Returns (request index, tokens
     to feed now) for the next forward: whole steps, oldest first, within the budget (the first
-    always, even past it); then chunks of chunked steps from what is left."""
+    always, even past it); then chunks of chunked steps from what is left, at most chunk_cap
+    tokens of them in a forward that also runs whole steps (see stall_chunk_cap)."""
     plan, budget = [], max_batch_tokens
     for i, (chunked, left) in enumerate(pending):
         if not chunked and (left <= budget or not plan):
             plan.append((i, left))
             budget -= left
+    if plan and chunk_cap is not None:
+        budget = min(budget, chunk_cap)
     for i, (chunked, left) in enumerate(pending):
         if chunked and budget > 0:
             take = min(left, prefill_chunk, budget)
@@ -65,6 +76,22 @@ def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefi
             plan.append((i, min(left, prefill_chunk)))
             budget = 0
     return plan
+
+
+MIN_CHUNK = 8         # prompt tokens such a forward still takes, so a prompt always advances
+
+
+def stall_chunk_cap(decode_tokens: int, fit: tuple[float, float] | None, stall: float) -> int | None:
+    """Prompt tokens that a forward of decode_tokens tokens of whole steps (verify rounds, draft
+    steps) may add so that it takes at most stall x as long as those steps alone, from the fitted
+    forward time a + b * tokens (Sarathi-Serve's chunking, bounded by time instead of tokens); None
+    (no bound) without whole steps, before the fit knows a per-token cost, or with stall 0. On a CPU a prompt chunk
+    costs far more than a decode round, so this keeps a long prompt being admitted from stretching
+    the inter-token latency of the sessions already decoding."""
+    if decode_tokens <= 0 or fit is None or fit[1] <= 0 or not stall:
+        return None
+    a, b = fit
+    return max(MIN_CHUNK, int((stall - 1.0) * (a + b * decode_tokens) / b))
 
 
 @dataclass(frozen=True)
@@ -93,9 +120,11 @@ class Work:
     its first step), then advanced by the scheduler thread (or by the caller, one forward at a time,
     where a model runs unbatched: then kv may be any specpipe.runner cache)."""
 
-    def __init__(self, kv: SlotKV, steps: Generator[Step, torch.Tensor | None, Any]):
+    def __init__(self, kv: SlotKV, steps: Generator[Step, torch.Tensor | None, Any],
+                 cancellation: Cancellation | None = None):
         self.kv = kv
         self._steps = steps
+        self.cancellation = cancellation  # set when its caller has gone: the rest is dropped (a prefill's chunks)
         self.step: Step | None = None  # the current one; None once the coroutine has returned
         self.fed = 0                   # tokens of the current step already in the slot
         self.result: Any = None        # what the coroutine returned
@@ -134,6 +163,7 @@ class Scheduler:
         self.config = config
         self._role = role
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
+        self._cost = LinearFit(decay=0.9)  # forward ms against tokens fed
         self._pending: list[Work] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -181,8 +211,27 @@ class Scheduler:
                         work.done.set()
                     return
                 pending = list(self._pending)
-            plan = plan_batch([w.left() for w in pending], self.config.max_batch_tokens, self.config.prefill_chunk)
+            if self._drop_abandoned(pending):
+                continue
+            left = [w.left() for w in pending]
+            cap = stall_chunk_cap(sum(n for chunked, n in left if not chunked), self._cost.line(),
+                                  self.config.prefill_stall)
+            plan = plan_batch(left, self.config.max_batch_tokens, self.config.prefill_chunk, cap)
             self._step([(pending[i], n) for i, n in plan])
+
+    def _drop_abandoned(self, pending: list[Work]) -> bool:
+        """Finish the works whose callers have gone with Cancelled, before their next forward."""
+        abandoned = [w for w in pending if w.cancellation is not None and w.cancellation.cancelled]
+        if not abandoned:
+            return False
+        with self._cond:
+            for work in abandoned:
+                self._pending.remove(work)
+            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
+        for work in abandoned:
+            work.error = Cancelled(f"{self._role}: the caller went away; {work.fed} tokens of the step were fed")
+            work.done.set()
+        return True
 
     def _step(self, batch: list[tuple[Work, int]]) -> None:
         now = time.perf_counter()
@@ -195,13 +244,15 @@ class Scheduler:
         self._batch_tokens.observe(tokens)
         finished: list[Work] = []
         try:
-            logits = batched_forward(self._model, [work.segment(n) for work, n in batch])
+            with cores.forward(self._role):
+                logits = batched_forward(self._model, [work.segment(n) for work, n in batch])
         except Exception as err:  # a bad forward fails its requests, never the scheduler
             for work, _ in batch:
                 work.error = err
             finished = [work for work, _ in batch]
         else:
             forward_ms = (time.perf_counter() - now) * 1e3
+            self._cost.add(tokens, forward_ms)
             for (work, n), rows in zip(batch, logits):
                 work.fed += n
                 work.forward_ms += forward_ms

@@ -94,9 +94,8 @@ class MethodSummary:
     verify_share: float = 0.0
     draft_share: float = 0.0
     other_share: float = 0.0
-    # Leviathan et al.'s bound for this run's measured tokens per round and times per round, over
-    # the reference's time per token: DE * t_1 / (draft + verify) (sequential), or DE * t_1 /
-    # max(draft, verify) (branch: drafting fully overlapped); the share of it reached.
+    # The speed-up over the reference that this run's measured acceptance by position and costs
+    # allow at the best fixed draft length (speedup_bound), and the share of it reached.
     bound: float = 0.0
     bound_share: float = 0.0
     spec: MethodSpec | None = None  # a specpipe method's settings; None for a transformers baseline
@@ -161,6 +160,30 @@ def acceptance_by_position(runs: Sequence[PromptRun]) -> tuple[float, ...]:
     return tuple(rates)
 
 
+def speedup_bound(rates: Sequence[float], t_1: float, draft_ms: float, verify_ms: float,
+                  overlapped: bool) -> float:
+    """The best speed-up over a verifier alone taking t_1 ms per token, for draft lengths k <= len(rates):
+    E(k) * t_1 / cost(k), where E(k) = 1 + sum over i <= k of a_1 ... a_i is the expected tokens per
+    round from the per-position acceptance rates (Leviathan et al. 2023, with the measured rate of
+    each position instead of one alpha), draft_ms the cost of one draft token and verify_ms of one
+    verification; cost(k) = k * draft_ms + verify_ms (sequential), or max(k * draft_ms, verify_ms)
+    when drafting overlaps verification (the branch schedule with every prediction right)."""
+    best, expected, landed = 0.0, 1.0, 1.0
+    for k in range(len(rates) + 1):
+        if k:
+            landed *= rates[k - 1]
+            expected += landed
+        cost = max(k * draft_ms, verify_ms) if overlapped else k * draft_ms + verify_ms
+        best = max(best, expected * t_1 / cost if cost else 0.0)
+    return best
+
+
+def per_prompt_speedups(runs: Sequence[PromptRun], others: Sequence[PromptRun]) -> list[float]:
+    """Each prompt's tokens/s over the same prompt's in others."""
+    return [(len(r.token_ids) / r.seconds) / (len(o.token_ids) / o.seconds)
+            for r, o in zip(runs, others) if r.seconds and o.seconds and o.token_ids]
+
+
 def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[PromptRun]] | None,
               reference: tuple[str, list[PromptRun]] | None = None) -> MethodSummary:
     """baseline: (name, runs) that speed-up is over (None: this is the baseline); reference: (name,
@@ -180,12 +203,11 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
     verify_ms = sum(r.verify_ms for r in runs)
     exposed_ms = draft_ms - sum(r.hidden_ms for r in runs)
     wall_ms = seconds * 1e3
+    rates = acceptance_by_position(runs)
     bound = 0.0
     if rounds and drafted:  # t_1: the reference's (the verifier alone's) milliseconds per token
-        t_1, per_round = 1e3 / throughput(reference_runs), tokens / rounds
-        draft_round, verify_round = draft_ms / rounds, verify_ms / rounds
-        cost = max(draft_round, verify_round) if predicted else draft_round + verify_round
-        bound = per_round * t_1 / cost if cost else 0.0
+        bound = speedup_bound(rates, 1e3 / throughput(reference_runs), draft_ms / drafted, verify_ms / rounds,
+                              overlapped=bool(predicted))
     return MethodSummary(
         method, tokens, seconds, tokens_per_s, speedup,
         tokens_per_round=tokens / rounds if rounds else 0.0,
@@ -194,7 +216,7 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
         hit_rate=sum(r.hits for r in runs) / predicted if predicted else 0.0,
         hidden_share=sum(r.hidden_ms for r in runs) / draft_ms if draft_ms else 0.0,
         idle_share=sum(r.idle_ms for r in runs) / wall_ms if seconds else 0.0,
-        acceptance_by_position=acceptance_by_position(runs),
+        acceptance_by_position=rates,
         verify_share=verify_ms / wall_ms if seconds else 0.0,
         draft_share=exposed_ms / wall_ms if seconds else 0.0,
         other_share=max(0.0, 1.0 - (verify_ms + exposed_ms) / wall_ms) if seconds and rounds else 0.0,

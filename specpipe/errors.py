@@ -39,6 +39,12 @@ class DeadlineExceeded(SpecpipeError):
     code = "DEADLINE_EXCEEDED"
 
 
+class Cancelled(SpecpipeError):
+    """The caller went away (it cancelled, or its deadline passed): the work done for it stopped."""
+
+    code = "CANCELLED"
+
+
 class Unauthenticated(SpecpipeError):
     """No or a wrong bearer token on the public API (specpipe.rpc.security)."""
 
@@ -46,7 +52,7 @@ class Unauthenticated(SpecpipeError):
 
 
 BY_CODE = {cls.code: cls for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, Aborted, Unavailable,
-                                     DeadlineExceeded, Unauthenticated)}
+                                     DeadlineExceeded, Cancelled, Unauthenticated)}
 
 
 def from_code(code: str, message: str) -> SpecpipeError:

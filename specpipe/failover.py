@@ -5,11 +5,14 @@ starts. The wrapper keeps the session's context (the prompt plus every verified 
 prefill and from each VerifyResult): that context is the truth, so a session lost with its replica
 (it died, drains, restarted and forgot the session) is re-prefilled on another replica from it and the
 verify is retried there. Greedy and sampled verification are pure functions of (seed, position), so
-the retried round gives the same verdict: nothing is lost, repeated or changed.
+the retried round gives the same verdict: nothing is lost, repeated or changed. When no replica
+takes the session (a lone verifier restarting), the re-prefill is retried with backoff for a while,
+within the client's deadline, before the generation fails with UNAVAILABLE.
 
 Drafter: any serving replica, preferring the one that drafted the session last (its KV cache is
 synced already; a drafter resyncs by longest common prefix anyway). A failed replica costs this
-draft's retry on another one; when none answers the generation goes on without a draft.
+draft's retry on another one; when none answers the generation goes on without a draft, and a failed
+replica gets no drafts until its probe says SERVING again.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from specpipe import metrics
+from specpipe.lifecycle import check_cancelled, time_left
 from specpipe.errors import FailedPrecondition, SpecpipeError, Unavailable
 from specpipe.replicas import Probe, ReplicaSet
 from specpipe.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
@@ -31,6 +36,8 @@ REPLICA_DOWN = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"})  # t
 SESSION_LOST = REPLICA_DOWN | {"FAILED_PRECONDITION"}  # unknown session / out of step: re-prefill
 FULL = "RESOURCE_EXHAUSTED"  # admission refused: try the next replica
 PROBE_TIMEOUT_S = 1.0  # a hung replica must not stall the refresh of the others
+REOPEN_WAIT_S = 10.0   # every replica down (one verifier restarting): retry the prefill this long
+BACKOFF_S = (0.05, 1.0)  # first and longest pause between those retries
 
 
 def verifier_probe(client) -> Probe:
@@ -77,9 +84,10 @@ class PinnedSession:
 class ReplicatedVerifier:
     """specpipe.protocols.Verifier over a ReplicaSet of verifier clients."""
 
-    def __init__(self, replicas: ReplicaSet, max_failovers: int = 3):
+    def __init__(self, replicas: ReplicaSet, max_failovers: int = 3, reopen_wait_s: float = REOPEN_WAIT_S):
         self.replicas = replicas
         self.max_failovers = max_failovers  # per round
+        self.reopen_wait_s = reopen_wait_s  # how long a session waits for a down replica to come back
         self._sessions: dict[str, PinnedSession] = {}
         self._lock = threading.Lock()
         self._info: ModelInfo | None = None
@@ -110,6 +118,7 @@ class ReplicatedVerifier:
                 except SpecpipeError as err:
                     if err.code not in SESSION_LOST or attempt == self.max_failovers:
                         raise
+                    check_cancelled("verify")  # the caller left: not the replica's fault
                     if err.code in REPLICA_DOWN:
                         self.replicas.mark_failed(session.address, str(err))
                     self._repin(session_id, session, err.code.lower())
@@ -136,24 +145,48 @@ class ReplicatedVerifier:
         return session
 
     def _open(self, session_id: str, context: Sequence[int], avoid: str | None) -> str:
-        """Prefill context on the least-loaded replica that takes it; avoid only as a last resort."""
+        """Prefill context on the least-loaded replica that takes it; avoid only as a last resort.
+        When every replica is down (a lone verifier restarting), retry with backoff for up to
+        reopen_wait_s, never past the client's deadline; then UNAVAILABLE. A full replica
+        (RESOURCE_EXHAUSTED everywhere) is not waited for."""
+        give_up = time.monotonic() + self.reopen_wait_s
+        pause = BACKOFF_S[0]
+        while True:
+            address, errors, all_down = self._try_open(session_id, context, avoid)
+            if address is not None:
+                return address
+            wait = min(pause, give_up - time.monotonic(), time_left())
+            if not (errors and all_down) or wait <= 0:
+                raise Unavailable(f"no verifier replica of {self.replicas.target} took the session: "
+                                  + ("; ".join(errors) or "none known"))
+            time.sleep(wait)
+            pause = min(2 * pause, BACKOFF_S[1])
+
+    def _try_open(self, session_id: str, context: Sequence[int], avoid: str | None
+                  ) -> tuple[str | None, list[str], bool]:
+        """One pass over the replicas: (the one that took the session or None, the errors, whether
+        every error said the replica is down)."""
         order = self.replicas.candidates(exclude=(avoid,) if avoid else ())
-        errors = []
+        errors, all_down = [], True
         for address in order + ([avoid] if avoid else []):
             try:
                 with calling(self.replicas, address) as client:
+                    if address == avoid:  # back where it was (a lone replica): free what the session left there
+                        with contextlib.suppress(SpecpipeError):
+                            client.release(session_id)
                     client.prefill(session_id, context)
             except SpecpipeError as err:
                 if err.code not in REPLICA_DOWN | {FULL}:
                     raise
+                check_cancelled("prefill")  # the caller left: not the replica's fault
                 if err.code in REPLICA_DOWN:
                     self.replicas.mark_failed(address, str(err))
+                all_down &= err.code in REPLICA_DOWN
                 errors.append(f"{address}: {err}")
                 continue
             self.replicas.note_pinned(address)
-            return address
-        raise Unavailable(f"no verifier replica of {self.replicas.target} took the session: "
-                          + ("; ".join(errors) or "none known"))
+            return address, errors, all_down
+        return None, errors, all_down
 
     def _repin(self, session_id: str, session: PinnedSession, reason: str) -> None:
         """Re-prefill the session's context on another replica (the same one only if it is the last)."""
@@ -186,17 +219,22 @@ class ReplicatedDrafter:
         session_id = request.session_id
         with self._lock:
             prefer = self._last.get(session_id)
-        order = self.replicas.candidates(prefer=prefer)[: self.attempts]
+        # Serving replicas only: a failed or partitioned one costs one call's timeout, then drafts
+        # skip it until a probe says SERVING again (a draft is never worth waiting for).
+        order = [a for a in self.replicas.candidates(prefer=prefer) if self.replicas.usable(a)][: self.attempts]
         if not order:
-            raise Unavailable(f"no drafter replica of {self.replicas.target}")
+            raise Unavailable(f"no drafter replica of {self.replicas.target} is serving")
         for i, address in enumerate(order):
             try:
                 with calling(self.replicas, address) as client:
                     result = client.with_method(self.method).propose(request)
             except SpecpipeError as err:
-                if err.code not in REPLICA_DOWN or i == len(order) - 1:
+                if err.code not in REPLICA_DOWN:
                     raise  # ABORTED (a stale epoch) and bad requests are the caller's
+                check_cancelled("propose")
                 self.replicas.mark_failed(address, str(err))
+                if i == len(order) - 1:
+                    raise
                 metrics.DRAFTER_FAILOVERS.inc()
                 continue
             with self._lock:

@@ -4,6 +4,9 @@ fresh random seed for a request that gives none (docs/security.md).
 The deadline lives in a context variable: the Generation servicer sets it from its call's remaining
 time, the gRPC clients read it (every verifier, drafter and cache call of that generation gets the
 time left, never more), and ContextPool carries it into the branch schedule's worker threads.
+Cancellation travels the same way: every RPC handler runs in the scope of a Cancellation that is
+set when its caller goes away; the gRPC clients cancel the long calls (prefills) made in that scope,
+so a client that leaves stops the prefill made for it, down to the verifier, which drops its rest.
 """
 
 from __future__ import annotations
@@ -18,11 +21,70 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Mapping, MutableMapping
 
-from specpipe.errors import DeadlineExceeded
+from specpipe.errors import Cancelled, DeadlineExceeded
 
 log = logging.getLogger("specpipe.lifecycle")
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("specpipe_deadline", default=None)
+
+
+class Cancellation:
+    """Set once, when the caller of an RPC has gone; callbacks (cancel a call made for it) run then."""
+
+    def __init__(self):
+        self._callbacks: list[Callable[[], object]] = []
+        self._lock = threading.Lock()
+        self._set = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._set
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._set:
+                return
+            self._set, callbacks, self._callbacks = True, self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Run callback at cancel (now, if cancelled already); returns a function that forgets it."""
+        with self._lock:
+            if not self._set:
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+
+_CANCELLATION: contextvars.ContextVar[Cancellation | None] = contextvars.ContextVar("specpipe_cancel", default=None)
+
+
+@contextlib.contextmanager
+def cancel_scope(cancellation: Cancellation | None) -> Iterator[None]:
+    """Calls made inside are cancelled with cancellation (None: never, as cleanup must not be)."""
+    token = _CANCELLATION.set(cancellation)
+    try:
+        yield
+    finally:
+        _CANCELLATION.reset(token)
+
+
+def current_cancellation() -> Cancellation | None:
+    return _CANCELLATION.get()
+
+
+def check_cancelled(what: str) -> None:
+    """Cancelled when the scope's caller has gone."""
+    cancellation = _CANCELLATION.get()
+    if cancellation is not None and cancellation.cancelled:
+        raise Cancelled(f"{what}: the caller went away")
 
 
 @contextlib.contextmanager
@@ -45,6 +107,12 @@ def call_timeout(timeout_s: float | None, what: str) -> float | None:
     if left <= 0:
         raise DeadlineExceeded(f"{what}: the client's deadline has passed")
     return left if timeout_s is None else min(timeout_s, left)
+
+
+def time_left() -> float:
+    """Seconds until the scope's deadline (may be <= 0), inf without one."""
+    deadline = _DEADLINE.get()
+    return float("inf") if deadline is None else deadline - time.monotonic()
 
 
 class ContextPool(ThreadPoolExecutor):

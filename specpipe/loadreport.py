@@ -13,26 +13,36 @@ from specpipe.loadstats import LevelSummary, Slo, markdown_table
 SECTION = "load"  # docs/load.md's generated section, between specpipe.report.markers(SECTION)
 
 
+def run_label(label: str) -> str:
+    """A run's name: "drafter D", or "SERVER D" where loadtest compared servers."""
+    return label if " " in label else f"drafter {label}"
+
+
 def _cell(levels: Sequence[LevelSummary], users: int, attr: str, fmt: str) -> str:
     value = next((getattr(s, attr) for s in levels if s.users == users), None)
     return "-" if value is None else format(value, fmt)
 
 
+def ratio_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
+    """(numerator, denominator) runs whose tokens/s the table compares: each later run over the
+    first, and with three or more runs, the last over the second."""
+    pairs = [(label, labels[0]) for label in labels[1:]]
+    return pairs + ([(labels[-1], labels[1])] if len(labels) >= 3 else [])
+
+
 def comparison_table(runs: Mapping[str, Sequence[LevelSummary]]) -> str:
-    """users | tokens/s, TTFT p99 and ITL p99 of every run side by side, and the first two runs' ratio."""
+    """users | tokens/s, TTFT p99 and ITL p99 of every run side by side, and tokens/s ratios."""
     labels = list(runs)
     users = sorted({s.users for levels in runs.values() for s in levels})
-    head = ["users", *(f"tokens/s {label}" for label in labels)]
-    if len(labels) >= 2:
-        head.append(f"{labels[1]} / {labels[0]}")
+    pairs = ratio_pairs(labels)
+    head = ["users", *(f"tokens/s {label}" for label in labels), *(f"{a} / {b}" for a, b in pairs)]
     head += [f"TTFT p99 ms {label}" for label in labels] + [f"ITL p99 ms {label}" for label in labels]
     head.append("errors")
     rows = ["| " + " | ".join(head) + " |", "|" + " ---: |" * len(head)]
     for n in users:
-        tps = [next((s.tokens_per_s for s in runs[label] if s.users == n), None) for label in labels]
-        cells = [str(n), *("-" if t is None else f"{t:.1f}" for t in tps)]
-        if len(labels) >= 2:
-            cells.append(f"{tps[1] / tps[0]:.2f}x" if tps[0] and tps[1] is not None else "-")
+        tps = {label: next((s.tokens_per_s for s in runs[label] if s.users == n), None) for label in labels}
+        cells = [str(n), *("-" if tps[label] is None else f"{tps[label]:.1f}" for label in labels)]
+        cells += [f"{tps[a] / tps[b]:.2f}x" if tps[b] and tps[a] is not None else "-" for a, b in pairs]
         cells += [_cell(runs[label], n, "ttft_p99_ms", ".0f") for label in labels]
         cells += [_cell(runs[label], n, "itl_p99_ms", ".1f") for label in labels]
         cells.append(str(sum(sum(s.errors.values()) for levels in runs.values() for s in levels if s.users == n)))
@@ -60,7 +70,7 @@ def plot(runs: Mapping[str, Sequence[LevelSummary]], directory: Path) -> list[Pa
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for label, levels in runs.items():
-        ax.plot([s.users for s in levels], [s.tokens_per_s for s in levels], marker="o", label=f"drafter {label}")
+        ax.plot([s.users for s in levels], [s.tokens_per_s for s in levels], marker="o", label=run_label(label))
     ax.set_ylabel("aggregate tokens/s")
     users_axis(ax)
     fig.tight_layout()
@@ -71,7 +81,7 @@ def plot(runs: Mapping[str, Sequence[LevelSummary]], directory: Path) -> list[Pa
     for ax, attr, title in ((axes[0], "ttft_p99_ms", "TTFT p99 (ms)"), (axes[1], "itl_p99_ms", "ITL p99 (ms)")):
         for label, levels in runs.items():
             points = [(s.users, getattr(s, attr)) for s in levels if getattr(s, attr) is not None]
-            ax.plot([u for u, _ in points], [v for _, v in points], marker="o", label=f"drafter {label}")
+            ax.plot([u for u, _ in points], [v for _, v in points], marker="o", label=run_label(label))
         ax.set_title(title)
         users_axis(ax)
     fig.tight_layout()
@@ -87,7 +97,7 @@ def report_markdown(runs: Mapping[str, Sequence[LevelSummary]], slo: Slo, meta: 
              comparison_table(runs), ""]
     lines += [f"![{image.stem}]({Path(os.path.relpath(image, relative_to)).as_posix()})" for image in images]
     for label, levels in runs.items():
-        lines += ["", f"**drafter {label}**", "", markdown_table(levels, slo)]
+        lines += ["", f"**{run_label(label)}**", "", markdown_table(levels, slo)]
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from specpipe.errors import InvalidArgument
@@ -52,9 +52,9 @@ class LevelSummary:
     users: int
     requests: int
     errors: dict[str, int] = field(default_factory=dict)  # gRPC status name -> count
-    tokens: int = 0
-    seconds: float = 0.0               # first call -> last end at this level
-    tokens_per_s: float = 0.0          # aggregate: all tokens of the level / seconds
+    tokens: int = 0                    # tokens that arrived while the level ran (summarize)
+    seconds: float = 0.0               # how long the level ran (its first call to the next level's)
+    tokens_per_s: float = 0.0          # aggregate: tokens / seconds
     ttft_p50_ms: float | None = None
     ttft_p99_ms: float | None = None
     itl_p50_ms: float | None = None
@@ -123,12 +123,49 @@ def summarize_level(users: int, records: Sequence[RequestRecord], slo: Slo) -> L
     )
 
 
+def token_times(record: RequestRecord) -> list[float]:
+    """When each token of the record arrived (wall clock, seconds)."""
+    if record.ttft_ms is None:
+        return []
+    t = record.start_s + record.ttft_ms / 1e3
+    times = [t] * max(0, record.tokens - len(record.itl_ms))  # the first chunk's tokens
+    for gap_ms in record.itl_ms:
+        t += gap_ms / 1e3
+        times.append(t)
+    return times
+
+
+def level_windows(records: Sequence[RequestRecord]) -> dict[int, tuple[float, float]]:
+    """users -> (start, end) of the time that level ran: from its first call to the next level's
+    first call (the last level: to the last end), levels taken in the order they started."""
+    firsts: dict[int, float] = {}
+    for r in records:
+        firsts[r.users] = min(firsts.get(r.users, r.start_s), r.start_s)
+    order = sorted(firsts, key=firsts.get)
+    ends = [firsts[u] for u in order[1:]] + [max((r.end_s for r in records), default=0.0)]
+    return {u: (firsts[u], end) for u, end in zip(order, ends)}
+
+
 def summarize(records: Iterable[RequestRecord], slo: Slo) -> list[LevelSummary]:
-    """One summary per user level, fewest users first; a request belongs to the level it started at."""
+    """One summary per user level, fewest users first. A request's latencies and status belong to the
+    level it started at; the aggregate tokens/s of a level counts every token that arrived while it
+    ran, whichever level its request started at (a long request outlives its level)."""
+    records = list(records)
     by_users: dict[int, list[RequestRecord]] = {}
     for record in records:
         by_users.setdefault(record.users, []).append(record)
-    return [summarize_level(users, by_users[users], slo) for users in sorted(by_users)]
+    arrivals = [t for r in records for t in token_times(r)]
+    levels, windows = [], level_windows(records)
+    last = max(windows, key=lambda u: windows[u][0], default=None)
+    for users, (start, end) in sorted(windows.items()):
+        level = summarize_level(users, by_users[users], slo)
+        seconds = end - start
+        tokens = sum(start <= t < end or (users == last and t == end) for t in arrivals)
+        if seconds > 0:
+            level = replace(level, tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
+                            goodput_rps=level.good / seconds)
+        levels.append(level)
+    return levels
 
 
 def _ms(value: float | None) -> str:

@@ -75,6 +75,21 @@ def first_path_nodes(draft: Draft) -> list[int]:
     return path
 
 
+def fit_nodes(draft: Draft, max_nodes: int) -> Draft:
+    """draft cut to at most max_nodes nodes (the positions left in the verifier's context window):
+    its first path (the drafter's best guess) first, then the other nodes in order, each only with
+    its parent, so the result is still a tree."""
+    if len(draft) <= max_nodes:
+        return draft
+    keep = set(first_path_nodes(draft)[: max(0, max_nodes)])
+    for node, parent in enumerate(draft.parents):
+        if len(keep) >= max_nodes:
+            break
+        if node not in keep and (parent == ROOT or parent in keep):
+            keep.add(node)
+    return draft.select(sorted(keep))
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix (of token ids, or of node paths: how many accepted nodes
     follow the main chain when an alternative of it may have been accepted instead)."""

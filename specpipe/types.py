@@ -153,10 +153,10 @@ FIXED_DRAFT_LEN = 4     # k with adaptive control off when no draft length is gi
 class SpeculationOptions:
     """How a generation speculates; the defaults here are the product's (CLI and API alike)."""
 
-    drafter: str = "model"               # one of DRAFTER_KINDS
+    drafter: str = "ngram"               # one of DRAFTER_KINDS
     draft_len: int = ADAPTIVE_DRAFT_LEN  # k; with adaptive control its cap
     width: int = 1                       # tree width at the first levels; 1 = chain
-    schedule: str = "sequential"         # one of SCHEDULES
+    schedule: str = "branch"             # one of SCHEDULES
     predictor: str = "calibrated"        # one of PREDICTORS (branch schedule)
     hypotheses: int = 1                  # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
     adaptive: str = "on"                 # "on": choose k (<= draft_len) and M (<= hypotheses) each round

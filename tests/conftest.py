@@ -35,4 +35,7 @@ def tiny_tokenizer():
 def tiny_generator(tiny_tokenizer, tiny_verifier, tiny_drafter):
     from orchestrator.generator import Generator
 
-    return Generator(tiny_tokenizer, tiny_verifier, {"model": tiny_drafter})
+    from specpipe.types import SpeculationOptions
+
+    # the small model is this generator's one drafter, so requests that name none use it
+    return Generator(tiny_tokenizer, tiny_verifier, {"model": tiny_drafter}, SpeculationOptions(drafter="model"))

@@ -21,7 +21,9 @@ from specpipe.models import model_info, tiny_model
 from specpipe.presets import ModelSpec
 from specpipe.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import reference_greedy, run
-from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work, one_step, plan_batch
+from specpipe.batch_scheduler import (
+    MIN_CHUNK, BatchConfig, Scheduler, Step, Work, one_step, plan_batch, stall_chunk_cap,
+)
 from specpipe.batched import Segment, batched_forward, new_slot
 from verifier_service.verifier import ModelVerifier
 
@@ -41,6 +43,17 @@ MAX_NEW_TOKENS = 32
 ])
 def test_plan_batch(pending, budget, chunk, expected):
     assert plan_batch(pending, budget, chunk) == expected
+
+
+def test_prompt_chunks_beside_decode_steps_are_bounded_by_time():
+    # T(n) = 100 + 5 n ms: 3 decode tokens take 115 ms; 1.5x that leaves 57.5 ms, 11 prompt tokens
+    assert stall_chunk_cap(3, (100.0, 5.0), 1.5) == 11
+    assert stall_chunk_cap(3, (100.0, 500.0), 1.5) == MIN_CHUNK  # a prompt always advances
+    assert stall_chunk_cap(0, (100.0, 5.0), 1.5) is None and stall_chunk_cap(3, None, 1.5) is None
+    assert stall_chunk_cap(3, (100.0, 0.0), 1.5) is None       # no per-token cost known yet
+    assert stall_chunk_cap(3, (100.0, 5.0), 0) is None         # off
+    assert plan_batch([(True, 4000), (False, 3)], 512, 256, 11) == [(1, 3), (0, 11)]
+    assert plan_batch([(True, 4000)], 512, 256, 11) == [(0, 256)]  # alone: the whole chunk
 
 
 def _chain(kv, token_ids) -> Segment:
@@ -141,7 +154,7 @@ def test_sampled_output_is_the_same_with_and_without_batch_mates(tiny_tokenizer,
     generator = Generator(tiny_tokenizer, verifier, {"model": tiny_drafter})
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
     prompts = _prompts(6, seed=3)[1:]
-    fixed = SpeculationOptions(draft_len=4, adaptive="off")  # adaptive k follows timings: not repeatable from the seed
+    fixed = SpeculationOptions(drafter="model", draft_len=4, adaptive="off")  # adaptive k follows timings: not repeatable from the seed
     requests = [GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling, speculation=fixed) for ids in prompts]
     alone = run(generator, requests[0])[0]
     together = _concurrently([lambda r=r: run(generator, r)[0] for r in requests])
@@ -234,7 +247,7 @@ def test_concurrent_sessions_equal_verifier_greedy_smollm2():
     prompts = [tuple(tokenizer(chat)["input_ids"]) for chat in CHATS]
     expected = [reference_greedy(verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
     outputs = _concurrently([lambda ids=ids, w=1 + i % 2: run(generator, GenerationRequest(
-        ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, width=w, adaptive="off")))[0] for i, ids in enumerate(prompts)])
+        ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(drafter="model", draft_len=4, width=w, adaptive="off")))[0] for i, ids in enumerate(prompts)])
     assert outputs == expected
 
 

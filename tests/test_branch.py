@@ -37,7 +37,7 @@ def test_branch_schedule_equals_verifier_greedy(generator, references, speculati
 
 def test_branch_schedule_hits_and_hides_draft_time(tiny_generator, references):
     chunks = [c for prompt in GOLDEN_PROMPTS for c in run(tiny_generator, GenerationRequest(
-        references[prompt][0], MAX_NEW_TOKENS, speculation=SpeculationOptions(schedule="branch", hypotheses=2, adaptive="off", draft_len=4)))[1]]
+        references[prompt][0], MAX_NEW_TOKENS, speculation=SpeculationOptions(drafter="model", schedule="branch", hypotheses=2, adaptive="off", draft_len=4)))[1]]
     predicted = [c.round for c in chunks if c.round.hypotheses]
     hits = [r for r in predicted if r.hit]
     assert predicted and hits and len(hits) < len(predicted)  # the tiny pair: some hits, some misses
@@ -50,7 +50,7 @@ def test_same_seed_same_sample_for_both_schedules(tiny_generator, references):
     for prompt in GOLDEN_PROMPTS[:4]:
         ids = references[prompt][0]
         outputs = [run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling,
-                                                         speculation=SpeculationOptions(schedule=schedule, adaptive="off", draft_len=4)))[0]
+                                                         speculation=SpeculationOptions(drafter="model", schedule=schedule, adaptive="off", draft_len=4)))[0]
                    for schedule in ("sequential", "branch", "branch")]
         assert outputs[0] == outputs[1] == outputs[2], prompt
 
@@ -107,7 +107,7 @@ def test_forced_misses_change_nothing(monkeypatch, tiny_tokenizer, tiny_verifier
     for prompt in GOLDEN_PROMPTS[:4]:
         ids, expected = references[prompt]
         tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS,
-                                                          speculation=SpeculationOptions(schedule="branch", adaptive="off", draft_len=4)))
+                                                          speculation=SpeculationOptions(drafter="model", schedule="branch", adaptive="off", draft_len=4)))
         assert tokens == expected
         predicted = [c.round for c in chunks if c.round.hypotheses]
         assert predicted and not any(r.hit for r in predicted)
@@ -267,6 +267,6 @@ def test_generation_options_reject_bad_schedule(tiny_generator, references):
     from specpipe.errors import InvalidArgument
 
     ids = references[GOLDEN_PROMPTS[0]][0]
-    for bad in (SpeculationOptions(schedule="x", adaptive="off", draft_len=4), SpeculationOptions(predictor="x", adaptive="off", draft_len=4), SpeculationOptions(hypotheses=0, adaptive="off", draft_len=4)):
+    for bad in (SpeculationOptions(drafter="model", schedule="x", adaptive="off", draft_len=4), SpeculationOptions(drafter="model", predictor="x", adaptive="off", draft_len=4), SpeculationOptions(drafter="model", hypotheses=0, adaptive="off", draft_len=4)):
         with pytest.raises(InvalidArgument):
             tiny_generator.generate(GenerationRequest(ids, 4, speculation=bad))

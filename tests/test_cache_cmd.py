@@ -108,6 +108,22 @@ def test_seed_a_cache_service_over_grpc(tmp_path, tiny_tokenizer, capsys):
     assert tiny_tokenizer.decode(store.lookup("s", context, 4, 1).draft.tokens) == ":\n  "
 
 
+def test_seed_a_tenants_global_table(tmp_path, tiny_tokenizer, capsys):
+    """--tenant: the corpus drafts for that tenant only (docs/security.md, "Tenants")."""
+    store = InMemoryNgramCache()
+    with serve([servicer.service(store)], ServerConfig(port=0, max_workers=2, grace_s=0)) as server:
+        assert main(["cache", "seed", str(_write_corpus(tmp_path)[0]), "--cache", f"grpc://{server.address}",
+                     "--preset", "tiny", "--tenant", "team-a"]) == 0
+    assert "in tenant team-a's global table of grpc://" in capsys.readouterr().out
+    context = tiny_tokenizer("(a, b)", add_special_tokens=False)["input_ids"]
+    assert tiny_tokenizer.decode(store.lookup("s", context, 4, 1, tenant="team-a").draft.tokens) == ":\n  "
+    assert store.lookup("s", context, 4, 1).draft.tokens == ()  # not the default tenant's
+    assert store.lookup("s", context, 4, 1, tenant="team-b").draft.tokens == ()
+    assert main(["cache", "seed", str(tmp_path / "add.py"), "--cache", "redis://127.0.0.1:1", "--preset", "tiny",
+                 "--tenant", "no spaces"]) == 2
+    assert "tenant id 'no spaces' is not valid" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("files, cache, message", [
     (["a.txt"], "memory", "--cache memory would seed this process's own store"),
     (["a.txt"], "redis", "the bare word redis"),
@@ -162,11 +178,8 @@ def test_specpipe_up_with_a_local_redis(tmp_path):
     assert not os.path.exists(f"/proc/{redis_pid}")  # stopped (and reaped) with the services
 
 
-def _cmdline(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().decode().split("\0")
-
-
 def _cache_url(pid: int) -> str:
-    argv = _cmdline(pid)
-    return argv[argv.index("--cache") + 1]
+    """A child's store URL: in its environment, not on its command line (it holds the password)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        environ = dict(item.split("=", 1) for item in f.read().decode().split("\0") if "=" in item)
+    return environ["SPECPIPE_CACHE"]

@@ -142,7 +142,7 @@ def test_no_compilation_after_warm_up(compiled, references):
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--compile", "maybe", "hi"], "invalid choice: 'maybe'"),
-    pytest.param(["generate", "--draft-weights", "bf16", "--prompt", "hi"],
+    pytest.param(["generate", "--compile", "off", "--draft-weights", "bf16", "--prompt", "hi"],
                  "--draft-weights bf16 packs the drafter's weights", marks=pytest.mark.slow),  # each a process
     pytest.param(["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]",
                  marks=pytest.mark.slow),
@@ -180,7 +180,7 @@ def test_bench_compiled_over_grpc_reports_both_baselines(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", "bench", "--preset", "tiny", "--limit", "2",
                            "--max-new-tokens", "8", "--transport", "grpc", "--compile", "on", "--no-pin",
-                           "--methods", "model:branch", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           "--methods", "model:branch/4", "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "compiled vs eager: the compiled verifier alone gave the eager generate() output on 2 of 2" in proc.stdout
     methods = {m["method"]: m for m in json.loads(out.read_text())["methods"]}

@@ -34,7 +34,7 @@ def reference():
 
 
 @contextlib.contextmanager
-def replicas(verifiers: int, drafters: int):
+def replicas(verifiers: int, drafters: int, verifier_class=None, timeout_s: float = 10.0):
     """verifiers + drafters servers on free loopback ports, each over its own tiny model object;
     yields (verifier handles, drafter handles, a Generator routing over all of them)."""
     from drafter_service import servicer as drafter_servicer
@@ -48,11 +48,11 @@ def replicas(verifiers: int, drafters: int):
         v_models = [tiny_model() for _ in range(verifiers)]
         d_models = [tiny_model(2) for _ in range(drafters)]
         v_handles = [stack.enter_context(serve([verifier_servicer.service(
-            ModelVerifier(m, model_info(ModelSpec("tiny"), m)))], config)) for m in v_models]
+            (verifier_class or ModelVerifier)(m, model_info(ModelSpec("tiny"), m)))], config)) for m in v_models]
         d_handles = [stack.enter_context(serve([drafter_servicer.service(
             {"model": ModelDrafter(m, model_info(ModelSpec("tiny", 2), m))})], config)) for m in d_models]
         v_set = stack.enter_context(ReplicaSet(",".join(h.address for h in v_handles),
-                                               lambda a: VerifierClient(a, 10.0), verifier_probe, FAST))
+                                               lambda a: VerifierClient(a, timeout_s), verifier_probe, FAST))
         d_set = stack.enter_context(ReplicaSet(",".join(h.address for h in d_handles),
                                                lambda a: DrafterClient(a, 10.0), drafter_probe, FAST))
         verifier = ReplicatedVerifier(v_set)
@@ -137,3 +137,29 @@ def test_draining_orchestrator_finishes_its_streams_and_refuses_new_ones(referen
             tokens += [t for chunk in stream for t in chunk.token_ids]
             drainer.join()
             assert tokens == reference and drained == [True]
+
+
+def test_a_round_past_its_deadline_reopens_the_session_on_a_lone_replica(reference):
+    """The lone verifier answers one round after the caller's deadline (the round ran there, the
+    caller saw DEADLINE_EXCEEDED): the session is released there and re-prefilled from the context
+    the orchestrator recorded, instead of failing on the session still open (FAILED_PRECONDITION)."""
+    import time
+
+    from verifier_service.verifier import ModelVerifier
+
+    class LateOnce(ModelVerifier):
+        rounds = 0
+
+        def verify(self, *args, **kwargs):
+            result = super().verify(*args, **kwargs)
+            LateOnce.rounds += 1
+            if LateOnce.rounds == 3:
+                time.sleep(2.5)
+            return result
+
+    with replicas(1, 1, LateOnce, timeout_s=1.0) as (_, _, generator):
+        before = failovers("deadline_exceeded")
+        tokens = [t for chunk in generator.generate(GenerationRequest(PROMPT, MAX_NEW_TOKENS, speculation=SPEC))
+                  for t in chunk.token_ids]
+        assert tokens == reference
+        assert failovers("deadline_exceeded") == before + 1

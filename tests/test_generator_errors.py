@@ -15,7 +15,7 @@ BAD = {
     "top_p 0": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=0)), InvalidArgument, "top_p"),
     "top_p > 1": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=2)), InvalidArgument, "top_p"),
     "unknown drafter": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(drafter="magic")), InvalidArgument, "unknown drafter"),
-    "width 0": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(width=0, adaptive="off", draft_len=4)), InvalidArgument, "width"),
+    "width 0": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(drafter="model", width=0, adaptive="off", draft_len=4)), InvalidArgument, "width"),
 }
 
 

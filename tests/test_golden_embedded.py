@@ -6,12 +6,13 @@ from specpipe.types import GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
 
 MAX_NEW_TOKENS = 48
+MODEL = SpeculationOptions(drafter="model")  # the drafter of the tiny generators here
 SHAPES = {
     "verifier only": SpeculationOptions(drafter="none"),
-    "chain k=1": SpeculationOptions(draft_len=1, adaptive="off"),
-    "chain k=4": SpeculationOptions(draft_len=4, adaptive="off"),
-    "chain k=7": SpeculationOptions(draft_len=7, adaptive="off"),
-    "tree k=4 width=3": SpeculationOptions(draft_len=4, width=3, adaptive="off"),
+    "chain k=1": SpeculationOptions(drafter="model", draft_len=1, adaptive="off"),
+    "chain k=4": SpeculationOptions(drafter="model", draft_len=4, adaptive="off"),
+    "chain k=7": SpeculationOptions(drafter="model", draft_len=7, adaptive="off"),
+    "tree k=4 width=3": SpeculationOptions(drafter="model", draft_len=4, width=3, adaptive="off"),
 }
 
 
@@ -33,7 +34,7 @@ def test_speculative_greedy_equals_verifier_greedy(tiny_generator, references, s
 
 def test_text_stream_equals_decoded_tokens(tiny_generator, tiny_tokenizer, references):
     ids, expected = references[GOLDEN_PROMPTS[0]]
-    tokens, chunks = run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS))
+    tokens, chunks = run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=MODEL))
     assert "".join(c.text for c in chunks) == tiny_tokenizer.decode(tokens, skip_special_tokens=True)
     assert chunks[-1].finish_reason in ("eos", "length") and all(not c.finish_reason for c in chunks[:-1])
 
@@ -42,7 +43,7 @@ def test_stop_string_cuts_text_and_tokens(tiny_generator, tiny_tokenizer, refere
     ids, expected = references[GOLDEN_PROMPTS[1]]
     full = tiny_tokenizer.decode(expected, skip_special_tokens=True)
     stop = full[10:12]
-    tokens, chunks = run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS, stop=(stop,)))
+    tokens, chunks = run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS, stop=(stop,), speculation=MODEL))
     text = "".join(c.text for c in chunks)
     assert chunks[-1].finish_reason == "stop"
     assert text == full[: full.index(stop)]
@@ -73,12 +74,12 @@ def test_failing_drafter_changes_nothing(tiny_tokenizer, tiny_verifier, referenc
     drafter = FailingDrafter(tiny_verifier.info())
     generator = Generator(tiny_tokenizer, tiny_verifier, {"model": drafter})
     ids, expected = references[GOLDEN_PROMPTS[2]]
-    tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS))
+    tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=MODEL))
     assert tokens == expected
     assert drafter.calls >= len(chunks) - 1  # every round but a last one-token round tried to draft
 
 
-@pytest.mark.parametrize("speculation", [SpeculationOptions(drafter="none"), SpeculationOptions(draft_len=4, adaptive="off")],
+@pytest.mark.parametrize("speculation", [SpeculationOptions(drafter="none"), SpeculationOptions(drafter="model", draft_len=4, adaptive="off")],
                          ids=["verifier only", "chain k=4"])
 def test_sampling_same_seed_same_output(tiny_generator, references, speculation):
     ids, _ = references[GOLDEN_PROMPTS[3]]
@@ -123,7 +124,7 @@ def test_sessions_are_released(tiny_tokenizer, tiny_verifier, tiny_drafter, refe
     generator = Generator(tiny_tokenizer, verifier, {"model": drafter})
     ids, _ = references[GOLDEN_PROMPTS[4]]
     stream = generator.generate(GenerationRequest(ids, MAX_NEW_TOKENS, request_id="cancelled",
-                                                  speculation=SpeculationOptions(draft_len=4, adaptive="off")))
+                                                  speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off")))
     next(stream)
     assert not verifier.released and not drafter.released  # still generating
     [session] = verifier.opened

@@ -11,8 +11,8 @@ from tests.grpc_harness import shared_tiny_cluster
 MAX_NEW_TOKENS = 40
 SHAPES = {
     "verifier only": SpeculationOptions(drafter="none", draft_len=4, width=1),
-    "chain k=4": SpeculationOptions(draft_len=4, width=1, adaptive="off"),
-    "tree k=3 width=3": SpeculationOptions(draft_len=3, width=3, adaptive="off"),
+    "chain k=4": SpeculationOptions(drafter="model", draft_len=4, width=1, adaptive="off"),
+    "tree k=3 width=3": SpeculationOptions(drafter="model", draft_len=3, width=3, adaptive="off"),
 }
 
 
@@ -49,7 +49,7 @@ def test_grpc_chat_prompt_text_equals_embedded(cluster):
 @pytest.mark.parametrize("seed", [1, 7, 12345])  # seed 0 = none given: a random one (tests/test_lifecycle.py)
 def test_grpc_sampling_same_seed_as_embedded(cluster, seed):
     sampling = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=seed)
-    speculation = SpeculationOptions(draft_len=4, width=1, adaptive="off")
+    speculation = SpeculationOptions(drafter="model", draft_len=4, width=1, adaptive="off")
     ids = cluster.generator.encode(prompt=GOLDEN_PROMPTS[seed % len(GOLDEN_PROMPTS)])
     embedded, _ = run(cluster.generator, GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling, speculation=speculation))
     remote, _ = remote_tokens(cluster, ids, MAX_NEW_TOKENS, speculation, sampling)

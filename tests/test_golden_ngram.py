@@ -41,7 +41,7 @@ def distributed_generator(redis_url, verifier, model_drafter):
     with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
             serve([drafter_servicer.service(drafters)], config) as drafter_server:
         generator = remote_generator(model_specs("tiny")[0], verifier_server.address, drafter_server.address,
-                                     SpeculationOptions(draft_len=4, adaptive="off"), cache_url=redis_url)
+                                     SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), cache_url=redis_url)
         assert all(type(generator.drafters[kind]).__name__ == "ReplicatedDrafter" for kind in ("model", "ngram", "hybrid"))
         yield generator
     drafter_store.close()
@@ -76,6 +76,7 @@ def test_ngram_and_hybrid_equal_verifier_greedy(generator, references, speculati
     assert 0 < accepted < drafted  # drafts were made, some accepted, some rejected
 
 
+@pytest.mark.slow  # 7-9 s per store
 def test_hybrid_accepts_at_least_as_much_as_model_per_round(generator, references):
     per_round = {}
     for kind in ("model", "hybrid"):

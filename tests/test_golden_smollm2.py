@@ -50,10 +50,11 @@ def smollm2_grpc(smollm2):
 
 
 @pytest.mark.parametrize("speculation, chats", [
-    pytest.param(SpeculationOptions(draft_len=4, adaptive="off"), CHATS[:2], id="chain k=4, chats 1-2"),  # default suite
-    pytest.param(SpeculationOptions(draft_len=4, adaptive="off"), CHATS[2:], id="chain k=4, chats 3-4",
+    pytest.param(SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), CHATS[:2], id="chain k=4, chats 1-2",
+                 marks=pytest.mark.slow),  # a real model
+    pytest.param(SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), CHATS[2:], id="chain k=4, chats 3-4",
                  marks=pytest.mark.slow),
-    pytest.param(SpeculationOptions(draft_len=3, width=3, adaptive="off"), CHATS, id="tree k=3 width=3",
+    pytest.param(SpeculationOptions(drafter="model", draft_len=3, width=3, adaptive="off"), CHATS, id="tree k=3 width=3",
                  marks=pytest.mark.slow),
 ])
 def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation, chats):
@@ -73,7 +74,7 @@ def test_smollm2_over_grpc_equals_verifier_greedy(smollm2_grpc):
     generator, verifier = smollm2_grpc
     for chat in CHATS[:2]:
         ids = generator.encode(messages=[("user", chat)])
-        tokens, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(draft_len=4, adaptive="off")))
+        tokens, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off")))
         assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
 
 
@@ -94,7 +95,7 @@ def test_smollm2_compiled_equals_verifier_greedy(smollm2, smollm2_compiled, sche
         ids = compiled.encode(messages=[("user", chat)])
         expected = reference_greedy(compiled_verifier.model, ids, MAX_NEW_TOKENS)
         alone, _ = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("none")))
-        speculation = SpeculationOptions(draft_len=4, schedule=schedule, adaptive="off")
+        speculation = SpeculationOptions(drafter="model", draft_len=4, schedule=schedule, adaptive="off")
         tokens, chunks = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
         assert tokens == alone == expected, chat
         drafted += sum(c.round.drafted for c in chunks)

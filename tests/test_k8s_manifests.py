@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("cpu", "gpu")
 KUBERNETES_VERSION = "1.32.0"
-CRDS = {("keda.sh/v1alpha1", "ScaledObject")}  # not in the core schemas: checked below instead
+CRDS = {("keda.sh/v1alpha1", "ScaledObject"),  # not in the core schemas: checked below instead
+        ("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
 PRESTOP_S, MARGIN_S = 5, 10
 
 
@@ -120,12 +121,112 @@ def test_network_policy_denies_by_default_and_allows_the_flows(objects):
     assert all("10.0.0.0/8" in peer["ipBlock"]["except"] for rule in out for peer in rule["to"])
 
 
-def test_redis_has_auth_from_a_secret_and_is_a_bounded_cache(objects):
+def redis_container(objects) -> dict:
     redis = next(s for s in of_kind(objects, "StatefulSet") if s["metadata"]["name"] == "specpipe-redis")
-    c = redis["spec"]["template"]["spec"]["containers"][0]
-    command = " ".join(c["args"])
-    assert "--requirepass" in command and "--maxmemory " in command and "allkeys-lru" in command
+    return redis["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_redis_has_an_acl_user_from_a_secret_and_is_a_bounded_cache(objects):
+    from cache_service.redis_store import ACL_RULES
+
+    c = redis_container(objects)
+    script = " ".join(c["args"])
+    assert "--aclfile" in script and "--maxmemory " in script and "allkeys-lru" in script
+    assert "user default off" in script and f"user specpipe on >$REDIS_PASSWORD {ACL_RULES}\"" in script
+    assert "--requirepass" not in script and "umask 077" in script  # the password in a 0600 file only
     assert any(e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"])
+    for d in of_kind(objects, "Deployment"):  # the services log in as that user, password from the Secret
+        env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        if "SPECPIPE_CACHE" in env:
+            assert env["SPECPIPE_CACHE"]["value"].startswith("redis://specpipe:$(REDIS_PASSWORD)@"), d["metadata"]["name"]
+            assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "specpipe-redis", "key": "password"}
+
+
+def test_the_redis_start_script_serves_the_services_url(tmp_path):
+    """The manifest's own start script on a real redis-server (its /data a temp dir): the services'
+    SPECPIPE_CACHE URL works, the default user and other keys do not."""
+    import os
+    import time
+
+    import redis as redis_py
+
+    from cache_service import local_redis
+    from cache_service.stores import open_store
+
+    if local_redis.find_binary() is None:
+        pytest.skip(local_redis.NOT_FOUND)
+    objects = render("cpu")
+    script = redis_container(objects)["args"][0].rstrip().replace("/data/", f"{tmp_path}/")
+    port = local_redis.free_port()
+    script = script.replace("exec redis-server", f"exec {local_redis.find_binary()}") + f" --port {port} --bind 127.0.0.1"
+    orchestrator = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "specpipe-orchestrator")
+    url = next(e["value"] for e in orchestrator["spec"]["template"]["spec"]["containers"][0]["env"]
+               if e["name"] == "SPECPIPE_CACHE").split()[0]
+    url = url.replace("$(REDIS_PASSWORD)", "s3cret").replace("specpipe-redis:6379", f"127.0.0.1:{port}")
+    proc = subprocess.Popen(["sh", "-c", script], env={**os.environ, "REDIS_PASSWORD": "s3cret"}, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        store = None
+        for _ in range(100):
+            try:
+                store = open_store(url)
+                store.update_global([5, 6, 7, 8])
+                break
+            except Exception:  # not up yet
+                time.sleep(0.05)
+        assert store is not None and store.lookup("s", [5, 6], 2, 1).draft.tokens == (7, 8)
+        assert (tmp_path / "users.acl").stat().st_mode & 0o777 == 0o600
+        with pytest.raises(redis_py.exceptions.AuthenticationError):
+            redis_py.Redis(port=port).ping()  # the default user is off
+        with pytest.raises(redis_py.exceptions.NoPermissionError):
+            redis_py.Redis.from_url(url).execute_command("CONFIG", "GET", "*")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_the_tls_component_mounts_certificates_and_probes_in_plaintext(monkeypatch):
+    """overlays/gpu (components/tls): every service has its role's certificate and the CA from a
+    Secret that cert-manager issues for the Service names its peers dial, reads them through the
+    variables the CLI reads, and is probed on its plaintext health-only port; the public API
+    requires a token from a Secret."""
+    from specpipe.cli.main import build_parser
+
+    objects = render("gpu")
+    certificates = {c["spec"]["secretName"]: c for c in of_kind(objects, "Certificate")}
+    orchestrator_args = next(d for d in of_kind(objects, "Deployment")
+                             if d["metadata"]["name"] == "specpipe-orchestrator")["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    dialled = {a.removeprefix("dns:///").rpartition(":")[0] for a in orchestrator_args if a.startswith("dns:///")}
+    assert dialled == {"specpipe-verifier-headless", "specpipe-drafter-headless"}
+    for d in of_kind(objects, "Deployment"):
+        name, spec = d["metadata"]["name"], d["spec"]["template"]["spec"]
+        role = name.removeprefix("specpipe-")
+        c = spec["containers"][0]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        tls_mount = mounts["/etc/specpipe/tls"]
+        assert tls_mount["readOnly"] and volumes[tls_mount["name"]]["secret"]["secretName"] == f"specpipe-tls-{role}"
+        assert {env[k] for k in ("SPECPIPE_TLS_CERT", "SPECPIPE_TLS_KEY", "SPECPIPE_TLS_CA")} == {
+            f"/etc/specpipe/tls/{f}" for f in ("tls.crt", "tls.key", "ca.crt")}
+        health = int(env["SPECPIPE_HEALTH_PORT"])
+        assert {"name": "health", "containerPort": health} in c["ports"], name
+        assert all(c[p]["grpc"]["port"] == health for p in ("startupProbe", "readinessProbe", "livenessProbe")), name
+        certificate = certificates[f"specpipe-tls-{role}"]["spec"]
+        assert {"server auth", "client auth"} <= set(certificate["usages"]), name
+        assert f"specpipe-{role}-headless" in certificate["dnsNames"] and certificate["issuerRef"]["name"] == "specpipe-ca"
+        for key, value in env.items():  # the CLI reads these variables as the flags' defaults
+            monkeypatch.setenv(key, value or "")
+        args = build_parser().parse_args(["serve", role])
+        assert (args.tls_cert, args.tls_key, args.tls_ca, args.health_port) == (
+            env["SPECPIPE_TLS_CERT"], env["SPECPIPE_TLS_KEY"], env["SPECPIPE_TLS_CA"], health)
+        if role == "orchestrator":
+            auth = mounts["/etc/specpipe/auth"]
+            assert volumes[auth["name"]]["secret"]["secretName"] == "specpipe-auth"
+            assert env["SPECPIPE_AUTH_TOKEN_FILE"] == "/etc/specpipe/auth/token" == args.auth_token_file
+    cpu = render("cpu")  # the laptop overlay stays plaintext
+    assert not of_kind(cpu, "Certificate")
 
 
 def test_each_role_scales_on_its_own_exported_signal(objects):

@@ -119,3 +119,75 @@ def test_a_request_without_a_seed_gets_its_own(cluster, path):
     assert sample(generate, 42)[1] == 42
     greedy = list(generate(GREEDY))
     assert {c.seed for c in greedy} == {0}
+
+
+LONG_PROMPT = tuple(range(1, 256)) * 7  # 1785 tokens: about 900 prefill chunks of 2 tokens
+
+
+def chunky_verifier():
+    """A tiny verifier that prefills in 2-token chunks, so a long prompt takes about 900 forwards."""
+    from specpipe.batch_scheduler import BatchConfig
+    from specpipe.models import model_info, tiny_model
+    from specpipe.presets import ModelSpec
+    from verifier_service.verifier import ModelVerifier
+
+    model = tiny_model(1)
+    return ModelVerifier(model, model_info(ModelSpec("tiny", 1), model), batch=BatchConfig(prefill_chunk=2))
+
+
+def prefills_done() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("specpipe_prefill_ms_count") or 0.0
+
+
+def test_a_prefill_whose_caller_left_stops_between_chunks():
+    import threading
+
+    from specpipe.errors import Cancelled
+    from specpipe.lifecycle import Cancellation, cancel_scope
+
+    verifier = chunky_verifier()
+    cancellation, done = Cancellation(), prefills_done()
+    threading.Timer(0.1, cancellation.cancel).start()
+    with cancel_scope(cancellation), pytest.raises(Cancelled, match="caller went away"):
+        verifier.prefill("left", LONG_PROMPT)
+    assert "left" not in verifier._sessions and prefills_done() == done
+    assert verifier.serving_load().queued == 0
+    verifier.prefill("stayed", LONG_PROMPT[:40])  # the verifier goes on serving
+    assert prefills_done() == done + 1
+
+
+def test_a_generate_cancelled_during_its_prefill_frees_the_verifier_at_once():
+    """Client -> orchestrator -> verifier over gRPC: the client cancels while the verifier prefills;
+    the orchestrator's Prefill call is cancelled, the verifier drops the remaining chunks and the
+    session is gone at once, not when the prefill would have ended or the sweeper came by."""
+    import time
+
+    from orchestrator import servicer as generation_servicer
+    from orchestrator.generator import Generator
+    from specpipe.models import tiny_tokenizer
+    from specpipe.rpc import convert
+    from specpipe.rpc.clients import VerifierClient, channel
+    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.v1 import generation_pb2_grpc
+    from verifier_service import servicer as verifier_servicer
+
+    verifier = chunky_verifier()
+    config = ServerConfig(port=0, grace_s=0)
+    with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
+            VerifierClient(verifier_server.address, 60.0) as verifier_client:
+        generator = Generator(tiny_tokenizer(), verifier_client, {}, SpeculationOptions(drafter="none"))
+        with serve([generation_servicer.service(generator)], config) as server:
+            stub = generation_pb2_grpc.GenerationStub(channel(server.address))
+            request = convert.generate_request_to_proto(convert.GenerateInput(token_ids=LONG_PROMPT), 4, "left",
+                                                        (), GREEDY, None)
+            done = prefills_done()
+            call = stub.Generate(request, timeout=60)
+            assert wait_until(lambda: any(not s.ready for s in list(verifier._sessions.values())), 10.0)
+            call.cancel()
+            cancelled_at = time.monotonic()
+            assert wait_until(lambda: not verifier._sessions and verifier.serving_load().queued == 0, 5.0)
+            freed_s = time.monotonic() - cancelled_at
+    assert prefills_done() == done  # the prefill never finished: its remaining chunks were dropped
+    assert freed_s < 1.0, freed_s  # (the whole prefill takes several seconds)

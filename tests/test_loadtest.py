@@ -6,6 +6,7 @@ table must agree with Locust's CSV and with the per-request records."""
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 import json
 import math
 import os
@@ -30,12 +31,14 @@ from specpipe.loadstats import (
     RequestRecord,
     Slo,
     itl_per_token,
+    level_windows,
     markdown_table,
     memory_trend,
     parse_slo,
     percentile,
     read_records,
     summarize,
+    token_times,
     within_slo,
     write_record,
 )
@@ -116,6 +119,19 @@ def test_summarize_per_user_level():
     assert (two.good, two.errors) == (2, {"DEADLINE_EXCEEDED": 1})
     table = markdown_table([one, two], Slo(ttft_ms=200.0, itl_ms=30.0))
     assert "| 2 | 3 | 1.5 | 55.0 / 59.9 | 5.0 / 5.0 | 1500 | 1.00 (2/3) | DEADLINE_EXCEEDED 1 |" in table
+
+
+def test_aggregate_tokens_per_s_counts_what_arrived_while_a_level_ran():
+    # level 1 runs 0-10 s, level 2 from 10 s; the level-1 request outlives its level
+    long = RequestRecord(0.0, 14.0, 1, "OK", 5, ttft_ms=2000.0, itl_ms=(3000.0, 3000.0, 3000.0, 3000.0))
+    late = RequestRecord(10.0, 20.0, 2, "OK", 2, ttft_ms=5000.0, itl_ms=(5000.0,))
+    cut = RequestRecord(10.0, 20.0, 2, "UNAVAILABLE", 0)
+    assert token_times(long) == [2.0, 5.0, 8.0, 11.0, 14.0]
+    assert level_windows([late, long, cut]) == {1: (0.0, 10.0), 2: (10.0, 20.0)}
+    one, two = summarize([long, late, cut], Slo())
+    assert (one.tokens, one.seconds, one.tokens_per_s) == (3, 10.0, 0.3)  # tokens at 2, 5, 8 s
+    assert (two.tokens, two.tokens_per_s) == (4, pytest.approx(0.4))     # 11, 14 (level 1's) + 15, 20
+    assert two.requests == 2 and two.errors == {"UNAVAILABLE": 1} and two.ttft_p50_ms == 5000.0
 
 
 def test_records_round_trip(tmp_path):
@@ -277,12 +293,34 @@ def test_soak_memory_flat_and_no_errors(tmp_path):
     (["--drafter", "none,fast"], "--drafter takes default, model, ngram, hybrid, none"),
     (["--report", "pyproject.toml"], "needs a Markdown file with a <!-- bench-report:load:begin -->"),
     (["--addr", "127.0.0.1:1", "--memory-every", "5"], "--memory-every samples the services"),
+    (["--up-args=--pin", "--up-args", "b=--pin"], "needs a distinct LABEL=FLAGS each"),
+    (["--up-args", "a=--pin", "--up-args", "a=--batching off"], "needs a distinct LABEL=FLAGS each"),
+    (["--addr", "127.0.0.1:1", "--up-args=--pin"], "drop --addr"),
+    (["--up-args", "a:fast=--pin", "--up-args", "b=--pin"], "--drafter takes default"),
 ])
 def test_loadtest_rejects_before_starting(flags, message, capsys):
     from specpipe.cli.main import main
 
     assert main(["loadtest", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_servers_compared_in_one_run_are_labelled():
+    from specpipe.cli.loadtest_cmd import server_configs
+    from specpipe.loadreport import comparison_table
+
+    both = ["none", "default"]
+    assert server_configs(None, None, both) == {"": ("", both)}
+    assert server_configs(["--pin --compile=on"], None, both) == {"": ("--pin --compile=on", both)}
+    assert server_configs(["unbatched:default=--batching off --pin", "batched=--pin"], None, both) == {
+        "unbatched": ("--batching off --pin", ["default"]), "batched": ("--pin", both)}
+    level = LevelSummary(users=8, requests=4, tokens=40, seconds=2.0, tokens_per_s=10.0)
+    runs = {"unbatched default": [level], "batched none": [replace(level, tokens_per_s=40.0)],
+            "batched default": [replace(level, tokens_per_s=50.0)]}
+    table = comparison_table(runs)
+    assert "batched none / unbatched default | batched default / unbatched default | " \
+           "batched default / batched none" in table
+    assert "| 8 | 10.0 | 40.0 | 50.0 | 4.00x | 5.00x | 1.25x |" in table
 
 
 def test_workload_flags_leave_server_defaults_out():

@@ -81,6 +81,7 @@ def generate(client, ids, speculation, max_new_tokens=MAX_NEW_TOKENS):
     return [t for c in chunks for t in c.token_ids], chunks
 
 
+@pytest.mark.slow  # a local Ray cluster: about a minute on 2 cores
 @pytest.mark.parametrize("drafter", BRANCH)
 def test_ray_branch_schedule_equals_verifier_greedy(app, references, drafter):
     accepted = 0
@@ -91,6 +92,7 @@ def test_ray_branch_schedule_equals_verifier_greedy(app, references, drafter):
     assert accepted > 0  # the drafts were verified, not skipped
 
 
+@pytest.mark.slow
 def test_ray_concurrent_sessions_pinned_apart_and_a_lost_replica(app, references):
     """Session 2 starts while session 1 runs: the router puts it on the other (least loaded) verifier
     replica, and both are lossless. Then session 1's replica dies mid-generation: session 1 is

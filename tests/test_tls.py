@@ -8,7 +8,7 @@ import contextlib
 import grpc
 import pytest
 
-from specpipe.errors import Unauthenticated, Unavailable
+from specpipe.errors import SpecpipeError, Unauthenticated, Unavailable
 from specpipe.pki import make_pki
 from specpipe.rpc.security import Tls, read_token
 from specpipe.rpc.server import ServerConfig, serve
@@ -121,3 +121,111 @@ def test_specpipe_up_tls_serves_only_over_tls(tmp_path):
         for role, address in table.items():
             with GenerationClient(address, timeout_s=5) as plaintext, pytest.raises(Unavailable):
                 plaintext.health()
+
+
+@pytest.fixture
+def secured_orchestrator(pkis, tmp_path, tiny_generator):
+    """The public API with mutual TLS and a bearer token; yields (address, CLI flags of a good client)."""
+    from orchestrator import servicer
+
+    ours, _ = pkis
+    token_file = tmp_path / "token"
+    token_file.write_text("cli-token\n")
+    config = ServerConfig(port=0, grace_s=0.5, tls=tls(ours, "orchestrator"), auth_token=read_token(str(token_file)))
+    client = ours.issued["client"]
+    flags = ["--tls-ca", ours.ca, "--tls-cert", client.cert, "--tls-key", client.key,
+             "--auth-token-file", str(token_file)]
+    with serve([servicer.service(tiny_generator)], config) as handle:
+        yield handle.address, [str(f) for f in flags]
+
+
+def test_specpipe_generate_addr_with_tls_and_a_token(secured_orchestrator, capsys):
+    import json
+
+    from specpipe.cli.main import main
+
+    address, flags = secured_orchestrator
+    generate = ["generate", "--addr", address, "--prompt", "hi", "--raw", "--max-new-tokens", "4", "--json",
+                "--drafter", "model"]
+    assert main([*generate, *flags]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 4
+    assert main([*generate, *flags, "--tenant", "team-a"]) == 0
+    capsys.readouterr()
+    assert main([*generate, *flags, "--tenant", "not a tenant"]) == 2  # sent, and checked by the server
+    assert "tenant id 'not a tenant' is not valid" in capsys.readouterr().err
+    refused = {"no client certificate": (flags[:2] + flags[6:], "UNAVAILABLE"), "no token": (flags[:6], "bearer token"),
+               "plaintext": (flags[6:], "UNAVAILABLE")}
+    for what, (partial, message) in refused.items():
+        assert main([*generate, *partial]) == 2, what
+        assert message in capsys.readouterr().err, what
+
+
+def test_specpipe_loadtest_addr_with_tls_and_a_token(secured_orchestrator, tmp_path):
+    """Locust users (deploy/locust/locustfile.py) with the CA, the client certificate and the token."""
+    from specpipe.cli import security_args
+    from tests.test_loadtest import loadtest
+
+    address, flags = secured_orchestrator
+    proc, summary = loadtest(tmp_path / "out", "--addr", address, "--shape", "constant", "--users", "1",
+                             "--run-time", "2", "--suite", "random", "--prompt-limit", "2", "--max-new-tokens", "4",
+                             *flags)
+    assert proc.returncode == 0, proc.stderr
+    (level,) = summary["runs"]["default"]
+    assert level["requests"] > 0 and level["errors"] == {}
+    assert security_args.locust_flags({"tls_ca": "ca.pem", "auth_token_file": "t"}) == (
+        "--grpc-tls-ca", "ca.pem", "--grpc-auth-token-file", "t")
+
+
+def test_a_plaintext_health_port_beside_a_tls_server(pkis, tiny_verifier):
+    """--health-port: Kubernetes' gRPC probes speak no TLS, so the health service alone is served in
+    plaintext on its own port, with the same statuses (drain included); nothing else is reachable there."""
+    from specpipe.rpc.clients import VerifierClient
+    from verifier_service import servicer
+
+    ours, _ = pkis
+    config = ServerConfig(port=0, grace_s=0.5, tls=tls(ours, "verifier"), health_port=0)
+    with serve([servicer.service(tiny_verifier)], config) as handle:
+        probe_address = f"127.0.0.1:{handle.health_port}"
+        with VerifierClient(probe_address, timeout_s=5.0) as probe:
+            assert probe.health() == "SERVING" and probe.health("specpipe.v1.Verifier") == "SERVING"
+            with pytest.raises(SpecpipeError) as refused:
+                probe.info()  # the Verifier service is not on the health port
+            assert refused.value.code == "UNIMPLEMENTED"
+            handle.drain(timeout_s=0)
+            assert probe.health() == "NOT_SERVING"
+        with VerifierClient(handle.address, timeout_s=5.0) as plaintext, pytest.raises(Unavailable):
+            plaintext.health()  # the service port stays TLS only
+
+
+def test_replicas_of_a_dns_name_are_checked_against_the_name(pkis, tiny_verifier):
+    """The orchestrator dials the replicas of dns:///name:port by IP; their certificates must carry
+    the name (specpipe.cli.wiring.peer_tls), here "localhost" for a server dialled as 127.0.0.1."""
+    from specpipe.cli.wiring import peer_tls
+    from specpipe.rpc.clients import VerifierClient
+    from verifier_service import servicer
+
+    ours, _ = pkis
+    client_tls = tls(ours, "orchestrator")
+    assert peer_tls(client_tls, "dns:///localhost:50052").server_name == "localhost"
+    assert peer_tls(client_tls, "127.0.0.1:50052") is client_tls and peer_tls(None, "dns:///x:1") is None
+    with serve([servicer.service(tiny_verifier)], ServerConfig(port=0, grace_s=0.5, tls=tls(ours, "verifier"))) as h:
+        with VerifierClient(h.address, 5.0, tls=peer_tls(client_tls, f"dns:///localhost:{h.port}")) as client:
+            assert client.health() == "SERVING"
+        wrong = peer_tls(client_tls, f"dns:///specpipe-verifier-headless:{h.port}")
+        with VerifierClient(h.address, 5.0, tls=wrong) as client, pytest.raises(Unavailable):
+            client.health()  # the certificate does not name that Service
+
+
+@pytest.mark.slow  # `specpipe up --tls` (three services) and a Locust run: 30-90 s
+def test_specpipe_loadtest_of_its_own_up_tls(tmp_path):
+    """Without --addr and with --up-args --tls, the Locust users take the client certificate that
+    `specpipe up` issued (in its log dir)."""
+    from tests.test_loadtest import loadtest
+
+    proc, summary = loadtest(tmp_path, "--preset", "tiny", "--up-args=--tls", "--shape", "constant",
+                             "--users", "1", "--run-time", "2", "--suite", "random", "--prompt-limit", "2",
+                             "--max-new-tokens", "4")
+    assert proc.returncode == 0, proc.stderr
+    (level,) = summary["runs"]["default"]
+    assert level["requests"] > 0 and level["errors"] == {}
+    assert (tmp_path / "up" / "tls" / "client.pem").is_file()

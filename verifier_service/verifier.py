@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specpipe import batched, metrics, runner
+from specpipe import batched, cores, metrics, runner
 from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work, one_step
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from specpipe.kv import SlotKV
-from specpipe.lifecycle import Sweeper, evict_idle, sweep_period
+from specpipe.lifecycle import Sweeper, current_cancellation, evict_idle, sweep_period
 from specpipe.limits import DEFAULT_LIMITS, Limits, check_draft, check_prefill, draft_nodes_label
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
@@ -141,16 +141,17 @@ class ModelVerifier:
             return None, 0.0, (1, 0)
         if self._scheduler is None:
             start = time.perf_counter()
-            with self._forward_lock:
+            with self._forward_lock, cores.forward("verifier"):
                 logits = self._runner.forward(cache, token_ids, tree_parents)
             return logits, (time.perf_counter() - start) * 1e3, (1, len(token_ids))
-        if prompt:
-            step = Step(tuple(token_ids), chunked=True)
+        cancellation = None
+        if prompt:  # a prefill whose caller left stops between chunks (docs/security.md, "Session lifecycle")
+            step, cancellation = Step(tuple(token_ids), chunked=True), current_cancellation()
         else:
             parents = list(tree_parents) if tree_parents is not None else list(range(-1, len(token_ids) - 2))
             step = Step(tuple(token_ids), positions=tree_position_ids(parents, cache.length)[0],
                         allowed=tree_allowed(parents, 0), logit_rows=len(token_ids))  # [n, n]: root + ancestors
-        work = self._scheduler.run(Work(cache, one_step(step)))
+        work = self._scheduler.run(Work(cache, one_step(step), cancellation))
         return work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:

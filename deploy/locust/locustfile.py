@@ -31,6 +31,7 @@ from specpipe.errors import SpecpipeError
 from specpipe.loadstats import OK, RequestRecord, itl_per_token, write_record
 from specpipe.prompts import Prompt, load_suite
 from specpipe.rpc.clients import GenerationClient
+from specpipe.rpc.security import Tls, read_token
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
 
@@ -53,6 +54,11 @@ def _add_options(parser) -> None:
     parser.add_argument("--schedule", default="", help="sequential or branch")
     parser.add_argument("--adaptive", default="", help="on or off")
     parser.add_argument("--records", default="", help="append one JSON line per call to this file")
+    # Transport security of the calls (docs/security.md); --grpc-: Locust's own --tls-* serve its web UI
+    parser.add_argument("--grpc-tls-ca", default="", help="TLS, trusting this CA (default: plaintext)")
+    parser.add_argument("--grpc-tls-cert", default="", help="client certificate (mutual TLS)")
+    parser.add_argument("--grpc-tls-key", default="", help="the key of --grpc-tls-cert")
+    parser.add_argument("--grpc-auth-token-file", default="", help="send this file's bearer token")
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,9 @@ def _on_init(environment, **_kwargs) -> None:
         GenerateUser.workload = workload(environment.parsed_options)
         GenerateUser.records = RecordLog(environment.parsed_options.records)
         GenerateUser.order = itertools.count()
+        options = environment.parsed_options
+        GenerateUser.tls = Tls.from_files(options.grpc_tls_cert, options.grpc_tls_key, options.grpc_tls_ca)
+        GenerateUser.auth_token = read_token(options.grpc_auth_token_file or None)
 
 
 @events.test_stop.add_listener
@@ -120,9 +129,12 @@ class GenerateUser(User):
     workload: Workload
     records: RecordLog
     order: itertools.count
+    tls: Tls | None = None
+    auth_token: str | None = None
 
     def on_start(self) -> None:
-        self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s)
+        self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s, tls=self.tls,
+                                       auth_token=self.auth_token)
 
     def on_stop(self) -> None:
         self.client.close()

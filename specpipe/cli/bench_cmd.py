@@ -22,7 +22,8 @@ def register(subparsers) -> None:
         help="benchmark speculative decoding against the verifier alone",
         description="Run verifier-only transformers greedy generate() and speculative decoding on the same "
         "prompts in one run; report tokens/s, speed-up, tokens per verify call, and whether every output "
-        "is identical to the baseline. One CPU core per service: --threads 1 --pin (the default).",
+        "is identical to the baseline. Pinned to one CPU core per service that runs at once (the default); "
+        "embedded, the verifier and the drafter share the process's cores (specpipe.cores).",
     )
     parser.add_argument("--suite", choices=SUITES, default="humaneval",
                         help="prompt suite; random: made-up words to continue (the models copy them, so drafts "
@@ -52,11 +53,15 @@ def register(subparsers) -> None:
                         "`specpipe serve` processes on loopback, each pinned to its own core (default: %(default)s)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="do not pin to one CPU core per service (pinned by default)")
-    parser.add_argument("--baselines", default="generate", metavar="LIST",
+    parser.add_argument("--baselines", default="generate,generate-threads", metavar="LIST",
                         help="transformers runs beside specpipe's, on the same prompts: generate (the verifier "
-                        "alone, one thread: always run, speed-ups are over it), generate-threads (the same on "
-                        "every core), assisted (assisted generation with the same drafter), prompt-lookup "
-                        "(prompt_lookup_num_tokens=10) (default: %(default)s)")
+                        "alone, eager, one thread: always run, the speed-up column is over it); on specpipe's weights "
+                        "path (packed when it is) with a thread per core the pipeline uses: generate-threads (the "
+                        "verifier alone), assisted (assisted generation with the same drafter), prompt-lookup "
+                        "(at each --prompt-lookup-tokens) (default: %(default)s)")
+    parser.add_argument("--prompt-lookup-tokens", type=_token_counts, default=(4, 10), metavar="N,N,...",
+                        help="prompt lookup's prompt_lookup_num_tokens settings, one run each; the report takes "
+                        "the best (default: 4,10)")
     parser.add_argument("--sweep", default=None, metavar="K,K,...",
                         help="run every method that does not name its /K or +adaptive at each fixed draft length K "
                         "and adaptive (at most the largest K), and report the best fixed setting against adaptive")
@@ -84,8 +89,28 @@ def register(subparsers) -> None:
     options.add_model_args(parser)
     options.add_speculation_args(parser)
     options.add_hop_delay_arg(parser)
-    # Methods are fixed (k = 4) unless they say +adaptive or --adaptive on is given.
-    parser.set_defaults(func=run, threads=1, adaptive="off")
+    # A thread per core the process may use (after pinning); a method is adaptive unless it names a
+    # fixed /K (or --adaptive off).
+    parser.set_defaults(func=run, threads=0)
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected counts >= 1, e.g. 4,10; got {text!r}")
+    return counts
+
+
+def pipeline_cores(args: argparse.Namespace, methods: list, cores: list[int]) -> list[int]:
+    """The cores the specpipe methods use (pinned: one per service that runs at once), which the
+    equal-footing baselines get a thread each of."""
+    if not args.pin:
+        return cores
+    services = 2 if args.transport == "grpc" or any(m.schedule == "branch" for m in methods) else 1
+    return cores[:services]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         return run_report(args)
     methods = parse_methods(args)
-    compiled = args.compile == "on"
+    compiled = options.forward_mode(args) != "eager"
     none = next((m for m in methods if m.drafter == "none"), None)
     if compiled and none is None:  # the compiled verifier alone: the compiled methods' baseline and yardstick
         none = Method("none", "sequential", args.predictor)
@@ -112,12 +137,12 @@ def run(args: argparse.Namespace) -> int:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before any pinning
     with contextlib.ExitStack() as stack:
         if args.transport == "embedded":
-            generators, baseline_model = embedded_generators(args, methods)
+            generators, models = embedded_generators(args, methods, baselines)
         else:
-            generators, baseline_model = stack.enter_context(grpc_generators(args, methods))
+            generators, models = stack.enter_context(grpc_generators(args, methods, baselines))
         any_generator = next(iter(generators.values()))
         prompts, categories = bench_prompts(args, any_generator)
-        runs = transformers_runs(args, baselines, any_generator.info.eos_token_ids, baseline_model, cores)
+        runs = transformers_runs(args, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(args, methods, cores))
         specs = {method: method.resolve(args) for method in methods}
         for spec in specs.values():
             generator = own_generator(generators[spec.hop_delay_ms], spec.drafter)
@@ -190,8 +215,8 @@ def run_forward_curve(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--acceptance takes rates in [0, 1], got {args.acceptance!r}")
     if args.pin:
         pin(1)
-    options.set_threads(args.threads)
-    modes = ("eager", options.forward_mode(args)) if args.compile == "on" else ("eager",)
+    options.set_threads(args.threads or 1)
+    modes = ("eager", options.forward_mode(args)) if options.forward_mode(args) != "eager" else ("eager",)
     curves: dict[str, dict[int, float]] = {}
     for role, spec in zip(("verifier", "drafter"), model_specs(args.preset, args.verifier, args.draft_model)):
         runners = {}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from specpipe.cli import options
 from specpipe.errors import InvalidArgument
 from specpipe.bench import MethodSpec
-from specpipe.types import DRAFTER_KINDS, PREDICTORS, SCHEDULES
+from specpipe.types import ADAPTIVE_DRAFT_LEN, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,11 @@ class Method:
     def resolve(self, args: argparse.Namespace) -> MethodSpec:
         """The concrete settings: what the method leaves out comes from the flags."""
         spec = options.speculation_options(args)
-        return MethodSpec(self.drafter, self.schedule, self.predictor, self.draft_len or spec.draft_len, spec.width,
-                          spec.hypotheses, self.adaptive or spec.adaptive, self.hop_delay_ms, args.compile == "on")
+        adaptive = self.adaptive or ("off" if self.draft_len else spec.adaptive)  # /K alone: a fixed K
+        draft_len = self.draft_len or args.draft_len or (ADAPTIVE_DRAFT_LEN if adaptive == "on" else FIXED_DRAFT_LEN)
+        return MethodSpec(self.drafter, self.schedule, self.predictor, draft_len, spec.width,
+                          spec.hypotheses, adaptive, self.hop_delay_ms,
+                          options.forward_mode(args) != "eager")
 
 
 def parse_methods(args: argparse.Namespace) -> list[Method]:
@@ -95,7 +98,6 @@ def check_kinds(kinds: list[str]) -> list[str]:
 
 
 BASELINES = ("generate", "generate-threads", "assisted", "prompt-lookup")
-PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
 
 
 def parse_baselines(value: str) -> list[str]:

@@ -6,33 +6,45 @@ import argparse
 import contextlib
 import os
 import threading
+from dataclasses import dataclass, replace
 
 from specpipe.cli import options
 from specpipe.cli.bench_methods import Method
 from specpipe.errors import InvalidArgument
 
 
-def transformers_runs(args: argparse.Namespace, baselines: list[str], eos, model, cores: list[int]) -> dict:
-    """The transformers methods of baselines on model, eager, in this process; the first is the
-    baseline. cores: the cores of the all-threads baseline."""
+@dataclass(frozen=True)
+class BaselineModels:
+    """What the transformers baselines run on: eager is the verifier in eager fp32 (the one-core row);
+    verifier and drafter are on specpipe's weights path (packed, and the drafter bf16, when specpipe's
+    are), so that a baseline differs from specpipe only in how it decodes."""
+
+    eager: object
+    verifier: object
+    drafter: object | None = None
+
+
+def transformers_runs(args: argparse.Namespace, baselines: list[str], eos, models: BaselineModels,
+                      cores: list[int]) -> dict:
+    """The transformers methods of baselines, in this process; the first is the baseline (eager, one
+    thread on one core). The others run on specpipe's weights path with a thread per core the
+    pipeline uses (cores)."""
     from specpipe.bench import BASELINE, transformers_method
-    from specpipe.cli.bench_methods import PROMPT_LOOKUP_TOKENS
 
-    runs = {}
-    runs[BASELINE] = transformers_method(model, args.max_new_tokens, eos)
+    runs = {BASELINE: transformers_method(models.eager, args.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))}
+    path, threads = options.forward_mode(args), lambda: all_cores(cores)
+    where = f"{len(cores)} threads, {path}"
     if "generate-threads" in baselines:
-        runs[f"verifier-only generate(), {len(cores)} threads"] = transformers_method(
-            model, args.max_new_tokens, eos, threads=lambda: all_cores(cores))
+        runs[f"verifier-only generate(), {where}"] = transformers_method(
+            models.verifier, args.max_new_tokens, eos, threads=threads)
     if "assisted" in baselines:
-        from specpipe.models import load_model
-        from specpipe.presets import model_specs
-
-        drafter = load_model(model_specs(args.preset, args.verifier, args.draft_model)[1], args.device)
-        runs["transformers assisted generation"] = transformers_method(
-            model, args.max_new_tokens, eos, plain=False, assistant_model=drafter)
+        runs[f"transformers assisted generation, {where}"] = transformers_method(
+            models.verifier, args.max_new_tokens, eos, threads=threads, plain=False, assistant_model=models.drafter)
     if "prompt-lookup" in baselines:
-        runs[f"transformers prompt lookup ({PROMPT_LOOKUP_TOKENS} tokens)"] = transformers_method(
-            model, args.max_new_tokens, eos, plain=False, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
+        for tokens in args.prompt_lookup_tokens:
+            runs[f"transformers prompt lookup ({tokens} tokens), {where}"] = transformers_method(
+                models.verifier, args.max_new_tokens, eos, threads=threads, plain=False,
+                prompt_lookup_num_tokens=tokens)
     return runs
 
 
@@ -67,9 +79,12 @@ def bench_prompts(args: argparse.Namespace, generator) -> tuple[list[tuple[str, 
         firsts = [p for p in prompts if p.followup]
         if not firsts:
             raise InvalidArgument("--turns 2 needs prompts with a second turn (the mtbench suite)")
+        speculation = options.speculation_options(args)
+        if speculation.drafter not in ("none", *generator.drafters):  # one this run's generator has
+            speculation = replace(speculation, drafter=next(iter(generator.drafters), "none"))
         for prompt in tqdm(firsts, desc="answering first turns"):
             request = GenerationRequest(generator.encode(messages=prompt.messages), args.max_new_tokens,
-                                        speculation=options.speculation_options(args))
+                                        speculation=speculation)
             prompts.append(second_turn(prompt, "".join(chunk.text for chunk in generator.generate(request))))
     return ([(p.id, generator.encode(messages=p.messages)) for p in prompts],
             {p.id: p.category for p in prompts if p.category})
@@ -82,25 +97,38 @@ def pin(cores: int) -> None:
         os.sched_setaffinity(0, set(allowed[:cores]))
 
 
-def embedded_generators(args: argparse.Namespace, methods: list[Method]) -> tuple[dict, object]:
-    """One in-process generator (by hop delay: 0) and the baseline's model; with a branch schedule the
-    drafter and the verifier run at once, so the process gets a core for each."""
+def embedded_generators(args: argparse.Namespace, methods: list[Method], baselines: list[str]) -> tuple[dict, BaselineModels]:
+    """One in-process generator (by hop delay: 0) and the baselines' models: the generator's own
+    (packed in place when compiled), and an eager copy of the verifier when they are packed. With a
+    branch schedule the drafter and the verifier run at once, so the process gets a core for each."""
     from specpipe.cli.wiring import embedded_generator
 
     if args.pin:
         pin(2 if any(m.schedule == "branch" for m in methods) else 1)
-    generator = embedded_generator(args, tuple({m.drafter for m in methods}))
-    baseline_model = generator.verifier.model
-    if args.compile == "on":  # the verifier's model is compiled (packed in place); the baseline is eager
-        from specpipe.models import load_model
-        from specpipe.presets import model_specs
+    kinds = {m.drafter for m in methods} | ({"model"} if "assisted" in baselines else set())
+    generator = embedded_generator(args, tuple(kinds))
+    verifier = generator.verifier.model
+    drafter = generator.drafters["model"].model if "model" in generator.drafters else None
+    eager = verifier if options.forward_mode(args) == "eager" else _load(args, 0)
+    return {0.0: generator}, BaselineModels(eager, verifier, drafter)
 
-        baseline_model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[0], args.device)
-    return {0.0: generator}, baseline_model
+
+def _load(args: argparse.Namespace, role: int, weights: str | None = None):
+    """The verifier (role 0) or the drafter (1) of the model flags, eager, or packed in weights."""
+    from specpipe.models import load_model
+    from specpipe.presets import model_specs
+
+    model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[role], args.device)
+    if weights is not None:
+        from specpipe import native
+        from specpipe.runner import PACKED_WEIGHTS
+
+        native.pack_linears(model, PACKED_WEIGHTS[weights])
+    return model
 
 
 @contextlib.contextmanager
-def grpc_generators(args: argparse.Namespace, methods: list[Method]):
+def grpc_generators(args: argparse.Namespace, methods: list[Method], baselines: list[str]):
     """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
     core with --pin), and one orchestrator in this process per hop delay; and the baseline's model,
     which runs here, on the verifier's core."""
@@ -109,12 +137,11 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method]):
 
     from specpipe.cli import up_cmd
     from specpipe.cli.wiring import remote_generator
-    from specpipe.models import load_model
     from specpipe.presets import model_specs
 
     config = up_cmd.UpConfig(
         preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
-        compile=args.compile, draft_weights=args.draft_weights, base_port=0, threads_per_service=1, pin=args.pin,
+        compile=args.compile, draft_weights=args.draft_weights, batching="on", base_port=0, threads_per_service=1, pin=args.pin,
         startup_timeout_s=3600.0 if options.forward_mode(args) == "graphs" else 600.0,
         log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),
         cache="memory")
@@ -129,11 +156,24 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method]):
             os.sched_setaffinity(0, {cores["verifier"]})
         options.set_threads(1)
         verifier_spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
-        yield {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
-                                     options.speculation_options(args), hop_delay_ms=hop)
-               for hop in sorted({m.hop_delay_ms for m in methods})}, load_model(verifier_spec, args.device)
+        generators = {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
+                                            options.speculation_options(args), hop_delay_ms=hop)
+                      for hop in sorted({m.hop_delay_ms for m in methods})}
+        yield generators, grpc_baseline_models(args, baselines)
     finally:
         up_cmd.stop_all(children[::-1])
+
+
+def grpc_baseline_models(args: argparse.Namespace, baselines: list[str]) -> BaselineModels:
+    """The baselines' models, loaded here (the services hold theirs): an eager verifier, and where
+    specpipe's weights are packed, a packed copy (and a packed drafter for assisted generation)."""
+    eager = _load(args, 0)
+    packed = options.forward_mode(args) == "packed"
+    verifier = _load(args, 0, "fp32") if packed and len(baselines) > 1 else eager
+    drafter = None
+    if "assisted" in baselines:
+        drafter = _load(args, 1, options.drafter_forward(args)["weights"] if packed else None)
+    return BaselineModels(eager, verifier, drafter)
 
 
 def own_generator(generator, kind: str):

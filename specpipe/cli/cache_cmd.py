@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 
 from specpipe.errors import InvalidArgument
 from specpipe.presets import DEFAULT_PRESET, PRESETS
+from specpipe.tenancy import check_tenant
 
 CHUNK_TOKENS = 4096  # tokens per update_global call (one Redis round trip, a bounded Lua run)
 
@@ -32,6 +33,9 @@ def register(subparsers) -> None:
     seed.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", DEFAULT_PRESET), choices=sorted(PRESETS),
                       help="whose verifier's tokenizer to use (default: %(default)s; env SPECPIPE_PRESET)")
     seed.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
+    seed.add_argument("--tenant", default="", metavar="ID",
+                      help="seed this tenant's global table (docs/security.md, \"Tenants\") (default: the default "
+                      "tenant's)")
     seed.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS, metavar="N",
                       help="tokens per store call (default: %(default)s)")
     seed.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per store call (default: %(default)s)")
@@ -47,6 +51,7 @@ def run_seed(args: argparse.Namespace) -> int:
     from specpipe.ngram import NgramConfig
     from specpipe.presets import model_specs
 
+    check_tenant(args.tenant)
     if not args.cache:
         raise InvalidArgument("--cache is required: the store to seed (redis://host:port or grpc://host:port)")
     if args.cache == "memory":
@@ -70,14 +75,15 @@ def run_seed(args: argparse.Namespace) -> int:
                     if text:
                         tokens = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
                         for chunk in chunks(tokens, args.chunk_tokens, config.max_n - 1):
-                            recorded += store.update_global(chunk)
+                            recorded += store.update_global(chunk, args.tenant)
                         num_documents += 1
                         num_tokens += len(tokens)
                     progress.update(size)
     finally:
         store.close()
+    table = f"tenant {args.tenant}'s global table" if args.tenant else "the global table"
     print(f"specpipe cache seed: {num_documents} documents, {num_tokens} tokens, {recorded} pairs recorded "
-          f"in the global table of {redacted(args.cache)}")
+          f"in {table} of {redacted(args.cache)}")
     return 0
 
 

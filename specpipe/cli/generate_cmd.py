@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from specpipe.cli import options
+from specpipe.cli import options, security_args
 
 
 def register(subparsers) -> None:
@@ -23,6 +23,10 @@ def register(subparsers) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     parser.add_argument("--addr", default=None, help="host:port of a running orchestrator (default: run embedded)")
+    parser.add_argument("--tenant", default="", metavar="ID",
+                        help="the tenant the generation belongs to (its n-gram tables; docs/security.md) "
+                        "(default: the default tenant)")
+    security_args.add_client_tls_args(parser, " of --addr")
     options.add_model_args(parser)
     options.add_speculation_args(parser)
     options.add_sampling_args(parser)
@@ -37,10 +41,12 @@ def run(args: argparse.Namespace) -> int:
     if args.addr:
         from specpipe.rpc.clients import GenerationClient
 
-        client = GenerationClient(args.addr)
+        tls, token = security_args.client_security(args)
+        client = GenerationClient(args.addr, tls=tls, auth_token=token)
         chunks = client.generate(
             prompt=prompt, messages=messages, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
             sampling=options.sampling_params(args), speculation=options.speculation_options(args),
+            tenant=args.tenant,
         )
     else:
         from specpipe.cli.wiring import embedded_generator
@@ -52,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             stop=tuple(args.stop),
             sampling=options.sampling_params(args),
             speculation=options.speculation_options(args),
+            tenant=args.tenant,
         )
         chunks = generator.generate(request)
 

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specpipe import loadstats
+from specpipe.cli import security_args
 from specpipe.errors import InvalidArgument
 from specpipe.loadshapes import SHAPES, parse_levels
 from specpipe.presets import PRESETS
@@ -34,7 +35,11 @@ def register(subparsers) -> None:
     target.add_argument("--addr", default=None, help="HOST:PORT of an orchestrator (default: start `specpipe up`)")
     target.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", "tiny"), choices=sorted(PRESETS),
                         help="without --addr: the model pair of the `specpipe up` started (default: %(default)s)")
-    target.add_argument("--up-args", default="", help="without --addr: more `specpipe up` flags, e.g. \"--compile on --pin\"")
+    target.add_argument("--up-args", action="append", default=None, metavar="[LABEL=]FLAGS",
+                        help="without --addr: more `specpipe up` flags, e.g. \"--pin\". Repeat it to compare "
+                        "servers in one run, each labelled, e.g. --up-args \"unbatched:default=--batching off --pin\" "
+                        "--up-args \"batched=--pin\": each is started, loaded with every --drafter (or those "
+                        "after LABEL:, comma-separated), and stopped")
     target.add_argument("--startup-timeout", type=float, default=600.0, metavar="S", help="(default: %(default)s)")
     load = parser.add_argument_group("load")
     load.add_argument("--shape", default="steps", choices=("constant", *SHAPES),
@@ -60,6 +65,8 @@ def register(subparsers) -> None:
     work.add_argument("--width", type=int, default=0, help="0 = the server's (default: %(default)s)")
     work.add_argument("--schedule", default="", help="sequential or branch; empty = the server's")
     work.add_argument("--adaptive", default="", help="on or off; empty = the server's")
+    security_args.add_client_tls_args(parser, " of --addr (without --addr and with --up-args --tls: the "
+                                      "certificates `specpipe up` makes)")
     out = parser.add_argument_group("output")
     out.add_argument("--slo", default="", type=_slo, help="goodput SLOs: ttft=MS,itl=MS (ITL: a request's mean)")
     out.add_argument("--out", default=None, help="folder for Locust's CSV / HTML and the request records (default: a temp dir)")
@@ -68,6 +75,9 @@ def register(subparsers) -> None:
                      "generated section, plots into <its folder>/load/")
     out.add_argument("--memory-every", type=float, default=0.0, metavar="S",
                      help="without --addr: sample the services' resident memory every S seconds (0 = off)")
+    out.add_argument("--from-run", default=None, metavar="DIR",
+                     help="instead of a load run: the tables (and --report) from the request records of an "
+                     "earlier run's --out folder, e.g. after a change to the statistics")
     out.add_argument("--warmup-s", type=float, default=30.0, help="memory samples before this are warm-up (default: %(default)s)")
     parser.set_defaults(func=run)
 
@@ -82,6 +92,48 @@ def _slo(text: str) -> loadstats.Slo:
         return loadstats.parse_slo(text)
     except InvalidArgument as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def server_configs(up_args: list[str] | None, addr: str | None, drafters: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """label -> (`specpipe up` flags, drafters to load it with), from the --up-args given
+    ("[LABEL[:DRAFTER,...]=]FLAGS"); one unlabelled server when --up-args is given at most once."""
+    if addr is not None and up_args:
+        raise InvalidArgument("--up-args configures the `specpipe up` loadtest starts: drop --addr")
+    labelled = [_labelled(item, drafters) for item in up_args or [""]]
+    if len(labelled) == 1:
+        return {"": labelled[0][1:]}
+    labels = [label for label, _, _ in labelled]
+    if not all(labels) or len(set(labels)) < len(labels):
+        raise InvalidArgument(f"--up-args given several times needs a distinct LABEL=FLAGS each; got {up_args}")
+    return {label: (flags, own) for label, flags, own in labelled}
+
+
+def _labelled(item: str, drafters: list[str]) -> tuple[str, str, list[str]]:
+    """"LABEL[:DRAFTER,...]=FLAGS" -> (LABEL, FLAGS, drafters); flags alone -> ("", FLAGS, drafters)."""
+    head, eq, flags = item.partition("=")
+    if not eq or not head or head.startswith("-") or " " in head:
+        return "", item, drafters
+    label, colon, own = head.partition(":")
+    own_drafters = [d for d in own.split(",") if d] if colon else drafters
+    check_drafters(own_drafters, item)
+    return label, flags, own_drafters
+
+
+def check_drafters(drafters: list[str], given: str) -> None:
+    if not drafters or set(drafters) - {SERVER_DEFAULT, *DRAFTER_KINDS}:
+        raise InvalidArgument(f"--drafter takes {', '.join((SERVER_DEFAULT, *DRAFTER_KINDS))}, comma-separated; "
+                              f"got {given!r}")
+
+
+def client_flags(args: argparse.Namespace, up_args: str, up_dir: Path) -> tuple[str, ...]:
+    """The Locust user's TLS and token flags: the client's, or with `up --tls` the client
+    certificate that up issues (specpipe.cli.up_security)."""
+    security = security_args.locust_flags(vars(args))
+    if args.addr is None and "--tls" in shlex.split(up_args) and not security:
+        tls_dir = up_dir / "tls"
+        security = security_args.locust_flags({"tls_ca": tls_dir / "ca.pem", "tls_cert": tls_dir / "client.pem",
+                                               "tls_key": tls_dir / "client.key"})
+    return security
 
 
 def workload_flags(args: argparse.Namespace, drafter: str) -> tuple[str, ...]:
@@ -99,40 +151,49 @@ def run(args: argparse.Namespace) -> int:
     from specpipe.cli import loadtest_runs
 
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
-    if not drafters or set(drafters) - {SERVER_DEFAULT, *DRAFTER_KINDS}:
-        raise InvalidArgument(f"--drafter takes {', '.join((SERVER_DEFAULT, *DRAFTER_KINDS))}, comma-separated; "
-                              f"got {args.drafter!r}")
+    check_drafters(drafters, args.drafter)
+    if args.from_run:
+        return _from_run(args, Path(args.from_run))
     if args.report:
         _check_report(Path(args.report))  # before the run, not after it
     if args.memory_every > 0 and args.addr:
         raise InvalidArgument("--memory-every samples the services of the `specpipe up` loadtest starts: drop --addr")
-    out_dir = Path(args.out or tempfile.mkdtemp(prefix="specpipe-loadtest-"))
+    servers = server_configs(args.up_args, args.addr, drafters)
+    if args.memory_every > 0 and len(servers) > 1:
+        raise InvalidArgument("--memory-every samples one `specpipe up`: give --up-args once")
+    security_args.client_security(args)  # unreadable files fail now, not in every Locust user
+    out_dir = Path(args.out or tempfile.mkdtemp(prefix="specpipe-loadtest-")).resolve()  # Locust runs in it
     out_dir.mkdir(parents=True, exist_ok=True)
-    stack = sampler = None
-    try:
-        if args.addr is None:
-            print(f"specpipe loadtest: starting specpipe up --preset {args.preset}", file=sys.stderr, flush=True)
-            stack = loadtest_runs.start_up(["--preset", args.preset, *args.up_args.split()], out_dir / "up",
-                                           args.startup_timeout)
-            if args.memory_every > 0:
-                sampler = loadtest_runs.MemorySampler(stack.pids, args.memory_every, out_dir / "memory.jsonl")
-                sampler.start()
-        host = args.addr or stack.addresses["orchestrator"]
-        runs, statuses = {}, {}
-        for drafter in drafters:
-            run_dir = out_dir / drafter if len(drafters) > 1 else out_dir
-            locust_run = loadtest_runs.LocustRun(host, run_dir, args.shape, args.users, args.run_time, args.levels,
-                                                 args.hold_s, workload_flags(args, drafter), args.deadline_s)
-            print(f"specpipe loadtest: drafter {drafter}, {args.shape} load on {host}; output in {run_dir}",
-                  file=sys.stderr, flush=True)
-            statuses[drafter] = loadtest_runs.run_locust(locust_run)
-            records = loadstats.read_records(locust_run.records) if locust_run.records.exists() else []
-            runs[drafter] = loadstats.summarize(records, args.slo)
-    finally:
-        if sampler is not None:
-            sampler.stop()
-        if stack is not None:
-            stack.stop()
+    runs, statuses, sampler = {}, {}, None
+    for server, (up_args, server_drafters) in servers.items():
+        stack = None
+        try:
+            if args.addr is None:
+                print(f"specpipe loadtest: starting specpipe up --preset {args.preset} {up_args}", file=sys.stderr,
+                      flush=True)
+                stack = loadtest_runs.start_up(["--preset", args.preset, *shlex.split(up_args)],
+                                               out_dir / "up" / server, args.startup_timeout)
+                if args.memory_every > 0:
+                    sampler = loadtest_runs.MemorySampler(stack.pids, args.memory_every, out_dir / "memory.jsonl")
+                    sampler.start()
+            host = args.addr or stack.addresses["orchestrator"]
+            security = client_flags(args, up_args, out_dir / "up" / server)
+            for drafter in server_drafters:
+                label = f"{server} {drafter}".strip()
+                run_dir = out_dir / label.replace(" ", "-") if len(servers) > 1 or len(drafters) > 1 else out_dir
+                locust_run = loadtest_runs.LocustRun(host, run_dir, args.shape, args.users, args.run_time,
+                                                     args.levels, args.hold_s,
+                                                     workload_flags(args, drafter) + security, args.deadline_s)
+                print(f"specpipe loadtest: {label or drafter}, {args.shape} load on {host}; output in {run_dir}",
+                      file=sys.stderr, flush=True)
+                statuses[label] = loadtest_runs.run_locust(locust_run)
+                records = loadstats.read_records(locust_run.records) if locust_run.records.exists() else []
+                runs[label] = loadstats.summarize(records, args.slo)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            if stack is not None:
+                stack.stop()
     memory = {role: loadstats.memory_trend(samples, args.warmup_s) for role, samples in sampler.samples.items()} \
         if sampler is not None else {}
     summary = {"out": str(out_dir), "runs": {d: loadstats.to_json(levels, args.slo)["levels"] for d, levels in runs.items()},
@@ -150,9 +211,30 @@ def run(args: argparse.Namespace) -> int:
     return 1 if errors or not requests or any(statuses.values()) else 0
 
 
+def _from_run(args: argparse.Namespace, out_dir: Path) -> int:
+    """The summaries of an earlier run, from its records (summary.json names its runs, in order)."""
+    try:
+        labels = list(json.loads((out_dir / "summary.json").read_text())["runs"])
+    except (OSError, ValueError, KeyError):
+        raise InvalidArgument(f"--from-run {out_dir}: no summary.json of a loadtest run there") from None
+    if args.report:
+        _check_report(Path(args.report))
+    runs = {}
+    for label in labels:
+        path = out_dir / label.replace(" ", "-") / "requests.jsonl"
+        runs[label] = loadstats.summarize(loadstats.read_records(path if path.exists() else out_dir / "requests.jsonl"),
+                                          args.slo)
+    if args.report:
+        _write_report(args, runs)
+    _print_tables(runs, args.slo, {})
+    return 0
+
+
 def _print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
-    for drafter, levels in runs.items():
-        print(f"\ndrafter {drafter}\n{loadstats.markdown_table(levels, slo)}")
+    from specpipe.loadreport import run_label
+
+    for label, levels in runs.items():
+        print(f"\n{run_label(label)}\n{loadstats.markdown_table(levels, slo)}")
     if memory:
         print("\n| service | RSS first third (MB) | last third (MB) | growth (MB) | peak (MB) | slope (MB/min) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -167,11 +249,15 @@ def _write_report(args: argparse.Namespace, runs: dict) -> None:
 
     path = Path(args.report)
     images = loadreport.plot(runs, path.parent / "load")
-    meta = {"preset": "(--addr)" if args.addr else args.preset, "up args": args.up_args or "-", "shape": args.shape,
+    meta = {"preset": "(--addr)" if args.addr else args.preset, "up args": " / ".join(args.up_args or ["-"]), "shape": args.shape,
             "levels": args.levels, "hold s": f"{args.hold_s:g}", "suite": args.suite,
             "max new tokens": args.max_new_tokens, "temperature": f"{args.temperature:g}",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
-    command = "specpipe loadtest " + shlex.join(sys.argv[2:]) if sys.argv[1:2] == ["loadtest"] else "specpipe loadtest"
+    argv = sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else []
+    if "--from-run" in argv:  # the run's own command: its records were only summarised again
+        i = argv.index("--from-run")
+        argv = argv[:i] + argv[i + 2:]
+    command = "specpipe loadtest " + shlex.join(argv)
     loadreport.write_report(path, loadreport.report_markdown(runs, args.slo, meta, images, path.parent, command))
 
 

@@ -29,34 +29,45 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_compile_arg(parser) -> None:
-    parser.add_argument("--compile", default="off", choices=("off", "on"),
-                        help="on: fast forward passes, chosen by --device. CPU: every linear layer runs a small-M "
-                        "GEMM kernel built for this CPU with the C compiler (once, cached) over weights packed at "
-                        "load; CUDA: a static KV cache and torch.compile'd CUDA graphs over bucketed shapes, "
-                        "compiled at start-up (default: %(default)s)")
-
-
-    parser.add_argument("--draft-weights", default="fp32", choices=("fp32", "bf16"),
-                        help="with --compile on on a CPU, the weights of the drafter's packed linear layers: bf16 "
-                        "streams half the bytes per token, with fp32 arithmetic; it changes what the drafter "
-                        "proposes, never what is emitted (the verifier stays fp32) (default: %(default)s)")
+    parser.add_argument("--compile", default="auto", choices=("auto", "off", "on"),
+                        help="fast forward passes, chosen by --device. CPU: every linear layer runs a small-M GEMM "
+                        "kernel built for this CPU with the C compiler (once, cached) over weights packed at load; "
+                        "CUDA: a static KV cache and torch.compile'd CUDA graphs over bucketed shapes, compiled at "
+                        "start-up (minutes). auto: the CPU kernel when a C compiler is there, else eager; on: "
+                        "always (an error without a compiler); off: eager (default: %(default)s)")
+    parser.add_argument("--draft-weights", default="auto", choices=("auto", "fp32", "bf16"),
+                        help="the weights of the drafter's packed linear layers (CPU kernel only): bf16 streams "
+                        "half the bytes per token, with fp32 arithmetic; it changes what the drafter proposes, never "
+                        "what is emitted (the verifier stays fp32). auto: bf16 when the CPU kernel runs, else fp32 "
+                        "(default: %(default)s)")
+    parser.add_argument("--batching", default="on", choices=("on", "off"),
+                        help="on: the verifier (and the model drafter) run the work of all their sessions as one "
+                        "forward (docs/batching.md); off: one session per forward, as before batching (to compare) "
+                        "(default: %(default)s)")
 
 
 def forward_mode(args: argparse.Namespace) -> str:
     """specpipe.runner's forward mode for --compile and --device: eager, packed (CPU) or graphs (CUDA)."""
-    if getattr(args, "compile", "off") != "on":
-        return "eager"
-    return "packed" if args.device.split(":")[0] == "cpu" else "graphs"
+    setting, cpu = getattr(args, "compile", "off"), args.device.split(":")[0] == "cpu"
+    if setting == "on":
+        return "packed" if cpu else "graphs"
+    if setting == "auto" and cpu:
+        from specpipe import native
+
+        return "packed" if native.has_compiler() else "eager"
+    return "eager"
 
 
 def drafter_forward(args: argparse.Namespace) -> dict:
     """The model drafter's forward options (ModelDrafter keywords) from --compile, --device and
     --draft-weights."""
     mode, weights = forward_mode(args), getattr(args, "draft_weights", "fp32")
+    if weights == "auto":
+        weights = "bf16" if mode == "packed" else "fp32"
     if weights != "fp32" and mode != "packed":
-        raise InvalidArgument(f"--draft-weights {weights} packs the drafter's weights: it needs --compile on and a "
-                              "CPU --device")
-    return {"mode": mode, "weights": weights}
+        raise InvalidArgument(f"--draft-weights {weights} packs the drafter's weights: it needs the CPU kernel "
+                              "(--compile on, or auto with a C compiler) and a CPU --device")
+    return {"mode": mode, "weights": weights, "batching": getattr(args, "batching", "on") == "on"}
 
 
 def add_speculation_args(parser: argparse.ArgumentParser) -> None:
@@ -144,10 +155,12 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def set_threads(threads: int) -> None:
-    if threads > 0:
-        import torch
+    """torch threads; 0: one per core this process may use (after any pinning)."""
+    import torch
 
-        torch.set_num_threads(threads)
+    if threads <= 0:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(threads)
 
 
 HEALTH_THREADS = 4  # server threads kept free of admitted work: health and reflection never wait
@@ -168,6 +181,11 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
         group.add_argument("--prefill-chunk", type=int, default=256,
                            help="prompt tokens a prefill feeds per forward, so a long prompt never stalls other "
                            "sessions' rounds for more than one chunk (default: %(default)s)")
+        group.add_argument("--prefill-stall", type=float, default=1.5, metavar="X",
+                           help="beside decode rounds, prompt chunks are cut so the forward takes at most X times "
+                           "as long as the rounds alone (from the fitted forward time), keeping the inter-token "
+                           "latency of decoding sessions while a long prompt is admitted; 0 = chunks of "
+                           "--prefill-chunk (default: %(default)s)")
 
 
 def verifier_options(args: argparse.Namespace) -> dict:
@@ -178,10 +196,12 @@ def verifier_options(args: argparse.Namespace) -> dict:
     try:
         batch = BatchConfig(getattr(args, "max_batch_tokens", defaults.max_batch_tokens),
                             getattr(args, "prefill_chunk", defaults.prefill_chunk),
-                            getattr(args, "max_queue", defaults.max_queue))
+                            getattr(args, "max_queue", defaults.max_queue),
+                            getattr(args, "prefill_stall", defaults.prefill_stall))
     except ValueError as err:
         raise InvalidArgument(str(err)) from None
-    return {"max_sessions": getattr(args, "max_sessions", 64), "batch": batch}
+    return {"max_sessions": getattr(args, "max_sessions", 64), "batch": batch,
+            "batching": getattr(args, "batching", "on") == "on"}
 
 
 def worker_threads(args: argparse.Namespace) -> int:

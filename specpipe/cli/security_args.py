@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import fields, replace
+from typing import Mapping
 
 from specpipe.errors import InvalidArgument
 from specpipe.limits import DEFAULT_LIMITS, Limits
-from specpipe.rpc.security import Tls
+from specpipe.rpc.security import Tls, read_token
 
 HELP = {
     "max_prompt_tokens": "prompt tokens of a generation or a prefill",
@@ -86,6 +87,38 @@ def add_tls_args(parser: argparse.ArgumentParser, role: str) -> None:
         group.add_argument("--auth-token-file", default=os.environ.get("SPECPIPE_AUTH_TOKEN_FILE"), metavar="FILE",
                            help="require 'authorization: Bearer <the file's token>' on the Generation API; "
                            "UNAUTHENTICATED otherwise (env SPECPIPE_AUTH_TOKEN_FILE; default: no token)")
+
+
+CLIENT_FLAGS = ("tls_ca", "tls_cert", "tls_key", "auth_token_file")  # the dests of add_client_tls_args
+
+
+def add_client_tls_args(parser: argparse.ArgumentParser, applies: str = "") -> None:
+    """What a client of the public API brings (docs/security.md): the CA to check the orchestrator's
+    certificate by, a client certificate where one is asked for, and the bearer token."""
+    group = parser.add_argument_group(f"transport security{applies} (docs/security.md)")
+    group.add_argument("--tls-ca", default=os.environ.get("SPECPIPE_TLS_CA"), metavar="PEM",
+                       help="connect over TLS, trusting the server's certificate if it chains to this CA "
+                       "(env SPECPIPE_TLS_CA; default: plaintext)")
+    group.add_argument("--tls-cert", default=os.environ.get("SPECPIPE_TLS_CERT"), metavar="PEM",
+                       help="client certificate to present (mutual TLS) (env SPECPIPE_TLS_CERT)")
+    group.add_argument("--tls-key", default=os.environ.get("SPECPIPE_TLS_KEY"), metavar="PEM",
+                       help="the private key of --tls-cert (env SPECPIPE_TLS_KEY)")
+    group.add_argument("--auth-token-file", default=os.environ.get("SPECPIPE_AUTH_TOKEN_FILE"), metavar="FILE",
+                       help="send 'authorization: Bearer <the file's token>' (env SPECPIPE_AUTH_TOKEN_FILE)")
+
+
+def client_security(args: argparse.Namespace) -> tuple[Tls | None, str | None]:
+    """The TLS files and the bearer token of add_client_tls_args' flags."""
+    return tls(args), read_token(getattr(args, "auth_token_file", None))
+
+
+LOCUST_PREFIX = "--grpc-"  # Locust has --tls-cert / --tls-key of its own (its web UI)
+
+
+def locust_flags(files: Mapping[str, str | None]) -> tuple[str, ...]:
+    """The locustfile's flags (deploy/locust/locustfile.py) for CLIENT_FLAGS dest -> value."""
+    return tuple(item for dest in CLIENT_FLAGS if files.get(dest)
+                 for item in (LOCUST_PREFIX + dest.replace("_", "-"), str(files[dest])))
 
 
 def tls(args: argparse.Namespace) -> Tls | None:

@@ -72,6 +72,9 @@ def _add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None
     group.add_argument("--port", type=int, default=default_port, help="gRPC port; 0 = a free one (default: %(default)s)")
     group.add_argument("--metrics-port", type=int, default=None,
                        help="Prometheus HTTP port; 0 = a free one (default: off)")
+    group.add_argument("--health-port", type=int, default=_env_int("SPECPIPE_HEALTH_PORT"),
+                       help="also serve the health service alone here, in plaintext, for probes that speak no "
+                       "TLS (Kubernetes' gRPC probes); 0 = a free one (default: off; env SPECPIPE_HEALTH_PORT)")
     group.add_argument("--max-workers", type=int, default=64, help="concurrent RPCs; each Generate stream holds one (default: %(default)s)")
     group.add_argument("--drain-timeout", type=float, default=float(os.environ.get("SPECPIPE_DRAIN_TIMEOUT", 30)),
                        metavar="S", help="on SIGTERM: health NOT_SERVING, new sessions refused, running calls "
@@ -79,6 +82,11 @@ def _add_server_args(parser: argparse.ArgumentParser, default_port: int) -> None
     group.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                        type=str.upper, help="(default: %(default)s)")
     group.add_argument("--log-format", default="json", choices=("json", "text"), help="(default: %(default)s)")
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
 
 
 def _verifier(args: argparse.Namespace):
@@ -142,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=options.worker_threads(args),
         max_request_bytes=security_args.limits(args).max_request_bytes, tls=security_args.server_tls(args, args.role),
         reflection=args.reflection, auth_token=read_token(getattr(args, "auth_token_file", None)),
-        drain_timeout_s=args.drain_timeout,
+        drain_timeout_s=args.drain_timeout, health_port=args.health_port,
     ))
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(f"specpipe serve {args.role}: listening on {handle.address} (metrics port {metrics})", flush=True)

@@ -37,8 +37,9 @@ class UpConfig:
     verifier: str | None
     draft_model: str | None
     device: str
-    compile: str             # off | on (verifier and drafter)
-    draft_weights: str       # fp32 | bf16 (the drafter's packed weights)
+    compile: str             # auto | off | on (verifier and drafter)
+    draft_weights: str       # auto | fp32 | bf16 (the drafter's packed weights)
+    batching: str            # on | off (verifier and model drafter)
     base_port: int           # 0 = free ports
     threads_per_service: int
     pin: bool
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     config = UpConfig(
         preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
-        compile=args.compile, draft_weights=args.draft_weights, base_port=args.base_port,
+        compile=args.compile, draft_weights=args.draft_weights, batching=args.batching, base_port=args.base_port,
         threads_per_service=args.threads_per_service, pin=args.pin,
         startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")),
@@ -134,19 +135,20 @@ def _up(args: argparse.Namespace) -> int:
         if cache_url == LOCAL_REDIS:
             redis, cache_url = up_security.start_redis(pki)  # a random password; TLS with --tls
         # The drafter serves the ngram / hybrid methods from the store the orchestrator feeds; with the
-        # orchestrator's private memory store there is none to share, so the drafter gets no --cache.
-        store = () if cache_url == "memory" else ("--cache", cache_url)
+        # orchestrator's private memory store there is none to share, so the drafter gets none.
+        shared = None if cache_url == "memory" else cache_url
         replicas = names["verifier"] + names["drafter"]
         for name in replicas:
-            children[name] = start_service(name, config, cores.get(name), (store if name.startswith("drafter") else ())
-                                           + up_security.service_flags(pki, name.partition("-")[0]))
+            children[name] = start_service(name, config, cores.get(name),
+                                           up_security.service_flags(pki, name.partition("-")[0]),
+                                           cache=shared if name.startswith("drafter") else None)
         for name in replicas:
             wait_serving(children[name], config.startup_timeout_s, stop, up_security.client_tls(pki))
         peers = ("--verifier-addr", ",".join(children[n].address for n in names["verifier"]),
                  "--drafter-addr", ",".join(children[n].address for n in names["drafter"]))
         children["orchestrator"] = start_service("orchestrator", config, cores.get("orchestrator"),
-                                                 peers + config.speculation + ("--cache", cache_url)
-                                                 + up_security.service_flags(pki, "orchestrator"))
+                                                 peers + config.speculation
+                                                 + up_security.service_flags(pki, "orchestrator"), cache=cache_url)
         wait_serving(children["orchestrator"], config.startup_timeout_s, stop, up_security.client_tls(pki))
         if stop.is_set():
             return 0
@@ -191,15 +193,17 @@ class _Stopped(Exception):
 
 
 def service_cores(config: UpConfig, roles: tuple[str, ...]) -> dict[str, int]:
-    """One core per role with --pin, when there are enough."""
+    """One core per role with --pin, when there are enough for the model services (verifiers and
+    drafters); the orchestrator, which runs no model, gets a core of its own only if one is left."""
     if not config.pin:
         return {}
     available = sorted(os.sched_getaffinity(0))
-    if len(available) < len(roles):
-        print(f"specpipe: pinning needs {len(roles)} cores, this process may use {len(available)}; not pinning",
+    models = tuple(r for r in roles if not r.startswith("orchestrator"))
+    if len(available) < len(models):
+        print(f"specpipe: pinning needs {len(models)} cores, this process may use {len(available)}; not pinning",
               file=sys.stderr, flush=True)
         return {}
-    return dict(zip(roles, available))
+    return dict(zip(models + tuple(r for r in roles if r not in models), available))
 
 
 def port_offset(name: str, config: UpConfig) -> int:
@@ -209,14 +213,18 @@ def port_offset(name: str, config: UpConfig) -> int:
     return {"orchestrator": 0, "verifier": 1 + i, "drafter": 1 + config.verifiers + i}[role]
 
 
-def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[str, ...]) -> Child:
+def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[str, ...],
+                  cache: str | None = None) -> Child:
+    """cache: the child's n-gram store URL (None: none). It goes in the environment (SPECPIPE_CACHE),
+    not the command line: it may hold the private redis-server's password, and any user of the
+    machine can read a command line, only this user a process's environment (docs/security.md)."""
     role, offset = name.partition("-")[0], port_offset(name, config)
     port, metrics_port = (0, 0) if config.base_port == 0 else (
         config.base_port + offset, config.base_port + METRICS_OFFSET + offset)
     cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
            "--drain-timeout", str(config.drain_timeout_s),
            "--metrics-port", str(metrics_port), "--preset", config.preset, "--device", config.device,
-           "--compile", config.compile, "--draft-weights", config.draft_weights,
+           "--compile", config.compile, "--draft-weights", config.draft_weights, "--batching", config.batching,
            "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
     if config.verifier:
         cmd += ["--verifier", config.verifier]
@@ -224,7 +232,9 @@ def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[st
         cmd += ["--draft-model", config.draft_model]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.threads_per_service),
                MKL_NUM_THREADS=str(config.threads_per_service))
-    env.pop("SPECPIPE_CACHE", None)  # the store is the flags': a drafter must not pick one up on its own
+    env.pop("SPECPIPE_CACHE", None)  # only the store given: a drafter must not pick one up on its own
+    if cache is not None:
+        env["SPECPIPE_CACHE"] = cache
     root = str(pathlib.Path(__file__).resolve().parents[2])  # so the children import this checkout
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     stdout_path, stderr_path = config.log_dir / f"{name}.out", config.log_dir / f"{name}.err"

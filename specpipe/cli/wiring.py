@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 
 from specpipe.cli import security_args
 from specpipe.cli.options import drafter_forward, forward_mode, set_threads, speculation_options, verifier_options
@@ -74,7 +75,7 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     kinds = set(drafter_kinds or (args.drafter,))
     verifier_spec, drafter_spec = model_specs(args.preset, args.verifier, args.draft_model)
     uses_model = bool(kinds & {"model", "hybrid"})
-    forward = drafter_forward(args) if uses_model else {}  # a bad combination fails before the models load
+    forward = drafter_forward(args)  # a bad combination fails before the models load, drafter model or not
     verifier = ModelVerifier.load(verifier_spec, args.device, mode=forward_mode(args), **verifier_options(args))
     uses_store = bool(kinds & {"ngram", "hybrid"})
     if uses_store and store is None:
@@ -101,15 +102,17 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
     from specpipe.replicas import ReplicaSet
     from specpipe.rpc.clients import DrafterClient, VerifierClient
 
-    verifiers = ReplicaSet(verifier_addr, lambda a: VerifierClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms, tls=tls),
-                           verifier_probe)
+    verifier_tls = peer_tls(tls, verifier_addr)
+    verifiers = ReplicaSet(verifier_addr, lambda a: VerifierClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
+                                                                   tls=verifier_tls), verifier_probe)
     verifiers.wait_ready(connect_timeout_s)
     verifier = ReplicatedVerifier(verifiers)
     store = ngram_cache(cache_url, tls)
     served: dict = {}
     if drafter_addr is not None:
-        drafters = ReplicaSet(drafter_addr, lambda a: DrafterClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms, tls=tls),
-                              drafter_probe)
+        drafter_tls = peer_tls(tls, drafter_addr)
+        drafters = ReplicaSet(drafter_addr, lambda a: DrafterClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
+                                                                    tls=drafter_tls), drafter_probe)
         methods = ("model",)
         try:
             methods = first_answer(drafters, "info").methods or methods
@@ -117,6 +120,15 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
             log.warning("drafter service unreachable at start", extra={"error": str(err)})
         served = {method: ReplicatedDrafter(drafters, method) for method in methods}
     return served_generator(tokenizer_spec, verifier, served, defaults, store, limits, learn_global)
+
+
+def peer_tls(tls, target: str):
+    """The TLS of the channels to target's replicas: those of a DNS name (dns:///name:port) are dialled
+    by IP, so their certificates are checked against the name (a headless Service's, in Kubernetes)."""
+    from specpipe.replicas import parse_target
+
+    name = parse_target(target)[1]
+    return replace(tls, server_name=name.rpartition(":")[0]) if tls is not None and name else tls
 
 
 def served_generator(tokenizer_spec, verifier, served: dict, defaults, store, limits=DEFAULT_LIMITS,

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specpipe import cores
 from specpipe.errors import FailedPrecondition
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,18 @@ def _cpu_fingerprint() -> str:
     return platform.machine() + "".join(sorted({line for line in lines if line.split(":")[0].strip() in keys}))
 
 
+def _find_compiler() -> str | None:
+    cc = os.environ.get("CC")
+    return shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc")
+
+
+def has_compiler() -> bool:
+    """Whether a C compiler is there to build the kernel (what `--compile auto` asks)."""
+    return _find_compiler() is not None
+
+
 def _compiler() -> str:
-    cc = shutil.which(os.environ["CC"]) if os.environ.get("CC") else shutil.which("cc") or shutil.which("gcc")
+    cc = _find_compiler()
     if not cc:
         raise FailedPrecondition("--compile on builds a small C kernel for this CPU and needs a C compiler: "
                                  f"install gcc, or set CC (CC={os.environ.get('CC', '')!r})")
@@ -117,7 +128,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias
     y = torch.empty(m, out_features, dtype=torch.float32)
     kernel = getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[packed.dtype]}")
     kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
-           y.data_ptr(), torch.get_num_threads())
+           y.data_ptr(), cores.threads())
     return y
 
 

@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specpipe import errors, types
-from specpipe.lifecycle import call_timeout
+from specpipe.lifecycle import call_timeout, check_cancelled, current_cancellation
 from specpipe.tenancy import TENANT_METADATA
 from specpipe.rpc import convert
 from specpipe.rpc.security import Tls, bearer_metadata
@@ -28,13 +28,17 @@ CHANNEL_OPTIONS = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.enable_http_proxy", 0),              # services talk directly, never through an HTTP proxy
+    ("grpc.initial_reconnect_backoff_ms", 100),  # a restarted peer is reached again within a second
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
 )
 
 
 def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
     """A channel to target: TLS (mutual with tls.cert) when tls is given, else plaintext."""
     if tls is not None:
-        return grpc.secure_channel(target, tls.channel_credentials(), options=CHANNEL_OPTIONS)
+        name = (("grpc.ssl_target_name_override", tls.server_name),) if tls.server_name else ()
+        return grpc.secure_channel(target, tls.channel_credentials(), options=CHANNEL_OPTIONS + name)
     return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
 
 
@@ -75,12 +79,27 @@ class Client:
         self.hop_delay_s = hop_delay_ms / 1e3
         self._channel = channel(target, tls)
 
-    def _call(self, method, request, timeout_s: float | None = None):
+    def _call(self, method, request, timeout_s: float | None = None, cancellable: bool = False):
+        """cancellable: a long call (a prefill), cancelled when the caller of the RPC it serves goes away
+        (specpipe.lifecycle); a short one just runs to its end (a future costs ~0.5 ms more per call)."""
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the request's way
-        timeout_s = call_timeout(timeout_s or self.timeout_s, f"{self.target} {type(request).__name__}")  # the client's, if less
+        what = f"{self.target} {type(request).__name__}"
+        timeout_s = call_timeout(timeout_s or self.timeout_s, what)  # the client's, if less
+        cancellation = current_cancellation() if cancellable else None
         with rpc_errors():
-            reply = method(request, timeout=timeout_s, wait_for_ready=self.wait_for_ready)
+            if cancellation is None:
+                reply = method(request, timeout=timeout_s, wait_for_ready=self.wait_for_ready)
+            else:
+                check_cancelled(what)
+                future = method.future(request, timeout=timeout_s, wait_for_ready=self.wait_for_ready)
+                forget = cancellation.on_cancel(future.cancel)
+                try:
+                    reply = future.result()
+                except grpc.FutureCancelledError:
+                    raise errors.Cancelled(f"{what}: the caller went away") from None
+                finally:
+                    forget()
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the reply's way
         return reply
@@ -122,7 +141,7 @@ class VerifierClient(Client):
     def prefill(self, session_id: str, prompt_ids: Sequence[int]) -> int:
         with encoding("prefill request"):
             request = verifier_pb2.PrefillRequest(session_id=session_id, prompt_ids=prompt_ids)
-        return self._call(self._stub.Prefill, request).context_len
+        return self._call(self._stub.Prefill, request, cancellable=True).context_len
 
     def verify(self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams) -> types.VerifyResult:
         with encoding("verify request"):

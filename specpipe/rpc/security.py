@@ -25,6 +25,8 @@ class Tls:
     key: bytes | None = None   # PEM private key of cert
     ca: bytes | None = None    # PEM CA certificates that peers must chain to
     client_certs: bool = True  # a server with a CA requires client certificates (mTLS); the public API: False
+    server_name: str | None = None  # the name a server's certificate must carry, where it is not the address
+                                    # dialled (replicas of a DNS name are dialled by IP: specpipe.replicas)
 
     @staticmethod
     def from_files(cert: str | None, key: str | None, ca: str | None) -> Tls | None:

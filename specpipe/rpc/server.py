@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 
 from specpipe import metrics
 from specpipe.errors import SpecpipeError, Unavailable
+from specpipe.lifecycle import Cancellation, cancel_scope
 from specpipe.limits import DEFAULT_LIMITS
 from specpipe.rpc.security import TokenAuth, Tls
 
@@ -64,6 +65,8 @@ class ServerConfig:
     auth_token: str | None = None    # the services (not health, reflection) require "authorization: Bearer <it>"
     reflection: bool = False         # server reflection (grpcurl without protos): off unless asked for
     drain_timeout_s: float = 30.0    # on SIGTERM: how long running calls may go on before the stop
+    health_port: int | None = None   # also serve grpc.health.v1 alone, in plaintext, here (probes that
+                                     # speak no TLS: Kubernetes' gRPC probes); None = off, 0 = a free port
 
 
 # Calls refused while draining: each starts work a replica would have to carry past its end.
@@ -91,15 +94,29 @@ def _aborted_already(context: grpc.ServicerContext) -> bool:
     return callable(code) and code() is not None
 
 
+def rpc_cancellation(context) -> Cancellation | None:
+    """A Cancellation set when the RPC ends before its handler does (the caller cancelled, its deadline
+    passed); None where the context cannot tell (Ray Serve's)."""
+    add_callback = getattr(context, "add_callback", None)
+    if add_callback is None:
+        return None
+    cancellation = Cancellation()
+    if not add_callback(cancellation.cancel):  # the RPC has ended already
+        cancellation.cancel()
+    return cancellation
+
+
 def rpc_method(fn):
-    """Servicer method decorator: SpecpipeError -> its status, anything else -> INTERNAL (logged)."""
+    """Servicer method decorator: SpecpipeError -> its status, anything else -> INTERNAL (logged).
+    The handler runs in its RPC's cancellation scope (specpipe.lifecycle)."""
     method = fn.__qualname__
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
         def stream(self, request, context):
             try:
-                yield from fn(self, request, context)
+                with cancel_scope(rpc_cancellation(context)):
+                    yield from fn(self, request, context)
             except Exception as err:  # GeneratorExit (client gone) is not an Exception: it passes
                 if _aborted_already(context):
                     raise
@@ -110,7 +127,8 @@ def rpc_method(fn):
     @functools.wraps(fn)
     def unary(self, request, context):
         try:
-            return fn(self, request, context)
+            with cancel_scope(rpc_cancellation(context)):
+                return fn(self, request, context)
         except Exception as err:
             if _aborted_already(context):
                 raise
@@ -189,8 +207,10 @@ class ServerHandle:
     """A started server. `port` / `address` are the bound ones (useful with port 0)."""
 
     def __init__(self, server: grpc.Server, health_servicer: health.HealthServicer, config: ServerConfig,
-                 port: int, service_names: tuple[str, ...], drain: _Drain, metrics_http=None):
+                 port: int, service_names: tuple[str, ...], drain: _Drain, metrics_http=None,
+                 health_server: tuple[grpc.Server, int] | None = None):
         self.server = server
+        self._health_server, self.health_port = health_server or (None, None)
         self._drain = drain
         self.health = health_servicer
         self.config = config
@@ -238,6 +258,8 @@ class ServerHandle:
         self._stopped.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(self.config.grace_s if grace_s is None else grace_s).wait()
+        if self._health_server is not None:
+            self._health_server.stop(0).wait()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
@@ -261,6 +283,21 @@ class ServerHandle:
 
     def __exit__(self, *exc) -> None:
         self.stop(grace_s=0)
+
+
+def _health_only(health_servicer: health.HealthServicer, config: ServerConfig) -> tuple[grpc.Server, int]:
+    """A plaintext server of the health service alone (the same statuses, drain included): what it
+    tells, SERVING or not, is no secret, and no other service is reachable through it."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=(("grpc.so_reuseport", 0),))
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    try:
+        port = server.add_insecure_port(f"{config.host}:{config.health_port}")
+    except RuntimeError as err:
+        raise Unavailable(f"cannot listen on {config.host}:{config.health_port}: {err}") from None
+    if port == 0:
+        raise Unavailable(f"cannot listen on {config.host}:{config.health_port} (in use?)")
+    server.start()
+    return server, port
 
 
 def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) -> ServerHandle:
@@ -300,10 +337,11 @@ def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) ->
         except OSError as err:
             raise Unavailable(f"cannot serve metrics on {config.host}:{config.metrics_port}: {err}") from None
 
+    health_server = _health_only(health_servicer, config) if config.health_port is not None else None
     server.start()
     for name in names + ("",):  # "" = the whole server
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    handle = ServerHandle(server, health_servicer, config, port, names, drain, metrics_http)
+    handle = ServerHandle(server, health_servicer, config, port, names, drain, metrics_http, health_server)
     log.info("server started", extra={"services": list(names), "address": handle.address,
                                       "metrics_port": handle.metrics_port})
     return handle

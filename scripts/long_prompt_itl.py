@@ -1,0 +1,138 @@
+"""Inter-token latency of decoding sessions while a long prompt is admitted, with the prompt's
+chunks bounded by time (--prefill-stall, the default 1.5) against fixed chunks of --prefill-chunk
+tokens (stall 0), on one verifier pinned to one core, in one run (docs/batching.md).
+
+    PYTHONPATH=. python scripts/long_prompt_itl.py --preset smollm2 --long-tokens 4096
+
+For each setting: D sessions decode; after each has emitted a few tokens a prompt of --long-tokens
+tokens is submitted; the decoding sessions' gaps between tokens are recorded without it (the first
+phase) and while it is being prefilled (from its submission to its first token). Greedy, plain
+batched decoding (drafter none), so the verifier's schedule alone is measured; every decoding
+session's output is checked against the verifier's own greedy decoding.
+A measurement, not a test: compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+
+import torch
+
+from orchestrator.generator import Generator
+from specpipe.batch_scheduler import BatchConfig
+from specpipe.models import load_model, load_tokenizer, model_info
+from specpipe.presets import model_specs
+from specpipe.prompts import load_suite
+from specpipe.types import GenerationRequest, SpeculationOptions
+from verifier_service.verifier import ModelVerifier
+
+NONE = SpeculationOptions(drafter="none", adaptive="off")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def long_prompt(generator: Generator, tokens: int) -> tuple[int, ...]:
+    """Code prompts of the HumanEval suite, concatenated until `tokens` tokens."""
+    ids: list[int] = []
+    for prompt in load_suite("humaneval", 164) * 8:
+        ids += generator.encode(prompt=prompt.messages[-1][1])
+        if len(ids) >= tokens:
+            return tuple(ids[:tokens])
+    return tuple(ids)
+
+
+def decode(generator: Generator, prompt_ids, stop: threading.Event, started: threading.Event, out: dict) -> None:
+    """Decode until stop is set; out: token times and ids."""
+    times, ids = [], []
+    for chunk in generator.generate(GenerationRequest(tuple(prompt_ids), 4096, speculation=NONE)):
+        now = time.perf_counter()
+        times += [now] * len(chunk.token_ids)
+        ids += chunk.token_ids
+        if len(ids) >= 4:
+            started.set()
+        if stop.is_set():
+            break
+    out.update(times=times, ids=ids)
+
+
+def run_setting(generator: Generator, prompts: list[tuple[int, ...]], long_ids: tuple[int, ...],
+                warm_s: float) -> dict:
+    stop, outs, starts = threading.Event(), [{} for _ in prompts], [threading.Event() for _ in prompts]
+    threads = [threading.Thread(target=decode, args=(generator, p, stop, s, o)) for p, s, o in zip(prompts, starts, outs)]
+    for thread in threads:
+        thread.start()
+    for event in starts:
+        event.wait()
+    time.sleep(warm_s)  # the first phase: decoding alone
+    submitted = time.perf_counter()
+    request = GenerationRequest(long_ids, 1, speculation=NONE)
+    first = next(iter(generator.generate(request)))
+    first_token = time.perf_counter()
+    time.sleep(warm_s / 2)
+    stop.set()
+    for thread in threads:
+        thread.join()
+
+    def gaps(lo: float, hi: float) -> list[float]:
+        return [(b - a) * 1e3 for o in outs for a, b in zip(o["times"], o["times"][1:]) if lo <= b <= hi and b > a]
+
+    alone = gaps(0.0, submitted)
+    admitting = gaps(submitted, first_token)
+    return {"itl_alone_p50": percentile(alone, 50), "itl_alone_p99": percentile(alone, 99),
+            "itl_admitting_p50": percentile(admitting, 50), "itl_admitting_p99": percentile(admitting, 99),
+            "long_ttft_s": first_token - submitted, "gaps_alone": len(alone), "gaps_admitting": len(admitting),
+            "outputs": [o["ids"] for o in outs], "long_first_token": first.token_ids}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="smollm2")
+    parser.add_argument("--long-tokens", type=int, default=4096)
+    parser.add_argument("--sessions", type=int, default=2, help="decoding sessions (default: %(default)s)")
+    parser.add_argument("--prefill-chunk", type=int, default=256)
+    parser.add_argument("--stalls", default="0,1.5", help="--prefill-stall settings, 0 = fixed chunks")
+    parser.add_argument("--warm-s", type=float, default=10.0, help="seconds of decoding alone (default: %(default)s)")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    torch.set_num_threads(1)
+
+    verifier_spec = model_specs(args.preset)[0]
+    tokenizer = load_tokenizer(verifier_spec)
+    results = {}
+    for stall in (float(s) for s in args.stalls.split(",")):
+        model = load_model(verifier_spec)
+        info = model_info(verifier_spec, model)
+        verifier = ModelVerifier(model, info, mode="packed",
+                                 batch=BatchConfig(prefill_chunk=args.prefill_chunk, prefill_stall=stall))
+        generator = Generator(tokenizer, verifier, {}, NONE)
+        long_ids = long_prompt(generator, min(args.long_tokens, info.max_context - 8))
+        prompts = [generator.encode(messages=p.messages) for p in load_suite("gsm8k", args.sessions)]
+        result = run_setting(generator, prompts, long_ids, args.warm_s)
+        results[f"prefill-stall {stall:g}"] = result
+        print(f"prefill-stall {stall:g}: ITL p50 / p99 decoding alone {result['itl_alone_p50']:.1f} / "
+              f"{result['itl_alone_p99']:.1f} ms; while a {len(long_ids)}-token prompt is admitted "
+              f"{result['itl_admitting_p50']:.1f} / {result['itl_admitting_p99']:.1f} ms "
+              f"(p99 ratio {result['itl_admitting_p99'] / result['itl_alone_p99']:.2f}x); its time to first "
+              f"token {result['long_ttft_s']:.1f} s", flush=True)
+    outputs = [r["outputs"] for r in results.values()]
+    same = all(min(len(a), len(b)) > 0 and a[:min(len(a), len(b))] == b[:min(len(a), len(b))]
+               for run in outputs[1:] for a, b in zip(outputs[0], run))
+    print("decoding outputs agree across settings" if same else "DECODING OUTPUTS DIFFER")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "sessions": args.sessions, "prefill_chunk": args.prefill_chunk,
+                       "results": {k: {n: v for n, v in r.items() if n != "outputs"} for k, r in results.items()}},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
