@@ -10,20 +10,24 @@ chunk, ancestors for a tree). The final norm and lm_head run only on the rows th
 Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
 (the packed GEMM computes every row the same way for every M; attention is per session), so a
 session's logits do not depend on who else is in the forward. One exception, handled here: MKL's
-fp32 GEMM rounds differently below 4 rows (its GEMV-like path; checked on this machine's MKL
-2024.2 for every shape of the tiny and SmolLM2 models: rows are bitwise equal for every M >= 4 and
-differ for M = 1..3), so a batch of fewer than MIN_GEMM_ROWS rows is padded to that many. This
-matters to the drafter most: its steps are one token per session, M = 1 alone and M = 8 with 7
-batch mates. The packed GEMM needs no padding; padding it costs nothing measurable.
+fp32 GEMM rounds differently below 4 rows (its GEMV-like path; checked on MKL 2024.2 for every shape
+of the tiny and SmolLM2 models: rows are bitwise equal for every M >= 4 and differ for M = 1..3),
+so where an nn.Linear (MKL) runs, a batch of fewer than MIN_GEMM_ROWS rows is padded to that many.
+This matters to the drafter most: its steps are one token per session, M = 1 alone and M = 8 with 7
+batch mates. The packed GEMM computes every row the same way for every M, so a model whose linear
+layers are all packed is not padded: on an AVX2 host, padding a lone decode step to 4 rows made
+SmolLM2's packed forward 12% slower.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -82,17 +86,30 @@ def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, seg
         end = start + n
         segment.kv.write(layer, past, k_new[:, start:end], v_new[:, start:end])
         keys, values = segment.kv.view(layer, past + n)  # [kv_heads, past + n, head_dim]
-        allowed = torch.ones(n, past + n, dtype=torch.bool, device=q.device)  # [n, past + n]
-        allowed[:, past:] = segment.allowed
+        allowed = None  # a lone token sees every position
+        if n > 1:
+            allowed = torch.ones(n, past + n, dtype=torch.bool, device=q.device)  # [n, past + n]
+            allowed[:, past:] = segment.allowed
         o = F.scaled_dot_product_attention(q[None, :, start:end], keys[None], values[None], attn_mask=allowed,
                                            scale=attn.scaling, enable_gqa=True)  # [1, heads, n, head_dim]
         out[start:end] = o[0].transpose(0, 1).reshape(n, -1)
     return out
 
 
-def _pad_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [rows, ...] with zero rows appended up to MIN_GEMM_ROWS."""
-    pad = MIN_GEMM_ROWS - x.shape[0]
+_min_rows: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def min_rows(model: nn.Module) -> int:
+    """The rows a forward of model is padded to: MIN_GEMM_ROWS where any nn.Linear (MKL's GEMM) runs,
+    1 where every linear layer is packed (see the module docstring)."""
+    if model not in _min_rows:
+        _min_rows[model] = MIN_GEMM_ROWS if any(type(m) is nn.Linear for m in model.modules()) else 1
+    return _min_rows[model]
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [rows, ...] with zero rows appended up to rows."""
+    pad = rows - x.shape[0]
     return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad > 0 else x
 
 
@@ -109,7 +126,8 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
         segment.kv.reserve(segment.kv.length + n)
     ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=device)  # [T]
     positions = torch.cat([s.positions for s in segments]).to(device)                                # [T]
-    ids, positions = _pad_rows(ids), _pad_rows(positions)                                            # [R >= T]
+    pad = min_rows(model)
+    ids, positions = _pad_rows(ids, pad), _pad_rows(positions, pad)                                  # [R >= T]
     hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
     cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, R, head_dim]
     for layer_idx, layer in enumerate(inner.layers):
@@ -126,7 +144,7 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
         segment.kv.length += n
 
     rows = [i for s, start, n in zip(segments, offsets, lengths) for i in range(start + n - s.logit_rows, start + n)]
-    logits = model.lm_head(_pad_rows(inner.norm(hidden[rows]))).float() if rows else None  # [>= len(rows), vocab]
+    logits = model.lm_head(_pad_rows(inner.norm(hidden[rows]), pad)).float() if rows else None  # [>= len(rows), vocab]
     out, row = [], 0
     for segment in segments:
         out.append(logits[row : row + segment.logit_rows] if segment.logit_rows else None)
