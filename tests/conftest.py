@@ -8,6 +8,22 @@ import torch
 torch.set_num_threads(1)  # two cores: leave one to the gRPC servers and the other process
 
 
+@pytest.fixture
+def cli(capsys):
+    """specpipe's command line in this process, for flags refused before any model loads (a subprocess
+    costs seconds of imports): cli(*argv) -> (exit code, stderr)."""
+    from specpipe.cli.main import main
+
+    def run(*argv: str) -> tuple[int, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exit:  # argparse's errors
+            code = exit.code
+        return code, capsys.readouterr().err
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def tiny_verifier():
     from specpipe.presets import model_specs

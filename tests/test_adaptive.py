@@ -19,7 +19,7 @@ from specpipe.types import SpeculationOptions
 from tests.golden import assert_golden
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 # the embedded (memory, Redis) and distributed (gRPC + Redis) generators with every drafter kind
-from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references  # noqa: F401  (fixtures)
+from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references, store_cases  # noqa: F401  (fixtures)
 
 
 def test_fit_recovers_a_line_from_noisy_timings():
@@ -284,7 +284,8 @@ ADAPTIVE = {
 }
 
 
-@pytest.mark.parametrize("speculation", ADAPTIVE.values(), ids=ADAPTIVE.keys())
+@pytest.mark.parametrize("generator, speculation", store_cases(ADAPTIVE, {"ngram branch", "hybrid branch"}),
+                         indirect=["generator"])
 def test_adaptive_equals_verifier_greedy(generator, references, speculation):
     # a generator that has learned nothing yet (the same services): its first round drafts k_max
     fresh = Generator(generator.tokenizer, generator.verifier, generator.drafters, generator.defaults, generator.cache)
@@ -321,13 +322,9 @@ def test_bench_sweep_reports_the_best_fixed_setting_against_adaptive(tmp_path):
     (["bench", "--sweep", "x"], "--sweep takes draft lengths >= 1"),
     (["generate", "--prompt", "x", "--adaptive", "maybe"], "invalid choice: 'maybe'"),
 ])
-def test_cli_rejects_bad_adaptive_flags(argv, message):
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", *argv, "--preset", "tiny"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+def test_cli_rejects_bad_adaptive_flags(cli, argv, message):
+    code, stderr = cli(*argv, "--preset", "tiny")
+    assert code != 0 and message in stderr, stderr
 
 
 @pytest.mark.parametrize("argv, adaptive, draft_len", [

@@ -64,14 +64,21 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--baselines", "generate,vllm"], "unknown baselines ['vllm']"),
-    pytest.param(["--prompts", "/no/such/file.jsonl"], "does not exist", marks=pytest.mark.slow),  # loads the models first
     (["--report", "/no/such/result.json"], "bench result /no/such/result.json does not exist"),
-    pytest.param(["--suite", "humaneval", "--turns", "2", "--limit", "1", "--no-pin"],
-                 "--turns 2 needs prompts with a second turn", marks=pytest.mark.slow),  # loads the models first
     (["--methods", "model:branch+fast"], "[/K][+adaptive][@HOP_MS]"),
     (["--methods", "model:branch/0"], "[/K][+adaptive][@HOP_MS]"),
 ])
-def test_bad_bench_flags(argv, message):
+def test_bad_bench_flags(cli, argv, message):
+    code, stderr = cli("bench", "--preset", "tiny", *argv)
+    assert code != 0 and message in stderr, stderr
+
+
+@pytest.mark.slow  # each loads the models first, in a process of its own (bench pins it and sets its threads)
+@pytest.mark.parametrize("argv, message", [
+    (["--prompts", "/no/such/file.jsonl"], "does not exist"),
+    (["--suite", "humaneval", "--turns", "2", "--limit", "1", "--no-pin"], "--turns 2 needs prompts with a second turn"),
+])
+def test_bad_bench_flags_found_after_loading(argv, message):
     proc = bench(*argv, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 

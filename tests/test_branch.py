@@ -17,7 +17,7 @@ from specpipe.types import (
 from tests.golden import GOLDEN_PROMPTS, assert_golden, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 # the embedded (memory, Redis) and distributed (gRPC + Redis) generators with every drafter kind
-from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references  # noqa: F401  (fixtures)
+from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references, store_cases  # noqa: F401  (fixtures)
 
 
 BRANCH = {
@@ -29,7 +29,8 @@ BRANCH = {
 }
 
 
-@pytest.mark.parametrize("speculation", BRANCH.values(), ids=BRANCH.keys())
+@pytest.mark.parametrize("generator, speculation", store_cases(BRANCH, {"model paper M=2", "model tree all"}),
+                         indirect=["generator"])
 def test_branch_schedule_equals_verifier_greedy(generator, references, speculation):
     drafted, accepted = assert_golden(generator, references, MAX_NEW_TOKENS, speculation)
     assert 0 < accepted < drafted
@@ -254,13 +255,9 @@ def test_calibrated_predictor_learns_the_drafters_calibration():
     (["bench", "--methods", "model:branch@x", "--transport", "grpc"], "@HOP_MS must be a number"),
     (["bench", "--methods", "magic"], "unknown drafters"),
 ])
-def test_cli_rejects_bad_schedule_flags(argv, message):
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", *argv, "--preset", "tiny"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+def test_cli_rejects_bad_schedule_flags(cli, argv, message):
+    code, stderr = cli(*argv, "--preset", "tiny")
+    assert code != 0 and message in stderr, stderr
 
 
 def test_generation_options_reject_bad_schedule(tiny_generator, references):

@@ -142,17 +142,14 @@ def test_no_compilation_after_warm_up(compiled, references):
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--compile", "maybe", "hi"], "invalid choice: 'maybe'"),
-    pytest.param(["generate", "--compile", "off", "--draft-weights", "bf16", "--prompt", "hi"],
-                 "--draft-weights bf16 packs the drafter's weights", marks=pytest.mark.slow),  # each a process
-    pytest.param(["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]",
-                 marks=pytest.mark.slow),
-    pytest.param(["bench", "--forward-curve", "--acceptance", "high"], "--acceptance takes rates in [0, 1]",
-                 marks=pytest.mark.slow),
+    (["generate", "--compile", "off", "--draft-weights", "bf16", "--prompt", "hi"],
+     "--draft-weights bf16 packs the drafter's weights"),
+    (["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]"),
+    (["bench", "--forward-curve", "--acceptance", "high"], "--acceptance takes rates in [0, 1]"),
 ])
-def test_cli_rejects_bad_compile_flags(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", *argv, "--preset", "tiny"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+def test_cli_rejects_bad_compile_flags(cli, argv, message):
+    code, stderr = cli(*argv, "--preset", "tiny")
+    assert code != 0 and message in stderr, stderr
 
 
 def test_forward_curve_and_bounds(model):

@@ -47,7 +47,20 @@ def distributed_generator(redis_url, verifier, model_drafter):
     drafter_store.close()
 
 
-@pytest.fixture(scope="module", params=["memory", "redis", "grpc+redis"])
+STORES = ("memory", "redis", "grpc+redis")
+
+
+def store_cases(specs: dict[str, SpeculationOptions], distributed: set[str]) -> list:
+    """(store, speculation) cases for a test of the generator fixture (parametrized indirectly): every
+    spec with the in-memory store; with -m slow, in embedded Redis (grpc+redis drafts from Redis too,
+    in the drafter service) and over gRPC + Redis, except the specs in distributed, which stay in the
+    default suite."""
+    return [pytest.param(store, spec, id=f"{store}-{name}", marks=() if store == "memory" or (
+                store == "grpc+redis" and name in distributed) else pytest.mark.slow)
+            for store in STORES for name, spec in specs.items()]
+
+
+@pytest.fixture(scope="module", params=STORES)
 def generator(request, tiny_tokenizer, tiny_verifier, tiny_drafter):
     if request.param == "memory":
         yield generator_with(InMemoryNgramCache(), tiny_tokenizer, tiny_verifier, tiny_drafter)
@@ -65,12 +78,16 @@ def references(tiny_tokenizer, tiny_verifier):
     return golden_references(tiny_tokenizer, tiny_verifier.model, MAX_NEW_TOKENS)
 
 
-@pytest.mark.parametrize("speculation", [
-    SpeculationOptions(drafter="ngram", draft_len=7, adaptive="off"),
-    SpeculationOptions(drafter="ngram", draft_len=5, width=3, adaptive="off"),
-    SpeculationOptions(drafter="hybrid", draft_len=4, adaptive="off"),
-    SpeculationOptions(drafter="hybrid", draft_len=4, width=2, adaptive="off"),
-], ids=["ngram chain k=7", "ngram tree k=5 width=3", "hybrid k=4", "hybrid tree k=4 width=2"])
+NGRAM = {
+    "ngram chain k=7": SpeculationOptions(drafter="ngram", draft_len=7, adaptive="off"),
+    "ngram tree k=5 width=3": SpeculationOptions(drafter="ngram", draft_len=5, width=3, adaptive="off"),
+    "hybrid k=4": SpeculationOptions(drafter="hybrid", draft_len=4, adaptive="off"),
+    "hybrid tree k=4 width=2": SpeculationOptions(drafter="hybrid", draft_len=4, width=2, adaptive="off"),
+}
+
+
+@pytest.mark.parametrize("generator, speculation", store_cases(NGRAM, {"ngram chain k=7", "hybrid tree k=4 width=2"}),
+                         indirect=["generator"])
 def test_ngram_and_hybrid_equal_verifier_greedy(generator, references, speculation):
     drafted, accepted = assert_golden(generator, references, MAX_NEW_TOKENS, speculation)
     assert 0 < accepted < drafted  # drafts were made, some accepted, some rejected

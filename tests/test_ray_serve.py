@@ -132,6 +132,7 @@ def test_ray_concurrent_sessions_pinned_apart_and_a_lost_replica(app, references
     assert history[0] == one.replica and history[-1] == two.replica  # re-prefilled on the live replica
 
 
+@pytest.mark.slow  # the local Ray cluster alone takes 40 s to start (the router and manifests: test_ray_router.py, test_k8s_ray.py)
 def test_ray_health_and_errors(app):
     from ray.serve.generated import serve_pb2, serve_pb2_grpc
 

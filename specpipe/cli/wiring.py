@@ -71,11 +71,11 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     from orchestrator.generator import Generator
     from verifier_service.verifier import ModelVerifier
 
+    forward = drafter_forward(args)  # a bad combination fails before anything changes, drafter model or not
     set_threads(args.threads)
     kinds = set(drafter_kinds or (args.drafter,))
     verifier_spec, drafter_spec = model_specs(args.preset, args.verifier, args.draft_model)
     uses_model = bool(kinds & {"model", "hybrid"})
-    forward = drafter_forward(args)  # a bad combination fails before the models load, drafter model or not
     verifier = ModelVerifier.load(verifier_spec, args.device, mode=forward_mode(args), **verifier_options(args))
     uses_store = bool(kinds & {"ngram", "hybrid"})
     if uses_store and store is None:
