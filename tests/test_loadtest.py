@@ -232,7 +232,7 @@ def csv_rows(path: Path) -> dict[str, dict]:
         return {row["Name"]: row for row in csv.DictReader(stream)}
 
 
-@pytest.mark.slow  # `specpipe up` and Locust: 35 s (Locust in the default suite: the next test, test_tls.py)
+@pytest.mark.slow  # `specpipe up` and Locust: 35 s; Locust runs in the default suite in the next test and test_tls.py
 def test_smoke_tiny_4_users(tmp_path):
     proc, summary = loadtest(tmp_path, "--preset", "tiny", "--shape", "constant", "--users", "4", "--run-time", "8",
                              "--max-new-tokens", "32", "--prompt-limit", "5", "--slo", "ttft=60000,itl=60000")
