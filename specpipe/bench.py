@@ -168,13 +168,12 @@ def speedup_bound(rates: Sequence[float], t_1: float, draft_ms: float, verify_ms
     each position instead of one alpha), draft_ms the cost of one draft token and verify_ms of one
     verification; cost(k) = k * draft_ms + verify_ms (sequential), or max(k * draft_ms, verify_ms)
     when drafting overlaps verification (the branch schedule with every prediction right)."""
-    best, expected, landed = 0.0, 1.0, 1.0
+    from orchestrator.costs import expected_tokens  # the E(k) adaptive control maximises
+
+    best = 0.0
     for k in range(len(rates) + 1):
-        if k:
-            landed *= rates[k - 1]
-            expected += landed
         cost = max(k * draft_ms, verify_ms) if overlapped else k * draft_ms + verify_ms
-        best = max(best, expected * t_1 / cost if cost else 0.0)
+        best = max(best, expected_tokens(rates, k) * t_1 / cost if cost else 0.0)
     return best
 
 

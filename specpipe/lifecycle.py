@@ -100,10 +100,9 @@ def deadline_scope(remaining_s: float | None) -> Iterator[None]:
 def call_timeout(timeout_s: float | None, what: str) -> float | None:
     """A call's deadline in seconds: its own timeout_s, shortened to the scope's time left;
     DeadlineExceeded when none is left (the call would fail on the peer anyway)."""
-    deadline = _DEADLINE.get()
-    if deadline is None:
+    left = time_left()
+    if left == float("inf"):
         return timeout_s
-    left = deadline - time.monotonic()
     if left <= 0:
         raise DeadlineExceeded(f"{what}: the client's deadline has passed")
     return left if timeout_s is None else min(timeout_s, left)

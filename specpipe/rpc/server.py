@@ -290,14 +290,21 @@ def _health_only(health_servicer: health.HealthServicer, config: ServerConfig) -
     tells, SERVING or not, is no secret, and no other service is reachable through it."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=(("grpc.so_reuseport", 0),))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    try:
-        port = server.add_insecure_port(f"{config.host}:{config.health_port}")
-    except RuntimeError as err:
-        raise Unavailable(f"cannot listen on {config.host}:{config.health_port}: {err}") from None
-    if port == 0:
-        raise Unavailable(f"cannot listen on {config.host}:{config.health_port} (in use?)")
+    port = _listen(server, config.host, config.health_port)
     server.start()
     return server, port
+
+
+def _listen(server: grpc.Server, host: str, port: int, tls: Tls | None = None) -> int:
+    """Bind server to host:port (TLS or plaintext); the bound port, or UNAVAILABLE."""
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_secure_port(address, tls.server_credentials()) if tls else server.add_insecure_port(address)
+    except RuntimeError as err:
+        raise Unavailable(f"cannot listen on {address}: {err}") from None
+    if bound == 0:
+        raise Unavailable(f"cannot listen on {address} (in use?)")
+    return bound
 
 
 def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) -> ServerHandle:
@@ -317,16 +324,7 @@ def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) ->
     if config.reflection:
         reflection.enable_server_reflection(names + (health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
-    try:
-        address = f"{config.host}:{config.port}"
-        if config.tls is not None:
-            port = server.add_secure_port(address, config.tls.server_credentials())
-        else:
-            port = server.add_insecure_port(address)
-    except RuntimeError as err:
-        raise Unavailable(f"cannot listen on {config.host}:{config.port}: {err}") from None
-    if port == 0:
-        raise Unavailable(f"cannot listen on {config.host}:{config.port} (in use?)")
+    port = _listen(server, config.host, config.port, config.tls)
 
     metrics_http = None
     if config.metrics_port is not None:
