@@ -5,15 +5,18 @@
 # verifier and the drafter) against transformers on the same 2 cores and the same packed weights
 # (generate(), assisted generation, prompt lookup at 4 and 10 tokens), and eager generate() on one
 # core, labelled. 20 HumanEval, 10 GSM8K and 8 MT-Bench prompts (every category in turn).
-# PRESET (default qwen-coder) and TOKENS (new tokens, default 48) change the run; docs/results has
-# PRESET=smollm2 TOKENS=32 (qwen-coder: about 2 minutes a prompt per method on the 2-core AVX2 host).
+# PRESET (default qwen-coder, the default preset) and TOKENS (new tokens, default 48) change the run.
+# On the 2-core AVX2 host qwen-coder takes about 80 minutes (38 of them HumanEval), smollm2 about 16.
+# Another preset writes default-$PRESET-*.json and the docs/results section default-$PRESET.
 set -e
 cd "$(dirname "$0")/.."
 tokens=${TOKENS:-48}
 preset=${PRESET:-qwen-coder}
+name=default
+if [ "$preset" != qwen-coder ]; then name=default-$preset; fi
 common=(--preset "$preset" --max-new-tokens "$tokens" --baselines generate,generate-threads,assisted,prompt-lookup)
-specpipe bench "${common[@]}" --suite humaneval --limit 20 --json bench-results/default-humaneval.json
-specpipe bench "${common[@]}" --suite gsm8k --limit 10 --json bench-results/default-gsm8k.json
-specpipe bench "${common[@]}" --suite mtbench --limit 8 --json bench-results/default-mtbench.json
-specpipe bench --report bench-results/default-humaneval.json bench-results/default-gsm8k.json \
-  bench-results/default-mtbench.json --readme docs/results/README.md --section default --plot-dir bench-results/plots-default
+specpipe bench "${common[@]}" --suite humaneval --limit 20 --json "bench-results/$name-humaneval.json"
+specpipe bench "${common[@]}" --suite gsm8k --limit 10 --json "bench-results/$name-gsm8k.json"
+specpipe bench "${common[@]}" --suite mtbench --limit 8 --json "bench-results/$name-mtbench.json"
+specpipe bench --report "bench-results/$name-humaneval.json" "bench-results/$name-gsm8k.json" \
+  "bench-results/$name-mtbench.json" --readme docs/results/README.md --section "$name" --plot-dir "bench-results/plots-$name"

@@ -11,16 +11,21 @@ Gather policy (plan_batch): dispatch as soon as the model is free, with whatever
 waiting for company. Whole steps go first (a decoding session's latency is the product), oldest
 first, within the token budget; chunked steps (prompts) fill the rest in chunks of at most
 prefill_chunk tokens, so a long prompt enters over several forwards and never stalls the decode
-rounds of others for more than one chunk; next to whole steps, a chunk is also kept small enough
-that the forward takes at most prefill_stall x the whole steps' own time (stall_chunk_cap). A
-whole step larger than the whole budget runs alone.
+rounds of others for more than one chunk. While other sessions decode, a chunk is also kept small
+enough that a forward takes at most prefill_stall x as long as their rounds alone (stall_chunk_cap):
+beside their pending rounds, and on the verifier also between them (a session counts as decoding for
+DECODING_RECENT_S after its last round), where a forward with chunks first waits up to
+GATHER_GRACE_S for the rounds of decoding sessions not yet pending, so that they keep sharing
+forwards instead of each running beside its own chunk. A whole step larger than the whole budget runs alone.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Generator, Sequence
+import weakref
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,13 +64,13 @@ def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefi
     """pending: (chunked, tokens left) per request, oldest first. Returns (request index, tokens
     to feed now) for the next forward: whole steps, oldest first, within the budget (the first
     always, even past it); then chunks of chunked steps from what is left, at most chunk_cap
-    tokens of them in a forward that also runs whole steps (see stall_chunk_cap)."""
+    tokens of them (see stall_chunk_cap)."""
     plan, budget = [], max_batch_tokens
     for i, (chunked, left) in enumerate(pending):
         if not chunked and (left <= budget or not plan):
             plan.append((i, left))
             budget -= left
-    if plan and chunk_cap is not None:
+    if chunk_cap is not None:
         budget = min(budget, chunk_cap)
     for i, (chunked, left) in enumerate(pending):
         if chunked and budget > 0:
@@ -78,20 +83,49 @@ def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefi
     return plan
 
 
-MIN_CHUNK = 8         # prompt tokens such a forward still takes, so a prompt always advances
+MIN_CHUNK = 8             # prompt tokens such a forward still takes, so a prompt always advances
+DECODING_RECENT_S = 2.0   # a session whose last round ended this recently counts as decoding
+GATHER_GRACE_S = 0.01     # how long a forward with chunks waits, once, for decoding sessions' rounds
 
 
-def stall_chunk_cap(decode_tokens: int, fit: tuple[float, float] | None, stall: float) -> int | None:
-    """Prompt tokens that a forward of decode_tokens tokens of whole steps (verify rounds, draft
-    steps) may add so that it takes at most stall x as long as those steps alone, from the fitted
-    forward time a + b * tokens (Sarathi-Serve's chunking, bounded by time instead of tokens); None
+def decoding_work(last_steps: Iterable[tuple[float, float]], now: float) -> float:
+    """Work (see step_work) of the last whole steps (ended at, work) of the sessions still decoding at `now`."""
+    return sum(work for ended, work in last_steps if now - ended <= DECODING_RECENT_S)
+
+
+def attention_weight(config) -> float:
+    """FLOPs of one query attending to one key over the FLOPs of one token through a layer stack's
+    linear layers (a Llama-family config): what a query-key pair weighs against a token."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    per_layer = 2 * config.hidden_size * q + 2 * config.hidden_size * kv + 3 * config.hidden_size * config.intermediate_size
+    return 2 * q / per_layer  # per layer: 4 * q FLOPs a pair (scores and values), 2 * per_layer a token
+
+
+def step_work(tokens: int, past: int, attention: float) -> float:
+    """A step's share of a forward's time in token-equivalents: its tokens, plus its query-key pairs
+    (each token attends to the past and the step's own tokens before it) at attention weight. A
+    prompt chunk deep into a long prompt costs more than its tokens: at 4k positions of SmolLM2,
+    2.4x a chunk at the start."""
+    return tokens + attention * tokens * (past + (tokens + 1) / 2)
+
+
+def stall_chunk_cap(decode_work: float, fit: tuple[float, float] | None, stall: float, past: int = 0,
+                    attention: float = 0.0) -> int | None:
+    """Prompt tokens at position `past` that a forward may feed so that it takes at most stall x as
+    long as whole steps (verify rounds, draft steps) of decode_work (step_work) alone, from the fitted
+    forward time a + b * work (Sarathi-Serve's chunking, bounded by time instead of tokens); None
     (no bound) without whole steps, before the fit knows a per-token cost, or with stall 0. On a CPU a prompt chunk
     costs far more than a decode round, so this keeps a long prompt being admitted from stretching
     the inter-token latency of the sessions already decoding."""
-    if decode_tokens <= 0 or fit is None or fit[1] <= 0 or not stall:
+    if decode_work <= 0 or fit is None or fit[1] <= 0 or not stall:
         return None
     a, b = fit
-    return max(MIN_CHUNK, int((stall - 1.0) * (a + b * decode_tokens) / b))
+    room = (stall - 1.0) * (a + b * decode_work) / b  # work the chunk may add
+    if attention > 0:  # step_work(n, past) = room, solved for n
+        linear = 1 + attention * (past + 0.5)
+        room = (math.sqrt(linear * linear + 2 * attention * room) - linear) / attention
+    return max(MIN_CHUNK, int(room))
 
 
 @dataclass(frozen=True)
@@ -163,10 +197,15 @@ class Scheduler:
         self.config = config
         self._role = role
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
-        self._cost = LinearFit(decay=0.9)  # forward ms against tokens fed
+        self._cost = LinearFit(decay=0.9)  # forward ms against work fed (step_work)
+        self._attention = attention_weight(model.config)
         self._pending: list[Work] = []
         self._cond = threading.Condition()
         self._closed = False
+        # slot -> (ended, work) of its last whole step: the verifier's decoding sessions, between rounds too
+        self._last_steps: weakref.WeakKeyDictionary[SlotKV, tuple[float, float]] | None = (
+            weakref.WeakKeyDictionary() if role == "verifier" else None)
+        self._graced = False  # the next forward has waited for decoding sessions' rounds
         self._thread = threading.Thread(target=self._loop, name=f"specpipe-{role}-batch", daemon=True)
         self._thread.start()
 
@@ -201,23 +240,50 @@ class Scheduler:
         self._thread.join()
 
     def _loop(self) -> None:
-        while True:
+        while self._dispatch():  # one forward per call: nothing of it outlives the call (released slots go)
+            pass
+
+    def _dispatch(self) -> bool:
+        """Run the next forward; False once closed."""
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                for work in self._pending:
+                    work.error = Unavailable(f"the {self._role} is shutting down")
+                    work.done.set()
+                return False
+            pending = list(self._pending)
+        if self._drop_abandoned(pending):
+            return True
+        left = [w.left() for w in pending]
+        decoding = sum(self._work(w, n) for w, (chunked, n) in zip(pending, left) if not chunked)
+        elsewhere = self._decoding_elsewhere(pending) if any(chunked for chunked, _ in left) else 0.0
+        if elsewhere and not self._graced:  # rounds due now join this forward instead of waiting out a chunk
+            self._graced = True
+            deadline = time.perf_counter() + GATHER_GRACE_S
             with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    for work in self._pending:
-                        work.error = Unavailable(f"the {self._role} is shutting down")
-                        work.done.set()
-                    return
-                pending = list(self._pending)
-            if self._drop_abandoned(pending):
-                continue
-            left = [w.left() for w in pending]
-            cap = stall_chunk_cap(sum(n for chunked, n in left if not chunked), self._cost.line(),
-                                  self.config.prefill_stall)
-            plan = plan_batch(left, self.config.max_batch_tokens, self.config.prefill_chunk, cap)
-            self._step([(pending[i], n) for i, n in plan])
+                while (not self._closed and self._decoding_elsewhere(self._pending)
+                       and (wait_s := deadline - time.perf_counter()) > 0):
+                    self._cond.wait(wait_s)
+            return True
+        decoding = decoding or elsewhere
+        past = next((w.kv.length for w, (chunked, _) in zip(pending, left) if chunked), 0)
+        cap = stall_chunk_cap(decoding, self._cost.line(), self.config.prefill_stall, past, self._attention)
+        plan = plan_batch(left, self.config.max_batch_tokens, self.config.prefill_chunk, cap)
+        self._step([(pending[i], n) for i, n in plan])
+        return True
+
+    def _work(self, work: Work, tokens: int) -> float:
+        return step_work(tokens, work.kv.length, self._attention)
+
+    def _decoding_elsewhere(self, pending: list[Work]) -> float:
+        """Work of the last rounds of the decoding sessions with nothing pending."""
+        if self._last_steps is None:
+            return 0
+        busy = {w.kv for w in pending}
+        steps = [step for kv, step in list(self._last_steps.items()) if kv not in busy]
+        return decoding_work(steps, time.perf_counter())
 
     def _drop_abandoned(self, pending: list[Work]) -> bool:
         """Finish the works whose callers have gone with Cancelled, before their next forward."""
@@ -235,11 +301,13 @@ class Scheduler:
 
     def _step(self, batch: list[tuple[Work, int]]) -> None:
         now = time.perf_counter()
+        self._graced = False
         for work, _ in batch:
             if not work.started:
                 work.started = True
                 metrics.QUEUE_WAIT_MS.labels(role=self._role).observe((now - work.enqueued) * 1e3)
         tokens = sum(n for _, n in batch)
+        works = [self._work(work, n) for work, n in batch]
         self._batch_sessions.observe(len(batch))
         self._batch_tokens.observe(tokens)
         finished: list[Work] = []
@@ -251,9 +319,12 @@ class Scheduler:
                 work.error = err
             finished = [work for work, _ in batch]
         else:
-            forward_ms = (time.perf_counter() - now) * 1e3
-            self._cost.add(tokens, forward_ms)
-            for (work, n), rows in zip(batch, logits):
+            ended = time.perf_counter()
+            forward_ms = (ended - now) * 1e3
+            self._cost.add(sum(works), forward_ms)
+            for (work, n), rows, done in zip(batch, logits, works):
+                if self._last_steps is not None and not work.step.chunked:
+                    self._last_steps[work.kv] = (ended, done)
                 work.fed += n
                 work.forward_ms += forward_ms
                 work.batch_sessions, work.batch_tokens = len(batch), tokens

@@ -5,6 +5,7 @@ chunks while others decode, embedded and over gRPC. Admission refuses before any
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 
@@ -22,7 +23,8 @@ from specpipe.presets import ModelSpec
 from specpipe.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import reference_greedy, run
 from specpipe.batch_scheduler import (
-    MIN_CHUNK, BatchConfig, Scheduler, Step, Work, one_step, plan_batch, stall_chunk_cap,
+    DECODING_RECENT_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work, decoding_work, one_step, plan_batch,
+    stall_chunk_cap, step_work,
 )
 from specpipe.batched import Segment, batched_forward, new_slot
 from verifier_service.verifier import ModelVerifier
@@ -53,7 +55,44 @@ def test_prompt_chunks_beside_decode_steps_are_bounded_by_time():
     assert stall_chunk_cap(3, (100.0, 0.0), 1.5) is None       # no per-token cost known yet
     assert stall_chunk_cap(3, (100.0, 5.0), 0) is None         # off
     assert plan_batch([(True, 4000), (False, 3)], 512, 256, 11) == [(1, 3), (0, 11)]
-    assert plan_batch([(True, 4000)], 512, 256, 11) == [(0, 256)]  # alone: the whole chunk
+    assert plan_batch([(True, 4000)], 512, 256, 11) == [(0, 11)]   # alone, while others decode between rounds
+    assert plan_batch([(True, 4000)], 512, 256) == [(0, 256)]      # alone: the whole chunk
+
+
+def test_sessions_decode_while_their_last_round_is_recent():
+    now = 100.0
+    assert decoding_work([(now - 0.1, 3.0), (now - DECODING_RECENT_S - 0.1, 5.0), (now, 9.5)], now) == 12.5
+    assert decoding_work([], now) == 0
+
+
+def test_chunks_deep_into_a_long_prompt_are_smaller():
+    """Attention makes a chunk at position 4000 cost more than its tokens: the bound takes fewer of them."""
+    assert step_work(4, 100, 0.0) == 4
+    assert step_work(4, 100, 0.01) == pytest.approx(4 + 0.01 * 4 * 102.5)
+    fit, attention = (60.0, 2.6), 3.3e-4
+    at_start = stall_chunk_cap(3, fit, 1.5, 0, attention)
+    deep = stall_chunk_cap(3, fit, 1.5, 1000, attention)
+    assert at_start == stall_chunk_cap(3, fit, 1.5) == 13 and MIN_CHUNK <= deep < at_start
+    assert step_work(deep, 1000, attention) <= (1.5 - 1) * (60 + 2.6 * 3) / 2.6 < step_work(deep + 1, 1000, attention)
+
+
+def test_a_slot_counts_as_decoding_after_a_round_until_it_is_released():
+    """The verifier bounds lone prompt chunks by the rounds of sessions between rounds; a released
+    slot (its session gone) drops out of that."""
+    model = tiny_model()
+    scheduler = Scheduler(model, BatchConfig())
+    try:
+        kv = new_slot(model, 2048)
+        scheduler.run(Work(kv, one_step(Step((5, 6, 7), chunked=True))))
+        assert scheduler._decoding_elsewhere([]) == 0  # a prompt alone is not decoding
+        scheduler.run(Work(kv, one_step(Step((8, 9), logit_rows=2))))
+        assert scheduler._decoding_elsewhere([]) == pytest.approx(step_work(2, 3, scheduler._attention))
+        assert scheduler._decoding_elsewhere([Work(kv, one_step(Step((1,), logit_rows=1)))]) == 0  # its round is pending
+        del kv
+        gc.collect()
+        assert scheduler._decoding_elsewhere([]) == 0
+    finally:
+        scheduler.close()
 
 
 def _chain(kv, token_ids) -> Segment:

@@ -182,10 +182,10 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
                            help="prompt tokens a prefill feeds per forward, so a long prompt never stalls other "
                            "sessions' rounds for more than one chunk (default: %(default)s)")
         group.add_argument("--prefill-stall", type=float, default=1.5, metavar="X",
-                           help="beside decode rounds, prompt chunks are cut so the forward takes at most X times "
-                           "as long as the rounds alone (from the fitted forward time), keeping the inter-token "
-                           "latency of decoding sessions while a long prompt is admitted; 0 = chunks of "
-                           "--prefill-chunk (default: %(default)s)")
+                           help="while other sessions decode, prompt chunks are cut so a forward takes at most X "
+                           "times as long as their rounds alone (from the fitted forward time), keeping their "
+                           "inter-token latency while a long prompt is admitted; 0 = chunks of --prefill-chunk "
+                           "(default: %(default)s)")
 
 
 def verifier_options(args: argparse.Namespace) -> dict:
