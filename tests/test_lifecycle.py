@@ -55,6 +55,22 @@ def test_a_client_with_no_time_left_makes_no_internal_call(cluster):
         cluster.verifier.verify("late", len(PROMPT), Draft(), GREEDY)
 
 
+def test_a_prefill_has_the_clients_deadline_only_and_a_round_the_per_call_one(cluster):
+    """A prefill's time grows with the prompt and the verifier's load: a per-call deadline shorter
+    than it must not fail it (nor mark a busy verifier as down); a verify round keeps its own."""
+    from specpipe.rpc.clients import VerifierClient
+
+    with VerifierClient(cluster.verifier_server.address, timeout_s=1e-6) as hasty:
+        try:
+            assert hasty.prefill("long-prompt", tuple(1 + i % 250 for i in range(400))) == 400
+            with pytest.raises(DeadlineExceeded):
+                hasty.verify("long-prompt", 400, Draft(tokens=(5,), parents=(-1,)), GREEDY)
+            with deadline_scope(-1.0), pytest.raises(DeadlineExceeded):  # the client's deadline still ends it
+                hasty.prefill("late", PROMPT)
+        finally:
+            cluster.verifier.release("long-prompt")
+
+
 def test_idle_sessions_are_swept_in_the_verifier_and_the_drafter():
     from drafter_service.model_drafter import ModelDrafter
     from specpipe.models import model_info, tiny_model

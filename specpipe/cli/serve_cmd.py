@@ -49,7 +49,8 @@ def register(subparsers) -> None:
                                help="the drafter replicas, same forms as --verifier-addr (env SPECPIPE_DRAFTER_ADDR); "
                                "without it only --drafter none works")
             group.add_argument("--rpc-timeout", type=float, default=60.0, metavar="S",
-                               help="deadline of each verifier / drafter call in seconds (default: %(default)s)")
+                               help="deadline of each verifier / drafter call in seconds; a Prefill has the client's deadline "
+                               "only (its time grows with the prompt and the load) (default: %(default)s)")
             group.add_argument("--connect-timeout", type=float, default=600.0, metavar="S",
                                help="how long to wait at start for the verifier (loading its model) "
                                "(default: %(default)s)")

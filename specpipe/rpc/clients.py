@@ -81,11 +81,13 @@ class Client:
 
     def _call(self, method, request, timeout_s: float | None = None, cancellable: bool = False):
         """cancellable: a long call (a prefill), cancelled when the caller of the RPC it serves goes away
-        (specpipe.lifecycle); a short one just runs to its end (a future costs ~0.5 ms more per call)."""
+        (specpipe.lifecycle), and bounded only by that caller's deadline, not by the per-call one: its
+        time grows with the prompt and with the verifier's load (chunks cut short while others decode),
+        so a busy verifier would look dead. A short call just runs to its end (a future costs ~0.5 ms more)."""
         if self.hop_delay_s:
             time.sleep(self.hop_delay_s)  # the request's way
         what = f"{self.target} {type(request).__name__}"
-        timeout_s = call_timeout(timeout_s or self.timeout_s, what)  # the client's, if less
+        timeout_s = call_timeout(None if cancellable else timeout_s or self.timeout_s, what)  # the client's, if less
         cancellation = current_cancellation() if cancellable else None
         with rpc_errors():
             if cancellation is None:
