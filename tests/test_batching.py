@@ -23,8 +23,8 @@ from specpipe.presets import ModelSpec
 from specpipe.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import reference_greedy, run
 from specpipe.batch_scheduler import (
-    DECODING_RECENT_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work, decoding_work, one_step, plan_batch,
-    stall_chunk_cap, step_work,
+    DECODING_RECENT_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work, attention_weight, decoding_work, one_step,
+    plan_batch, stall_chunk_cap, step_work,
 )
 from specpipe.batched import Segment, batched_forward, new_slot
 from verifier_service.verifier import ModelVerifier
@@ -67,6 +67,10 @@ def test_sessions_decode_while_their_last_round_is_recent():
 
 def test_chunks_deep_into_a_long_prompt_are_smaller():
     """Attention makes a chunk at position 4000 cost more than its tokens: the bound takes fewer of them."""
+    from transformers import LlamaConfig
+
+    smollm2 = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    assert attention_weight(smollm2) == pytest.approx(2 * 576 / (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536))
     assert step_work(4, 100, 0.0) == 4
     assert step_work(4, 100, 0.01) == pytest.approx(4 + 0.01 * 4 * 102.5)
     fit, attention = (60.0, 2.6), 3.3e-4
