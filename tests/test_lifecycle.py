@@ -55,20 +55,45 @@ def test_a_client_with_no_time_left_makes_no_internal_call(cluster):
         cluster.verifier.verify("late", len(PROMPT), Draft(), GREEDY)
 
 
+class DeadlineSpy:
+    """A stub method that records the deadline each call is given, then makes the real call."""
+
+    def __init__(self, method):
+        self.method, self.timeouts = method, []
+
+    def __call__(self, request, timeout=None, **kwargs):
+        self.timeouts.append(timeout)
+        return self.method(request, timeout=timeout, **kwargs)
+
+    def future(self, request, timeout=None, **kwargs):
+        self.timeouts.append(timeout)
+        return self.method.future(request, timeout=timeout, **kwargs)
+
+
 def test_a_prefill_has_the_clients_deadline_only_and_a_round_the_per_call_one(cluster):
     """A prefill's time grows with the prompt and the verifier's load: a per-call deadline shorter
     than it must not fail it (nor mark a busy verifier as down); a verify round keeps its own."""
     from specpipe.rpc.clients import VerifierClient
 
     with VerifierClient(cluster.verifier_server.address, timeout_s=1e-6) as hasty:
+        hasty._stub.Prefill = prefill = DeadlineSpy(hasty._stub.Prefill)
+        hasty._stub.Verify = verify = DeadlineSpy(hasty._stub.Verify)
         try:
             assert hasty.prefill("long-prompt", tuple(1 + i % 250 for i in range(400))) == 400
-            with pytest.raises(DeadlineExceeded):
+            try:  # grpc counts deadlines in whole ms, so a round on loopback may still beat 1 us
                 hasty.verify("long-prompt", 400, Draft(tokens=(5,), parents=(-1,)), GREEDY)
-            with deadline_scope(-1.0), pytest.raises(DeadlineExceeded):  # the client's deadline still ends it
+            except DeadlineExceeded:
+                pass
+            assert prefill.timeouts == [None] and verify.timeouts == [1e-6]
+            with deadline_scope(5.0):  # the client's deadline bounds a prefill
+                assert hasty.prefill("scoped", PROMPT) == len(PROMPT)
+            assert 0 < prefill.timeouts[-1] <= 5.0
+            with deadline_scope(-1.0), pytest.raises(DeadlineExceeded):  # and ends it
                 hasty.prefill("late", PROMPT)
+            assert len(prefill.timeouts) == 2  # no call was made
         finally:
-            cluster.verifier.release("long-prompt")
+            for session in ("long-prompt", "scoped"):
+                cluster.verifier.release(session)
 
 
 def test_idle_sessions_are_swept_in_the_verifier_and_the_drafter():
