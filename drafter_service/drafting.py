@@ -1,4 +1,4 @@
-"""The small model's drafting algorithm as a coroutine over forwards (DESIGN section 4), so that one
+"""The small model's drafting algorithm as a coroutine over forwards (docs/design.md, "Drafting"), so that one
 code drafts both alone (each forward run at once) and batched (each forward joins the drafter
 scheduler's next batch with the steps of every other pending proposal).
 

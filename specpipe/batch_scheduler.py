@@ -7,16 +7,18 @@ drafting proposal is a catch-up of the context, then one step per draft depth, i
 chosen on the scheduler thread from the logits of the step before, so every pending proposal's next
 step joins the very next forward.
 
-Gather policy (plan_batch): dispatch as soon as the model is free, with whatever is pending, never
-waiting for company. Whole steps go first (a decoding session's latency is the product), oldest
+Gather policy (plan_batch): dispatch as soon as the model is free, with whatever is pending: a lone
+session never waits for company. Whole steps go first (a decoding session's latency is the product), oldest
 first, within the token budget; chunked steps (prompts) fill the rest in chunks of at most
 prefill_chunk tokens, so a long prompt enters over several forwards and never stalls the decode
 rounds of others for more than one chunk. While other sessions decode, a chunk is also kept small
 enough that a forward takes at most prefill_stall x as long as their rounds alone (stall_chunk_cap):
 beside their pending rounds, and on the verifier also between them (a session counts as decoding for
-DECODING_RECENT_S after its last round), where a forward with chunks first waits up to
-GATHER_GRACE_S for the rounds of decoding sessions not yet pending, so that they keep sharing
-forwards instead of each running beside its own chunk. A whole step larger than the whole budget runs alone.
+DECODING_RECENT_S after its last round). On the verifier a forward first waits, once, a short grace
+(gather_grace_s: a share of its predicted time) for the rounds of decoding sessions not yet pending:
+their replies leave together, but come back one by one, and a forward dispatched on the first of
+them would split the sessions into cohorts that each pay a whole forward, as would a session running
+beside its own prompt chunk. A lone session never waits. A whole step larger than the whole budget runs alone.
 """
 
 from __future__ import annotations
@@ -44,12 +46,17 @@ _BATCH_METRICS = {"verifier": (metrics.VERIFY_BATCH_SESSIONS, metrics.VERIFY_BAT
                   "drafter": (metrics.DRAFT_BATCH_SESSIONS, metrics.DRAFT_BATCH_TOKENS)}
 
 
+GATHER_GRACE_SHARE = 0.1  # of a forward's predicted time: how long it waits, once, for decoding sessions' rounds
+GATHER_GRACE_MIN_S, GATHER_GRACE_MAX_S = 0.002, 0.05
+
+
 @dataclass(frozen=True)
 class BatchConfig:
     max_batch_tokens: int = 512  # tokens per forward, all sessions together
     prefill_chunk: int = 256     # prompt tokens a prefill (drafter: a catch-up) feeds per forward
     max_queue: int = 64          # requests waiting for the model; beyond: RESOURCE_EXHAUSTED
     prefill_stall: float = 1.5   # beside decode steps, chunks keep a forward within this x their time; 0: off
+    gather_grace: float = GATHER_GRACE_SHARE  # verifier: share of a forward's time it waits for decoding sessions; 0: off
 
     def __post_init__(self):
         for name in ("max_batch_tokens", "prefill_chunk", "max_queue"):
@@ -57,6 +64,8 @@ class BatchConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.prefill_stall != 0 and self.prefill_stall <= 1:
             raise ValueError(f"prefill_stall must be above 1 (or 0: off), got {self.prefill_stall}")
+        if not 0 <= self.gather_grace <= 1:
+            raise ValueError(f"gather_grace must be in [0, 1], got {self.gather_grace}")
 
 
 def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefill_chunk: int,
@@ -85,12 +94,20 @@ def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefi
 
 MIN_CHUNK = 8             # prompt tokens such a forward still takes, so a prompt always advances
 DECODING_RECENT_S = 2.0   # a session whose last round ended this recently counts as decoding
-GATHER_GRACE_S = 0.01     # how long a forward with chunks waits, once, for decoding sessions' rounds
 
 
 def decoding_work(last_steps: Iterable[tuple[float, float]], now: float) -> float:
     """Work (see step_work) of the last whole steps (ended at, work) of the sessions still decoding at `now`."""
     return sum(work for ended, work in last_steps if now - ended <= DECODING_RECENT_S)
+
+
+def gather_grace_s(forward_ms: float, share: float = GATHER_GRACE_SHARE) -> float:
+    """How long a forward predicted to take forward_ms waits for the rounds of sessions decoding
+    between rounds: a merged round saves a whole forward, a wait in vain costs `share` of one; within
+    [GATHER_GRACE_MIN_S, GATHER_GRACE_MAX_S] (the minimum before any forward was timed); 0 with share 0."""
+    if share <= 0:
+        return 0.0
+    return min(GATHER_GRACE_MAX_S, max(GATHER_GRACE_MIN_S, share * forward_ms / 1e3))
 
 
 def attention_weight(config) -> float:
@@ -258,10 +275,11 @@ class Scheduler:
             return True
         left = [w.left() for w in pending]
         decoding = sum(self._work(w, n) for w, (chunked, n) in zip(pending, left) if not chunked)
-        elsewhere = self._decoding_elsewhere(pending) if any(chunked for chunked, _ in left) else 0.0
-        if elsewhere and not self._graced:  # rounds due now join this forward instead of waiting out a chunk
+        elsewhere = self._decoding_elsewhere(pending)
+        grace_s = gather_grace_s(self._cost.predict(decoding + elsewhere), self.config.gather_grace) if elsewhere else 0
+        if grace_s and not self._graced:  # rounds due now join this forward instead of waiting out one
             self._graced = True
-            deadline = time.perf_counter() + GATHER_GRACE_S
+            deadline = time.perf_counter() + grace_s
             with self._cond:
                 while (not self._closed and self._decoding_elsewhere(self._pending)
                        and (wait_s := deadline - time.perf_counter()) > 0):

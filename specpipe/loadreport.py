@@ -50,15 +50,16 @@ def comparison_table(runs: Mapping[str, Sequence[LevelSummary]]) -> str:
     return "\n".join(rows)
 
 
-def plot(runs: Mapping[str, Sequence[LevelSummary]], directory: Path) -> list[Path]:
-    """load-tokens-per-s.png and load-p99-latency.png: one line per run against users."""
+def plot(runs: Mapping[str, Sequence[LevelSummary]], directory: Path, stem: str = "load") -> list[Path]:
+    """STEM-tokens-per-s.png and STEM-p99-latency.png (stem: the report's, so reports do not share
+    plots): one line per run against users."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / "load-tokens-per-s.png", directory / "load-p99-latency.png"]
+    paths = [directory / f"{stem}-tokens-per-s.png", directory / f"{stem}-p99-latency.png"]
     users = sorted({s.users for levels in runs.values() for s in levels})
 
     def users_axis(ax) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -23,8 +24,8 @@ from specpipe.presets import ModelSpec
 from specpipe.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import reference_greedy, run
 from specpipe.batch_scheduler import (
-    DECODING_RECENT_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work, attention_weight, decoding_work, one_step,
-    plan_batch, stall_chunk_cap, step_work,
+    DECODING_RECENT_S, GATHER_GRACE_MAX_S, GATHER_GRACE_MIN_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work,
+    attention_weight, decoding_work, gather_grace_s, one_step, plan_batch, stall_chunk_cap, step_work,
 )
 from specpipe.batched import Segment, batched_forward, new_slot
 from verifier_service.verifier import ModelVerifier
@@ -63,6 +64,45 @@ def test_sessions_decode_while_their_last_round_is_recent():
     now = 100.0
     assert decoding_work([(now - 0.1, 3.0), (now - DECODING_RECENT_S - 0.1, 5.0), (now, 9.5)], now) == 12.5
     assert decoding_work([], now) == 0
+
+
+def test_a_forward_waits_for_decoding_sessions_a_share_of_its_time():
+    assert gather_grace_s(200.0) == pytest.approx(0.02)              # 10% of a 200 ms forward
+    assert gather_grace_s(200.0, 0.05) == pytest.approx(0.01)
+    assert gather_grace_s(0.0) == GATHER_GRACE_MIN_S                  # not timed yet, or a tiny model
+    assert gather_grace_s(5000.0) == GATHER_GRACE_MAX_S
+    assert gather_grace_s(200.0, 0) == 0                              # off
+    with pytest.raises(ValueError, match="gather_grace"):
+        BatchConfig(gather_grace=1.5)
+
+
+def test_sessions_decoding_together_share_forwards():
+    """Two sessions that each come back a little after their round (the orchestrator's turn) would
+    alternate, one forward each, if the verifier dispatched on the first: the grace keeps them together."""
+    model = tiny_model()
+    shared = {}
+    for grace in (0.0, 1.0):
+        scheduler = Scheduler(model, BatchConfig(gather_grace=grace))
+        try:
+            slots = [new_slot(model, 2048) for _ in range(2)]
+            for kv in slots:
+                scheduler.run(Work(kv, one_step(Step((5, 6, 7), logit_rows=1))))
+            forwards = []
+
+            def decode(kv, delay_s):
+                for _ in range(20):
+                    time.sleep(delay_s)  # the reply's way back, and the next round's
+                    forwards.append(scheduler.run(Work(kv, one_step(Step((8,), logit_rows=1)))).batch_sessions)
+
+            threads = [threading.Thread(target=decode, args=(kv, d)) for kv, d in zip(slots, (0.0005, 0.001))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            shared[grace] = sum(n == 2 for n in forwards) / len(forwards)
+        finally:
+            scheduler.close()
+    assert shared[1.0] >= 0.8 and shared[1.0] > shared[0.0], shared
 
 
 def test_chunks_deep_into_a_long_prompt_are_smaller():

@@ -72,7 +72,7 @@ def register(subparsers) -> None:
     out.add_argument("--out", default=None, help="folder for Locust's CSV / HTML and the request records (default: a temp dir)")
     out.add_argument("--json", action="store_true", help="print the summary as JSON")
     out.add_argument("--report", default=None, metavar="MD", help="write the comparison into this Markdown file's "
-                     "generated section, plots into <its folder>/load/")
+                     "generated section, plots into <its folder>/load/<its name>-*.png")
     out.add_argument("--memory-every", type=float, default=0.0, metavar="S",
                      help="without --addr: sample the services' resident memory every S seconds (0 = off)")
     out.add_argument("--from-run", default=None, metavar="DIR",
@@ -248,7 +248,7 @@ def _write_report(args: argparse.Namespace, runs: dict) -> None:
     from specpipe import loadreport
 
     path = Path(args.report)
-    images = loadreport.plot(runs, path.parent / "load")
+    images = loadreport.plot(runs, path.parent / "load", path.stem)
     meta = {"preset": "(--addr)" if args.addr else args.preset, "up args": " / ".join(args.up_args or ["-"]), "shape": args.shape,
             "levels": args.levels, "hold s": f"{args.hold_s:g}", "suite": args.suite,
             "max new tokens": args.max_new_tokens, "temperature": f"{args.temperature:g}",

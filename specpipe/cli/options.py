@@ -186,6 +186,11 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
                            "times as long as their rounds alone (from the fitted forward time), keeping their "
                            "inter-token latency while a long prompt is admitted; 0 = chunks of --prefill-chunk "
                            "(default: %(default)s)")
+        group.add_argument("--gather-grace", type=float, default=0.1, metavar="SHARE",
+                           help="while sessions decode, a forward first waits up to this share of its predicted "
+                           "time (2-50 ms) for their rounds that are not in yet, so they share one forward instead "
+                           "of splitting into groups that each pay one; a lone session never waits; 0 = dispatch at "
+                           "once (default: %(default)s)")
 
 
 def verifier_options(args: argparse.Namespace) -> dict:
@@ -197,7 +202,8 @@ def verifier_options(args: argparse.Namespace) -> dict:
         batch = BatchConfig(getattr(args, "max_batch_tokens", defaults.max_batch_tokens),
                             getattr(args, "prefill_chunk", defaults.prefill_chunk),
                             getattr(args, "max_queue", defaults.max_queue),
-                            getattr(args, "prefill_stall", defaults.prefill_stall))
+                            getattr(args, "prefill_stall", defaults.prefill_stall),
+                            getattr(args, "gather_grace", defaults.gather_grace))
     except ValueError as err:
         raise InvalidArgument(str(err)) from None
     return {"max_sessions": getattr(args, "max_sessions", 64), "batch": batch,

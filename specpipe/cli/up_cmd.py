@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ class UpConfig:
     drafters: int = 1
     drain_timeout_s: float = 30.0
     tls: bool = False             # a private CA: mutual TLS between the services, TLS on the public port
+    verifier_flags: tuple[str, ...] = ()  # more `serve verifier` flags (batching, admission)
 
 
 @dataclass
@@ -95,6 +97,9 @@ def register(subparsers) -> None:
     parser.add_argument("--drafters", type=int, default=1, metavar="M", help="drafter replicas (default: %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                         help="each service's drain on SIGTERM (default: %(default)s)")
+    parser.add_argument("--verifier-flags", default="", metavar="FLAGS",
+                        help='more `specpipe serve verifier` flags for every verifier replica, e.g. '
+                        '"--max-batch-tokens 1024 --gather-grace 0"')
     options.add_speculation_args(parser)
     options.add_hop_delay_arg(parser)
     parser.set_defaults(func=run)
@@ -116,7 +121,7 @@ def _up(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         speculation=options.speculation_flags(args) + ("--hop-delay-ms", str(args.hop_delay_ms)),
         cache=args.cache, verifiers=args.verifiers, drafters=args.drafters, drain_timeout_s=args.drain_timeout,
-        tls=args.tls,
+        tls=args.tls, verifier_flags=tuple(shlex.split(args.verifier_flags)),
     )
     if config.verifiers < 1 or config.drafters < 1:
         raise InvalidArgument("--verifiers and --drafters must be >= 1")
@@ -139,8 +144,9 @@ def _up(args: argparse.Namespace) -> int:
         shared = None if cache_url == "memory" else cache_url
         replicas = names["verifier"] + names["drafter"]
         for name in replicas:
-            children[name] = start_service(name, config, cores.get(name),
-                                           up_security.service_flags(pki, name.partition("-")[0]),
+            role = name.partition("-")[0]
+            children[name] = start_service(name, config, cores.get(name), up_security.service_flags(pki, role)
+                                           + (config.verifier_flags if role == "verifier" else ()),
                                            cache=shared if name.startswith("drafter") else None)
         for name in replicas:
             wait_serving(children[name], config.startup_timeout_s, stop, up_security.client_tls(pki))
