@@ -20,7 +20,7 @@ import pytest
 from tests.golden import reference_greedy
 from tests.grpc_harness import assert_serving, shared_tiny_cluster, wait_until
 from specpipe.errors import DeadlineExceeded, InvalidArgument
-from specpipe.rpc.clients import GenerationClient, channel
+from specpipe.rpc.clients import GenerationClient, VerifierClient, channel
 from specpipe.types import GREEDY, GenerationRequest, SamplingParams, SpeculationOptions
 from specpipe.v1 import generation_pb2, generation_pb2_grpc
 
@@ -201,10 +201,12 @@ def specpipe_up(tmp_path, *flags: str):
 
 @pytest.mark.slow  # three subprocesses
 def test_specpipe_up_serves_and_stops_on_sigint(tmp_path):
-    with specpipe_up(tmp_path) as (proc, lines):
+    with specpipe_up(tmp_path, "--verifier-flags", "--max-sessions 3 --gather-grace 0.2") as (proc, lines):
         table = {line.split()[0]: line.split()[1] for line in lines if line.split()[:1] and
                  line.split()[0] in ("orchestrator", "verifier", "drafter")}
         assert set(table) == {"orchestrator", "verifier", "drafter"}
+        with VerifierClient(table["verifier"], timeout_s=10) as verifier:
+            assert verifier.load().max_sessions == 3  # --verifier-flags reached the verifier
         with GenerationClient(table["orchestrator"], timeout_s=60) as client:
             assert_serving(client, "specpipe.v1.Generation")
             chunks = list(client.generate(prompt="hello", max_new_tokens=6))
