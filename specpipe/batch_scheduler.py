@@ -23,6 +23,7 @@ beside its own prompt chunk. A lone session never waits. A whole step larger tha
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -40,6 +41,8 @@ from specpipe.errors import Cancelled, ResourceExhausted, Unavailable
 from specpipe.fits import LinearFit
 from specpipe.kv import SlotKV
 from specpipe.lifecycle import Cancellation
+
+log = logging.getLogger(__name__)
 
 # role -> (sessions per forward, tokens per forward) histograms
 _BATCH_METRICS = {"verifier": (metrics.VERIFY_BATCH_SESSIONS, metrics.VERIFY_BATCH_TOKENS),
@@ -138,7 +141,7 @@ def stall_chunk_cap(decode_work: float, fit: tuple[float, float] | None, stall: 
     if decode_work <= 0 or fit is None or fit[1] <= 0 or not stall:
         return None
     a, b = fit
-    room = (stall - 1.0) * (a + b * decode_work) / b  # work the chunk may add
+    room = max(0.0, (stall - 1.0) * (a + b * decode_work) / b)  # work the chunk may add (a fit's a may be < 0)
     if attention > 0:  # step_work(n, past) = room, solved for n
         linear = 1 + attention * (past + 0.5)
         room = (math.sqrt(linear * linear + 2 * attention * room) - linear) / attention
@@ -219,9 +222,10 @@ class Scheduler:
         self._pending: list[Work] = []
         self._cond = threading.Condition()
         self._closed = False
-        # slot -> (ended, work) of its last whole step: the verifier's decoding sessions, between rounds too
-        self._last_steps: weakref.WeakKeyDictionary[SlotKV, tuple[float, float]] | None = (
-            weakref.WeakKeyDictionary() if role == "verifier" else None)
+        # id(slot) -> (the slot, held weakly; ended, work) of its last whole step: the verifier's decoding
+        # sessions, between rounds too. Only the scheduler thread changes it (a WeakKeyDictionary would drop
+        # a freed slot from whichever thread frees it, mid-iteration here).
+        self._last_steps: dict[int, tuple[weakref.ref[SlotKV], float, float]] | None = {} if role == "verifier" else None
         self._graced = False  # the next forward has waited for decoding sessions' rounds
         self._thread = threading.Thread(target=self._loop, name=f"specpipe-{role}-batch", daemon=True)
         self._thread.start()
@@ -257,8 +261,20 @@ class Scheduler:
         self._thread.join()
 
     def _loop(self) -> None:
-        while self._dispatch():  # one forward per call: nothing of it outlives the call (released slots go)
-            pass
+        while True:  # one forward per call: nothing of it outlives the call (released slots go)
+            try:
+                if not self._dispatch():
+                    return
+            except Exception as err:  # a bug in planning must fail the requests, never leave them waiting
+                log.exception("%s batch scheduler: planning a forward failed", self._role)
+                self._fail_pending(RuntimeError(f"the {self._role} could not plan a forward: {err!r}"))
+
+    def _fail_pending(self, error: Exception) -> None:
+        with self._cond:
+            failed, self._pending = self._pending, []
+        for work in failed:
+            work.error = error
+            work.done.set()
 
     def _dispatch(self) -> bool:
         """Run the next forward; False once closed."""
@@ -299,8 +315,13 @@ class Scheduler:
         """Work of the last rounds of the decoding sessions with nothing pending."""
         if self._last_steps is None:
             return 0
-        busy = {w.kv for w in pending}
-        steps = [step for kv, step in list(self._last_steps.items()) if kv not in busy]
+        busy = {id(w.kv) for w in pending}
+        steps = []
+        for key, (slot, ended, work) in list(self._last_steps.items()):
+            if slot() is None:  # released
+                del self._last_steps[key]
+            elif key not in busy:
+                steps.append((ended, work))
         return decoding_work(steps, time.perf_counter())
 
     def _drop_abandoned(self, pending: list[Work]) -> bool:
@@ -342,7 +363,7 @@ class Scheduler:
             self._cost.add(sum(works), forward_ms)
             for (work, n), rows, done in zip(batch, logits, works):
                 if self._last_steps is not None and not work.step.chunked:
-                    self._last_steps[work.kv] = (ended, done)
+                    self._last_steps[id(work.kv)] = (weakref.ref(work.kv), ended, done)
                 work.fed += n
                 work.forward_ms += forward_ms
                 work.batch_sessions, work.batch_tokens = len(batch), tokens

@@ -58,6 +58,7 @@ def test_prompt_chunks_beside_decode_steps_are_bounded_by_time():
     assert plan_batch([(True, 4000), (False, 3)], 512, 256, 11) == [(1, 3), (0, 11)]
     assert plan_batch([(True, 4000)], 512, 256, 11) == [(0, 11)]   # alone, while others decode between rounds
     assert plan_batch([(True, 4000)], 512, 256) == [(0, 256)]      # alone: the whole chunk
+    assert stall_chunk_cap(3, (-500.0, 2.6), 1.5, 10, 0.05) == MIN_CHUNK  # a fit with a < 0 (sqrt of < 0 before)
 
 
 def test_sessions_decode_while_their_last_round_is_recent():
@@ -103,6 +104,20 @@ def test_sessions_decoding_together_share_forwards():
         finally:
             scheduler.close()
     assert shared[1.0] >= 0.8 and shared[1.0] > shared[0.0], shared
+
+
+def test_a_failure_to_plan_a_forward_fails_the_requests_and_the_scheduler_goes_on(monkeypatch):
+    model = tiny_model()
+    scheduler = Scheduler(model, BatchConfig())
+    try:
+        kv = new_slot(model, 2048)
+        with monkeypatch.context() as patch:
+            patch.setattr(scheduler, "_decoding_elsewhere", lambda pending: 1 / 0)
+            with pytest.raises(RuntimeError, match="could not plan a forward"):
+                scheduler.run(Work(kv, one_step(Step((5, 6, 7), logit_rows=1))))
+        assert scheduler.run(Work(kv, one_step(Step((5, 6, 7), logit_rows=1)))).batch_sessions == 1
+    finally:
+        scheduler.close()
 
 
 def test_chunks_deep_into_a_long_prompt_are_smaller():
