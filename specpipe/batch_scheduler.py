@@ -272,6 +272,7 @@ class Scheduler:
     def _fail_pending(self, error: Exception) -> None:
         with self._cond:
             failed, self._pending = self._pending, []
+            metrics.QUEUE_DEPTH.labels(role=self._role).set(0)
         for work in failed:
             work.error = error
             work.done.set()
