@@ -147,7 +147,7 @@ def _up(args: argparse.Namespace) -> int:
             role = name.partition("-")[0]
             children[name] = start_service(name, config, cores.get(name), up_security.service_flags(pki, role)
                                            + (config.verifier_flags if role == "verifier" else ()),
-                                           cache=shared if name.startswith("drafter") else None)
+                                           cache=shared if role == "drafter" else None)
         for name in replicas:
             wait_serving(children[name], config.startup_timeout_s, stop, up_security.client_tls(pki))
         peers = ("--verifier-addr", ",".join(children[n].address for n in names["verifier"]),
