@@ -162,12 +162,6 @@ class SpeculationOptions:
     adaptive: str = "on"                 # "on": choose k (<= draft_len) and M (<= hypotheses) each round
 
 
-# The orchestrator service's defaults: its drafter is a service with cores (or an accelerator) of its
-# own, where the small model drafts beside verification instead of taking the verifier's cores, and
-# lands more than the n-gram drafter (docs/load.md, "Which drafter a server defaults to").
-SERVED_SPECULATION = SpeculationOptions(drafter="model")
-
-
 @dataclass(frozen=True)
 class GenerationRequest:
     """A validated generation: token ids in, verified tokens out."""

@@ -346,18 +346,3 @@ def test_adaptive_is_the_default_unless_a_draft_length_is_fixed(argv, adaptive, 
     flags = options.speculation_flags(args)  # what `up` passes on resolves the same way
     again = options.speculation_options(parser.parse_args(list(flags)))
     assert again == spec
-
-
-@pytest.mark.parametrize("command, drafter", [
-    (["generate", "--prompt", "x"], "ngram"),   # one process: the small model would take the verifier's cores
-    (["bench"], "ngram"),
-    (["serve", "orchestrator"], "model"),       # the drafter is a service with cores of its own
-    (["up"], "model"),
-])
-def test_a_served_orchestrator_drafts_with_the_small_model_by_default(command, drafter):
-    from specpipe.cli import options
-    from specpipe.cli.main import build_parser
-
-    args = build_parser().parse_args(command)
-    assert options.speculation_options(args).drafter == drafter
-    assert options.speculation_options(args) == (options.DEFAULT if drafter == "ngram" else options.SERVED)

@@ -10,11 +10,10 @@ from specpipe.errors import InvalidArgument
 from specpipe.presets import DEFAULT_PRESET, PRESETS
 from specpipe.types import (
     ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES, SamplingParams,
-    SERVED_SPECULATION, SpeculationOptions,
+    SpeculationOptions,
 )
 
 DEFAULT = SpeculationOptions()  # the product's defaults, defined once (specpipe.types)
-SERVED = SERVED_SPECULATION     # ... those of the orchestrator service (`serve orchestrator`, `up`, Ray)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -71,10 +70,9 @@ def drafter_forward(args: argparse.Namespace) -> dict:
     return {"mode": mode, "weights": weights, "batching": getattr(args, "batching", "on") == "on"}
 
 
-def add_speculation_args(parser: argparse.ArgumentParser, defaults: SpeculationOptions = DEFAULT) -> None:
-    """defaults: DEFAULT in one process, SERVED where the drafter is a service of its own."""
+def add_speculation_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("speculation")
-    group.add_argument("--drafter", default=defaults.drafter, choices=DRAFTER_KINDS,
+    group.add_argument("--drafter", default=DEFAULT.drafter, choices=DRAFTER_KINDS,
                        help="draft source: the small model, the n-gram store, both merged into one tree, or none "
                        "(the verifier alone) (default: %(default)s)")
     group.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE", "memory"), metavar="URL",
@@ -84,18 +82,18 @@ def add_speculation_args(parser: argparse.ArgumentParser, defaults: SpeculationO
                        "env SPECPIPE_CACHE)")
     group.add_argument("--draft-len", type=int, default=None, metavar="K",
                        help=f"draft depth per round; with adaptive control its cap. Given without --adaptive it "
-                       f"fixes the draft depth (adaptive off) (default: {defaults.draft_len}, adaptive)")
-    group.add_argument("--width", type=int, default=defaults.width,
+                       f"fixes the draft depth (adaptive off) (default: {DEFAULT.draft_len}, adaptive)")
+    group.add_argument("--width", type=int, default=DEFAULT.width,
                        help="tree width at the first draft levels; 1 = chain. With adaptive control the widest "
                        "tree: each round keeps only the alternatives whose expected acceptance pays for verifying "
                        "them (default: %(default)s)")
-    group.add_argument("--schedule", default=defaults.schedule, choices=SCHEDULES,
+    group.add_argument("--schedule", default=DEFAULT.schedule, choices=SCHEDULES,
                        help="sequential: draft, then verify; branch: while the verifier checks a round, draft the "
                        "next one for its predicted outcomes, roll back on a miss (default: %(default)s)")
-    group.add_argument("--predictor", default=defaults.predictor, choices=PREDICTORS,
+    group.add_argument("--predictor", default=DEFAULT.predictor, choices=PREDICTORS,
                        help="branch schedule: calibrated (drafter confidence, calibrated online) or paper (the "
                        "fitted prediction function of Duan et al. 2024, eq. 12) (default: %(default)s)")
-    group.add_argument("--hypotheses", type=hypotheses_arg, default=defaults.hypotheses, metavar="M",
+    group.add_argument("--hypotheses", type=hypotheses_arg, default=DEFAULT.hypotheses, metavar="M",
                        help="branch schedule: outcomes pre-drafted per round, most likely first; all = every "
                        "outcome of the main chain (default: %(default)s)")
     group.add_argument("--adaptive", default=None, choices=ADAPTIVE,

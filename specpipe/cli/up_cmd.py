@@ -100,7 +100,7 @@ def register(subparsers) -> None:
     parser.add_argument("--verifier-flags", default="", metavar="FLAGS",
                         help='more `specpipe serve verifier` flags for every verifier replica, e.g. '
                         '"--max-batch-tokens 1024 --gather-grace 0"')
-    options.add_speculation_args(parser, options.SERVED)
+    options.add_speculation_args(parser)
     options.add_hop_delay_arg(parser)
     parser.set_defaults(func=run)
 
