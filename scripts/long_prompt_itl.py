@@ -7,8 +7,9 @@ tokens (stall 0), on one verifier pinned to one core, in one run (docs/batching.
 For each setting: D sessions decode; after each has emitted a few tokens a prompt of --long-tokens
 tokens is submitted; the decoding sessions' gaps between tokens are recorded without it (the first
 phase) and while it is being prefilled (from its submission to its first token). Greedy, plain
-batched decoding (drafter none), so the verifier's schedule alone is measured; every decoding
-session's output is checked against the verifier's own greedy decoding.
+batched decoding (drafter none), so the verifier's schedule alone is measured; with two or more
+settings, the decoding sessions' outputs are checked equal across them (the golden tests check
+batched output against the verifier alone).
 A measurement, not a test: compare rows of one run.
 """
 
