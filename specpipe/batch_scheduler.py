@@ -18,7 +18,11 @@ DECODING_RECENT_S after its last round). On the verifier a forward first waits, 
 (gather_grace_s: a share of its predicted time) for the rounds of decoding sessions not yet pending:
 their replies leave together, but come back one by one, and a forward dispatched on the first of
 them would split the sessions into cohorts that each pay a whole forward, as would a session running
-beside its own prompt chunk. A lone session never waits. A whole step larger than the whole budget runs alone.
+beside its own prompt chunk. It waits only for the sessions due back (due_back_until): those whose
+last round ended within the recent turnarounds' TURNAROUND_QUANTILE (the orchestrator's turn
+between a round's forward and the session's next round), so it ends when they are in, or when the
+late ones are late enough to be drafting or gone. A lone session never waits. A whole step larger
+than the whole budget runs alone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import math
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,8 +54,10 @@ _BATCH_METRICS = {"verifier": (metrics.VERIFY_BATCH_SESSIONS, metrics.VERIFY_BAT
                   "drafter": (metrics.DRAFT_BATCH_SESSIONS, metrics.DRAFT_BATCH_TOKENS)}
 
 
-GATHER_GRACE_SHARE = 0.1  # of a forward's predicted time: how long it waits, once, for decoding sessions' rounds
+GATHER_GRACE_SHARE = 0.5  # of a forward's predicted time: the longest it waits, once, for decoding sessions' rounds
 GATHER_GRACE_MIN_S, GATHER_GRACE_MAX_S = 0.002, 0.05
+TURNAROUND_QUANTILE = 0.95  # of recent turnarounds: how long after its round a session is still due back
+TURNAROUND_WINDOW = 256     # turnarounds kept
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,21 @@ DECODING_RECENT_S = 2.0   # a session whose last round ended this recently count
 def decoding_work(last_steps: Iterable[tuple[float, float]], now: float) -> float:
     """Work (see step_work) of the last whole steps (ended at, work) of the sessions still decoding at `now`."""
     return sum(work for ended, work in last_steps if now - ended <= DECODING_RECENT_S)
+
+
+def due_within_s(turnarounds: Sequence[float], quantile: float = TURNAROUND_QUANTILE) -> float:
+    """How long after its round's forward ended a session is still expected back for the next
+    forward: that quantile of recent turnarounds (s); DECODING_RECENT_S before any was seen."""
+    if not turnarounds:
+        return DECODING_RECENT_S
+    ordered = sorted(turnarounds)
+    return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
+
+
+def due_back_until(last_steps: Iterable[tuple[float, float]], now: float, due_s: float) -> float:
+    """When the last session between rounds (ended at, work) that is still due back at `now` (its
+    round ended at most due_s ago) stops being due; 0 when none is."""
+    return max((ended + due_s for ended, _ in last_steps if now - ended <= due_s), default=0.0)
 
 
 def gather_grace_s(forward_ms: float, share: float = GATHER_GRACE_SHARE) -> float:
@@ -227,6 +249,7 @@ class Scheduler:
         # a freed slot from whichever thread frees it, mid-iteration here).
         self._last_steps: dict[int, tuple[weakref.ref[SlotKV], float, float]] | None = {} if role == "verifier" else None
         self._graced = False  # the next forward has waited for decoding sessions' rounds
+        self._turnarounds: deque[float] = deque(maxlen=TURNAROUND_WINDOW)  # s from a round's forward to the next round
         self._thread = threading.Thread(target=self._loop, name=f"specpipe-{role}-batch", daemon=True)
         self._thread.start()
 
@@ -293,13 +316,18 @@ class Scheduler:
         left = [w.left() for w in pending]
         decoding = sum(self._work(w, n) for w, (chunked, n) in zip(pending, left) if not chunked)
         elsewhere = self._decoding_elsewhere(pending)
-        grace_s = gather_grace_s(self._cost.predict(decoding + elsewhere), self.config.gather_grace) if elsewhere else 0
+        due_s = due_within_s(self._turnarounds)
+        due = elsewhere and due_back_until(self._between_rounds(pending), time.perf_counter(), due_s)
+        grace_s = gather_grace_s(self._cost.predict(decoding + elsewhere), self.config.gather_grace) if due else 0
         if grace_s and not self._graced:  # rounds due now join this forward instead of waiting out one
             self._graced = True
             deadline = time.perf_counter() + grace_s
             with self._cond:
-                while (not self._closed and self._decoding_elsewhere(self._pending)
-                       and (wait_s := deadline - time.perf_counter()) > 0):
+                while not self._closed:
+                    now = time.perf_counter()
+                    wait_s = min(deadline, due_back_until(self._between_rounds(self._pending), now, due_s)) - now
+                    if wait_s <= 0:
+                        break
                     self._cond.wait(wait_s)
             return True
         decoding = decoding or elsewhere
@@ -314,8 +342,12 @@ class Scheduler:
 
     def _decoding_elsewhere(self, pending: list[Work]) -> float:
         """Work of the last rounds of the decoding sessions with nothing pending."""
+        return decoding_work(self._between_rounds(pending), time.perf_counter())
+
+    def _between_rounds(self, pending: list[Work]) -> list[tuple[float, float]]:
+        """(ended at, work) of the last round of each live session with nothing pending (verifier)."""
         if self._last_steps is None:
-            return 0
+            return []
         busy = {id(w.kv) for w in pending}
         steps = []
         for key, (slot, ended, work) in list(self._last_steps.items()):
@@ -323,7 +355,7 @@ class Scheduler:
                 del self._last_steps[key]
             elif key not in busy:
                 steps.append((ended, work))
-        return decoding_work(steps, time.perf_counter())
+        return steps
 
     def _drop_abandoned(self, pending: list[Work]) -> bool:
         """Finish the works whose callers have gone with Cancelled, before their next forward."""
@@ -339,12 +371,21 @@ class Scheduler:
             work.done.set()
         return True
 
+    def _turnaround(self, work: Work) -> None:
+        """A decoding session's next round has started: learn how long it took to come back."""
+        last = self._last_steps.get(id(work.kv)) if self._last_steps is not None else None
+        if last is not None and not work.step.chunked:
+            turnaround_s = max(0.0, work.enqueued - last[1])
+            self._turnarounds.append(turnaround_s)
+            metrics.VERIFY_TURNAROUND_MS.observe(turnaround_s * 1e3)
+
     def _step(self, batch: list[tuple[Work, int]]) -> None:
         now = time.perf_counter()
         self._graced = False
         for work, _ in batch:
             if not work.started:
                 work.started = True
+                self._turnaround(work)
                 metrics.QUEUE_WAIT_MS.labels(role=self._role).observe((now - work.enqueued) * 1e3)
         tokens = sum(n for _, n in batch)
         works = [self._work(work, n) for work, n in batch]

@@ -57,6 +57,9 @@ DRAFT_BATCH_TOKENS = Histogram("specpipe_draft_batch_tokens", "Tokens per batche
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
 QUEUE_DEPTH = Gauge("specpipe_queue_depth", "Requests waiting: verifier rounds and prefills and drafter proposals for the model, "
                     "orchestrator generations for a session slot", ["role"])
+VERIFY_TURNAROUND_MS = Histogram("specpipe_verify_turnaround_ms", "Verifier: time from the end of a decoding "
+                                 "session's forward to its next round's arrival (the orchestrator's turn: reply, "
+                                 "drafting, next request)", buckets=_MS_BUCKETS)
 QUEUE_WAIT_MS = Histogram("specpipe_queue_wait_ms", "Time a request waited before its work started", ["role"],
                           buckets=_MS_BUCKETS)
 TTFT_MS = Histogram("specpipe_ttft_ms", "Orchestrator: time from a Generate request to its first chunk of tokens",

@@ -25,7 +25,8 @@ from specpipe.types import Draft, GenerationRequest, SamplingParams, Speculation
 from tests.golden import reference_greedy, run
 from specpipe.batch_scheduler import (
     DECODING_RECENT_S, GATHER_GRACE_MAX_S, GATHER_GRACE_MIN_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work,
-    attention_weight, decoding_work, gather_grace_s, one_step, plan_batch, stall_chunk_cap, step_work,
+    attention_weight, decoding_work, due_back_until, due_within_s, gather_grace_s, one_step, plan_batch,
+    stall_chunk_cap, step_work,
 )
 from specpipe.batched import Segment, batched_forward, new_slot
 from verifier_service.verifier import ModelVerifier
@@ -68,13 +69,27 @@ def test_sessions_decode_while_their_last_round_is_recent():
 
 
 def test_a_forward_waits_for_decoding_sessions_a_share_of_its_time():
-    assert gather_grace_s(200.0) == pytest.approx(0.02)              # 10% of a 200 ms forward
+    assert gather_grace_s(60.0) == pytest.approx(0.03)               # half of a 60 ms forward
     assert gather_grace_s(200.0, 0.05) == pytest.approx(0.01)
     assert gather_grace_s(0.0) == GATHER_GRACE_MIN_S                  # not timed yet, or a tiny model
     assert gather_grace_s(5000.0) == GATHER_GRACE_MAX_S
     assert gather_grace_s(200.0, 0) == 0                              # off
     with pytest.raises(ValueError, match="gather_grace"):
         BatchConfig(gather_grace=1.5)
+
+
+def test_a_forward_waits_only_for_the_sessions_due_back():
+    """A session is due back within the 95th percentile of recent turnarounds after its round: the
+    wait ends when the last of those would be late, not at the grace."""
+    assert due_within_s([]) == DECODING_RECENT_S                     # none seen yet: every decoding session
+    turnarounds = [i / 1000 for i in range(1, 101)]                  # 1 .. 100 ms
+    assert due_within_s(turnarounds) == pytest.approx(0.096)
+    assert due_within_s(turnarounds, 0.5) == pytest.approx(0.051)
+    now = 100.0
+    between = [(now - 0.004, 1.0), (now - 0.001, 1.0), (now - 0.030, 1.0)]  # (round ended at, work)
+    assert due_back_until(between, now, 0.010) == pytest.approx(now + 0.009)  # the third is late: drafting or gone
+    assert due_back_until(between, now, 0.0005) == 0                 # all late: no wait
+    assert due_back_until([], now, 0.010) == 0
 
 
 def test_sessions_decoding_together_share_forwards():

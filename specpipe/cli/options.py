@@ -186,11 +186,12 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
                            "times as long as their rounds alone (from the fitted forward time), keeping their "
                            "inter-token latency while a long prompt is admitted; 0 = chunks of --prefill-chunk "
                            "(default: %(default)s)")
-        group.add_argument("--gather-grace", type=float, default=0.1, metavar="SHARE",
+        group.add_argument("--gather-grace", type=float, default=0.5, metavar="SHARE",
                            help="while sessions decode, a forward first waits up to this share of its predicted "
-                           "time (2-50 ms) for their rounds that are not in yet, so they share one forward instead "
-                           "of splitting into groups that each pay one; a lone session never waits; 0 = dispatch at "
-                           "once (default: %(default)s)")
+                           "time (2-50 ms) for their rounds that are not in yet and are due back (their round "
+                           "ended within the 95th percentile of recent turnarounds), so they share one forward "
+                           "instead of splitting into groups that each pay one; a lone session never waits; 0 = "
+                           "dispatch at once (default: %(default)s)")
 
 
 def verifier_options(args: argparse.Namespace) -> dict:
