@@ -316,25 +316,31 @@ class Scheduler:
         left = [w.left() for w in pending]
         decoding = sum(self._work(w, n) for w, (chunked, n) in zip(pending, left) if not chunked)
         elsewhere = self._decoding_elsewhere(pending)
-        due_s = due_within_s(self._turnarounds)
-        due = elsewhere and due_back_until(self._between_rounds(pending), time.perf_counter(), due_s)
-        grace_s = gather_grace_s(self._cost.predict(decoding + elsewhere), self.config.gather_grace) if due else 0
-        if grace_s and not self._graced:  # rounds due now join this forward instead of waiting out one
-            self._graced = True
-            deadline = time.perf_counter() + grace_s
-            with self._cond:
-                while not self._closed:
-                    now = time.perf_counter()
-                    wait_s = min(deadline, due_back_until(self._between_rounds(self._pending), now, due_s)) - now
-                    if wait_s <= 0:
-                        break
-                    self._cond.wait(wait_s)
-            return True
+        if elsewhere and not self._graced and self._wait_for_rounds_due(pending, decoding + elsewhere):
+            return True  # rounds due now join this forward instead of waiting out one
         decoding = decoding or elsewhere
         past = next((w.kv.length for w, (chunked, _) in zip(pending, left) if chunked), 0)
         cap = stall_chunk_cap(decoding, self._cost.line(), self.config.prefill_stall, past, self._attention)
         plan = plan_batch(left, self.config.max_batch_tokens, self.config.prefill_chunk, cap)
         self._step([(pending[i], n) for i, n in plan])
+        return True
+
+    def _wait_for_rounds_due(self, pending: list[Work], work: float) -> bool:
+        """Wait, once before a forward of `work`, up to the grace for the rounds of the decoding sessions
+        due back, until they are in or late. False (no wait) when none is due or the grace is off."""
+        due_s = due_within_s(self._turnarounds)
+        grace_s = gather_grace_s(self._cost.predict(work), self.config.gather_grace)
+        if not grace_s or not due_back_until(self._between_rounds(pending), time.perf_counter(), due_s):
+            return False
+        self._graced = True
+        deadline = time.perf_counter() + grace_s
+        with self._cond:
+            while not self._closed:
+                now = time.perf_counter()
+                wait_s = min(deadline, due_back_until(self._between_rounds(self._pending), now, due_s)) - now
+                if wait_s <= 0:
+                    break
+                self._cond.wait(wait_s)
         return True
 
     def _work(self, work: Work, tokens: int) -> float:
