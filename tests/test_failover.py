@@ -82,6 +82,28 @@ def test_sessions_spread_over_the_least_loaded_replicas():
             assert verifier.release(f"s{i}")
 
 
+def test_a_new_client_reaches_a_replica_restarted_on_the_same_address():
+    """A replica stopped, a call to it failed, then a new one on the same port: a client made now
+    reaches it at once (grpcio's process-wide subchannel pool would hand the new channel the old
+    peer's failed connection, and the call would fail with "Connection refused")."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from specpipe.rpc.clients import channel
+
+    def check(chan) -> None:
+        health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=5.0)
+
+    with serve([], ServerConfig(port=0, grace_s=0)) as old:
+        port = old.port
+        stale = channel(old.address)
+        check(stale)
+    with pytest.raises(grpc.RpcError):
+        check(stale)
+    with serve([], ServerConfig(port=port, grace_s=0)) as new, channel(new.address) as fresh:
+        check(fresh)
+    stale.close()
+
+
 @pytest.mark.parametrize("loss", ["stopped", "drained"])
 def test_verifier_replica_lost_mid_generation_loses_no_token(reference, loss):
     with replicas(2, 2) as (v_handles, _, generator):

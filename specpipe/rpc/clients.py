@@ -31,6 +31,9 @@ CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),  # a restarted peer is reached again within a second
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1_000),
+    # Each channel its own subchannels: from grpcio's process-wide pool, a new channel to a peer restarted
+    # on the same address took the old peer's failed connection and its backoff, and failed at once.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 
