@@ -149,13 +149,13 @@ def test_branch_proposals_of_one_session_at_once_equal_fresh_ones():
 
 @pytest.mark.parametrize("mode", ["eager", "packed"])
 def test_one_token_steps_are_bitwise_batch_invariant(mode):
-    """A drafter step is one token per proposal: alone (1 row) == among 7 mates (8 rows), bitwise."""
+    """A drafter step is one token per proposal: alone (1 row) == among 19 mates (20 rows), bitwise."""
     model = tiny_model(2)
     if mode == "packed":
         from specpipe import native
 
         native.pack_linears(model, torch.float32)
-    contexts = [list(range(3 + i, 20 + 3 * i)) for i in range(8)]
+    contexts = [list(range(3 + i, 20 + 3 * i)) for i in range(20)]
 
     def step(kv, ids):
         n = len(ids)
