@@ -12,8 +12,9 @@ session never waits for company. Whole steps go first (a decoding session's late
 first, within the token budget; chunked steps (prompts) fill the rest in chunks of at most
 prefill_chunk tokens, so a long prompt enters over several forwards and never stalls the decode
 rounds of others for more than one chunk. While other sessions decode, a chunk is also kept small
-enough that a forward takes at most prefill_stall x as long as their rounds alone (stall_chunk_cap):
-beside their pending rounds, and on the verifier also between them (a session counts as decoding for
+enough that a forward takes at most prefill_stall x as long as their rounds alone (the first chunk
+from the fitted forward time, stall_chunk_cap; the next ones from the time the last one added,
+next_chunk): beside their pending rounds, and on the verifier also between them (a session counts as decoding for
 DECODING_RECENT_S after its last round). On the verifier a forward first waits, once, a short grace
 (gather_grace_s: a share of its predicted time) for the rounds of decoding sessions not yet pending:
 their replies leave together, but come back one by one, and a forward dispatched on the first of
@@ -102,7 +103,7 @@ def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefi
     return plan
 
 
-MIN_CHUNK = 8             # prompt tokens such a forward still takes, so a prompt always advances
+MIN_CHUNK = 1             # prompt tokens such a forward still takes, so a prompt always advances
 DECODING_RECENT_S = 2.0   # a session whose last round ended this recently counts as decoding
 
 
@@ -168,6 +169,18 @@ def stall_chunk_cap(decode_work: float, fit: tuple[float, float] | None, stall: 
         linear = 1 + attention * (past + 0.5)
         room = (math.sqrt(linear * linear + 2 * attention * room) - linear) / attention
     return max(MIN_CHUNK, int(room))
+
+
+def next_chunk(tokens: int, added_ms: float, room_ms: float) -> int:
+    """The prompt tokens of the next chunk beside whole steps, from the last chunk's: scaled by how
+    much of the time it may add (room_ms) the last one added (added_ms), at most halved or doubled;
+    at least MIN_CHUNK. A chunk deep into a long prompt costs more than the fit of forward times
+    predicts from its work (its attention reads the prompt's whole KV cache, for even one token, at
+    a lower rate than the packed GEMM: at position 3000 of SmolLM2, 11 tokens took 2.4x the forward
+    of two decode steps where the fit allowed 1.5x), so the measured time steers the size."""
+    if added_ms <= 0:
+        return 2 * tokens
+    return max(MIN_CHUNK, tokens // 2, min(2 * tokens, round(tokens * room_ms / added_ms)))
 
 
 @dataclass(frozen=True)
@@ -240,6 +253,8 @@ class Scheduler:
         self._role = role
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
         self._cost = LinearFit(decay=0.9)  # forward ms against work fed (step_work)
+        self._decode_cost = LinearFit(decay=0.9)  # the same, of forwards of whole steps only
+        self._chunk_next: tuple[int, int] | None = None  # (id(slot), tokens): the next chunk beside whole steps
         self._attention = attention_weight(model.config)
         self._pending: list[Work] = []
         self._cond = threading.Condition()
@@ -319,8 +334,11 @@ class Scheduler:
         if elsewhere and not self._graced and self._wait_for_rounds_due(pending, decoding + elsewhere):
             return True  # rounds due now join this forward instead of waiting out one
         decoding = decoding or elsewhere
-        past = next((w.kv.length for w, (chunked, _) in zip(pending, left) if chunked), 0)
+        prompt = next((w.kv for w, (chunked, _) in zip(pending, left) if chunked), None)
+        past = prompt.length if prompt is not None else 0
         cap = stall_chunk_cap(decoding, self._cost.line(), self.config.prefill_stall, past, self._attention)
+        if decoding and self.config.prefill_stall and self._chunk_next and self._chunk_next[0] == id(prompt):
+            cap = self._chunk_next[1]  # steered by the time the last chunk of this prompt added
         plan = plan_batch(left, self.config.max_batch_tokens, self.config.prefill_chunk, cap)
         self._step([(pending[i], n) for i, n in plan])
         return True
@@ -385,6 +403,19 @@ class Scheduler:
             self._turnarounds.append(turnaround_s)
             metrics.VERIFY_TURNAROUND_MS.observe(turnaround_s * 1e3)
 
+    def _steer_chunks(self, batch: list[tuple[Work, int]], works: list[float], forward_ms: float) -> None:
+        """Learn the time of forwards of whole steps alone, and after a forward of whole steps and a
+        prompt chunk, size the prompt's next chunk by the time this one added (next_chunk)."""
+        decode = sum(work for (w, _), work in zip(batch, works) if not w.step.chunked)
+        chunks = [(w, n) for w, n in batch if w.step.chunked]
+        if not chunks:
+            self._decode_cost.add(decode, forward_ms)
+        elif decode and self.config.prefill_stall and self._decode_cost.line() is not None:
+            alone_ms = self._decode_cost.predict(decode)
+            prompt, tokens = chunks[0]
+            tokens = next_chunk(tokens, forward_ms - alone_ms, (self.config.prefill_stall - 1) * alone_ms)
+            self._chunk_next = (id(prompt.kv), tokens)
+
     def _step(self, batch: list[tuple[Work, int]]) -> None:
         now = time.perf_counter()
         self._graced = False
@@ -408,6 +439,7 @@ class Scheduler:
         else:
             ended = time.perf_counter()
             forward_ms = (ended - now) * 1e3
+            self._steer_chunks(batch, works, forward_ms)
             self._cost.add(sum(works), forward_ms)
             for (work, n), rows, done in zip(batch, logits, works):
                 if self._last_steps is not None and not work.step.chunked:

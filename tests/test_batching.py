@@ -25,7 +25,7 @@ from specpipe.types import Draft, GenerationRequest, SamplingParams, Speculation
 from tests.golden import reference_greedy, run
 from specpipe.batch_scheduler import (
     DECODING_RECENT_S, GATHER_GRACE_MAX_S, GATHER_GRACE_MIN_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work,
-    attention_weight, decoding_work, due_back_until, due_within_s, gather_grace_s, one_step, plan_batch,
+    attention_weight, decoding_work, due_back_until, due_within_s, gather_grace_s, next_chunk, one_step, plan_batch,
     stall_chunk_cap, step_work,
 )
 from specpipe.batched import Segment, batched_forward, new_slot
@@ -60,6 +60,15 @@ def test_prompt_chunks_beside_decode_steps_are_bounded_by_time():
     assert plan_batch([(True, 4000)], 512, 256, 11) == [(0, 11)]   # alone, while others decode between rounds
     assert plan_batch([(True, 4000)], 512, 256) == [(0, 256)]      # alone: the whole chunk
     assert stall_chunk_cap(3, (-500.0, 2.6), 1.5, 10, 0.05) == MIN_CHUNK  # a fit with a < 0 (sqrt of < 0 before)
+
+
+def test_the_next_chunk_follows_the_time_the_last_one_added():
+    assert next_chunk(8, added_ms=40.0, room_ms=20.0) == 4   # twice the room: half the tokens
+    assert next_chunk(8, added_ms=10.0, room_ms=15.0) == 12
+    assert next_chunk(8, added_ms=400.0, room_ms=20.0) == 4  # at most halved
+    assert next_chunk(8, added_ms=1.0, room_ms=20.0) == 16   # at most doubled
+    assert next_chunk(8, added_ms=0.0, room_ms=20.0) == 16   # it added nothing measurable
+    assert next_chunk(1, added_ms=50.0, room_ms=20.0) == MIN_CHUNK  # deep in a prompt: a prompt still advances
 
 
 def test_sessions_decode_while_their_last_round_is_recent():
@@ -396,6 +405,6 @@ def test_a_round_does_not_wait_for_a_long_prefill():
         assert round_.result.shape == (2, 257)
         assert fed_when_done < 254 * 4
         # what adaptive control learns the forward's cost from: it fed a prompt chunk beside the round
-        assert round_.batch_sessions == 2 and round_.batch_tokens == 2 + 4
+        assert round_.batch_sessions == 2 and 2 < round_.batch_tokens <= 2 + 4  # the chunk bounded by time
     finally:
         scheduler.close()

@@ -183,9 +183,9 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
                            "sessions' rounds for more than one chunk (default: %(default)s)")
         group.add_argument("--prefill-stall", type=float, default=1.5, metavar="X",
                            help="while other sessions decode, prompt chunks are cut so a forward takes at most X "
-                           "times as long as their rounds alone (from the fitted forward time), keeping their "
-                           "inter-token latency while a long prompt is admitted; 0 = chunks of --prefill-chunk "
-                           "(default: %(default)s)")
+                           "times as long as their rounds alone (steered by the measured forward times), keeping their "
+                           "inter-token latency while a long prompt is admitted; a higher X admits the prompt "
+                           "sooner; 0 = chunks of --prefill-chunk (default: %(default)s)")
         group.add_argument("--gather-grace", type=float, default=0.5, metavar="SHARE",
                            help="while sessions decode, a forward first waits up to this share of its predicted "
                            "time (2-50 ms) for their rounds that are not in yet and are due back (their round "
