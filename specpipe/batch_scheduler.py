@@ -220,6 +220,7 @@ class Work:
         self.forward_ms = 0.0          # wall time of the forwards it took part in
         self.batch_sessions = 1        # requests in the last forward it took part in
         self.batch_tokens = 0          # tokens that forward fed, every request's
+        self.next_chunk = 0            # a prompt's: tokens of its next chunk beside whole steps (0: not steered yet)
         self.error: BaseException | None = None
         self.enqueued = time.perf_counter()
         self.started = False
@@ -254,7 +255,6 @@ class Scheduler:
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
         self._cost = LinearFit(decay=0.9)  # forward ms against work fed (step_work)
         self._decode_cost = LinearFit(decay=0.9)  # the same, of forwards of whole steps only
-        self._chunk_next: tuple[int, int] | None = None  # (id(slot), tokens): the next chunk beside whole steps
         self._attention = attention_weight(model.config)
         self._pending: list[Work] = []
         self._cond = threading.Condition()
@@ -334,11 +334,12 @@ class Scheduler:
         if elsewhere and not self._graced and self._wait_for_rounds_due(pending, decoding + elsewhere):
             return True  # rounds due now join this forward instead of waiting out one
         decoding = decoding or elsewhere
-        prompt = next((w.kv for w, (chunked, _) in zip(pending, left) if chunked), None)
-        past = prompt.length if prompt is not None else 0
-        cap = stall_chunk_cap(decoding, self._cost.line(), self.config.prefill_stall, past, self._attention)
-        if decoding and self.config.prefill_stall and self._chunk_next and self._chunk_next[0] == id(prompt):
-            cap = self._chunk_next[1]  # steered by the time the last chunk of this prompt added
+        prompt = next((w for w, (chunked, _) in zip(pending, left) if chunked), None)
+        if decoding and self.config.prefill_stall and prompt is not None and prompt.next_chunk:
+            cap = prompt.next_chunk  # steered by the time its last chunk added
+        else:
+            past = prompt.kv.length if prompt is not None else 0
+            cap = stall_chunk_cap(decoding, self._cost.line(), self.config.prefill_stall, past, self._attention)
         plan = plan_batch(left, self.config.max_batch_tokens, self.config.prefill_chunk, cap)
         self._step([(pending[i], n) for i, n in plan])
         return True
@@ -413,8 +414,7 @@ class Scheduler:
         elif decode and self.config.prefill_stall and self._decode_cost.line() is not None:
             alone_ms = self._decode_cost.predict(decode)
             prompt, tokens = chunks[0]
-            tokens = next_chunk(tokens, forward_ms - alone_ms, (self.config.prefill_stall - 1) * alone_ms)
-            self._chunk_next = (id(prompt.kv), tokens)
+            prompt.next_chunk = next_chunk(tokens, forward_ms - alone_ms, (self.config.prefill_stall - 1) * alone_ms)
 
     def _step(self, batch: list[tuple[Work, int]]) -> None:
         now = time.perf_counter()

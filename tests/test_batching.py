@@ -71,6 +71,24 @@ def test_the_next_chunk_follows_the_time_the_last_one_added():
     assert next_chunk(1, added_ms=50.0, room_ms=20.0) == MIN_CHUNK  # deep in a prompt: a prompt still advances
 
 
+def test_a_forward_of_rounds_and_a_chunk_sizes_the_prompts_next_chunk():
+    """Forwards of rounds alone teach their time; one with a chunk beside them sets the chunk's successor."""
+    model = tiny_model()
+    scheduler = Scheduler(model, BatchConfig(prefill_stall=1.5))
+    try:
+        rounds = Work(new_slot(model, 2048), one_step(Step((5,), logit_rows=1)))
+        prompt = Work(new_slot(model, 2048), one_step(Step(tuple(range(1, 200)), chunked=True)))
+        scheduler._steer_chunks([(prompt, 8)], [8.0], forward_ms=99.0)  # a chunk alone: no rounds to time it by
+        assert prompt.next_chunk == 0 and scheduler._decode_cost.line() is None
+        scheduler._steer_chunks([(rounds, 1)], [1.0], forward_ms=10.0)
+        scheduler._steer_chunks([(rounds, 1), (prompt, 8)], [1.0, 8.0], forward_ms=30.0)
+        assert prompt.next_chunk == 4  # it added 20 ms where 1.5x allows 5: halved (at most)
+        scheduler._steer_chunks([(rounds, 1), (prompt, 4)], [1.0, 4.0], forward_ms=14.0)
+        assert prompt.next_chunk == 5  # 4 ms added, 5 allowed
+    finally:
+        scheduler.close()
+
+
 def test_sessions_decode_while_their_last_round_is_recent():
     now = 100.0
     assert decoding_work([(now - 0.1, 3.0), (now - DECODING_RECENT_S - 0.1, 5.0), (now, 9.5)], now) == 12.5
