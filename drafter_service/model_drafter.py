@@ -2,7 +2,9 @@
 
 Each proposal first syncs a cache to the given context by longest common prefix (crop, then re-feed
 the rest); that one step is also the rollback after a rejected draft, so the drafter keeps no other
-state and any replica can serve any session (it only costs a re-feed).
+state and any replica can serve any session (it only costs a re-feed). A proposal of draft_len 0
+is that step alone (a warm-up): the orchestrator sends one while a session drafts nothing, so that
+its next draft does not first feed the whole prompt or every token since its last draft.
 
 A session holds a few branches (cache + tokens), so that the branch schedule's proposals for several
 predicted outcomes of one round never disturb each other: a proposal that would crop tokens another
@@ -117,7 +119,7 @@ class ModelDrafter:
         if request.draft_len < 0 or request.width < 1:
             raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {request.draft_len} and {request.width}")
         draft_len = min(request.draft_len, self._info.max_context - len(request.context) - 1)
-        if draft_len <= 0:
+        if draft_len <= 0 and request.draft_len > 0:  # no room left in the context window
             return ProposeResult(Draft(), 0.0)
         session = self._session(request.session_id, request.epoch)
         start = time.perf_counter()
@@ -132,6 +134,8 @@ class ModelDrafter:
         finally:
             branch.busy = False
         draft_ms = (time.perf_counter() - start) * 1e3
+        if not draft_len:  # a warm-up: the context fed, nothing drafted
+            return ProposeResult(Draft(), draft_ms)
         metrics.DRAFT_MS.labels(drafter="model").observe(draft_ms)
         return ProposeResult(draft, draft_ms)
 

@@ -78,7 +78,8 @@ class Generator:
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
         self.observer = RoundObserver(cache, learn_global)
         self.info = verifier.info()
-        self._pool = ContextPool(max_workers=128, thread_name_prefix="specpipe-branch")  # verify + pre-drafts
+        # per generation: a verify, a pre-draft worker (branch) and a drafter warm-up, at 64 generations
+        self._pool = ContextPool(max_workers=192, thread_name_prefix="specpipe-branch")
         self._predictor_state: dict[tuple[str, str], object] = {}  # (drafter, predictor) -> state shared by sessions
         self._adaptive = SharedModels()  # cost lines and acceptance rates that adaptive sessions learn together
         self._load = Load()
@@ -217,7 +218,7 @@ class Generator:
     def _schedule(self, gen: Generation, proposer: Proposer) -> Schedule:
         spec = gen.request.speculation
         if spec.schedule != "branch" or proposer.drafter is None:
-            return Sequential(self.verifier, proposer)
+            return Sequential(self.verifier, proposer, self._pool)
         shared = self._predictor_state.setdefault((spec.drafter, spec.predictor), new_shared(spec.predictor))
         return Branch(self.verifier, proposer, new_predictor(spec.predictor, shared), self._pool,
                       self.info.eos_token_ids)

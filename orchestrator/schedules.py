@@ -4,13 +4,15 @@
 - branch: while round r verifies, draft round r+1 for its predicted outcomes (orchestrator/branch.py);
   a hit gives the next draft at once, a miss drafts afresh.
 
+Both keep a model drafter's cache of the session warm while the session drafts nothing (Warmer).
+
 A schedule owns the session's epoch (bumped on every rollback) and yields proposals; the verdicts
 only ever come from the verifier."""
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
 
@@ -25,6 +27,8 @@ from orchestrator.predictors import Hypothesis, Predictor
 log = logging.getLogger("specpipe.orchestrator")
 
 NO_DRAFT = ProposeResult(EMPTY_DRAFT, 0.0)
+WARMED_KINDS = ("model", "hybrid")  # drafters with a KV cache per session: a draft first feeds what it lacks
+WARM_LAG = 32  # tokens a session that drafts nothing lets its drafter fall behind before a warm-up
 
 
 @dataclass(frozen=True)
@@ -45,12 +49,62 @@ class Proposer:
             self.failed(err)
             return NO_DRAFT
 
+    def warm(self, context: Sequence[int], epoch: int) -> None:
+        """Have the drafter feed context without drafting (a proposal of draft_len 0)."""
+        try:
+            self.drafter.propose(replace(self.template, context=tuple(context), draft_len=0, epoch=epoch))
+        except Exception as err:  # the next draft feeds the context itself
+            if not isinstance(err, Aborted):
+                log.warning("drafter warm-up failed", extra={"session_id": self.template.session_id, "error": str(err)})
+
     def failed(self, err: Exception) -> None:
         if isinstance(err, Aborted):  # a dropped hypothesis, stopped by the drafter on purpose
             return
         metrics.DRAFT_FAILURES.labels(drafter=self.kind).inc()
         log.warning("drafter failed, verifying without that draft",
                     extra={"session_id": self.template.session_id, "error": str(err)})
+
+
+class Warmer:
+    """Keeps a model drafter's cache of a session near its context while the session drafts nothing
+    (adaptive control at k = 0, as under load): in the background, a proposal of draft_len 0 feeds
+    the prompt, then the new tokens whenever WARM_LAG of them have come since the drafter last saw
+    the context. Otherwise the next draft (a probe, or when the load falls) would first feed all of
+    them, the whole prompt included, while the session waits, and adaptive control, which times
+    drafts with their catch-up, would learn that drafting is dear and draft still less. A drafter
+    whose core would otherwise be idle does the feeding, batched with the other sessions' work."""
+
+    def __init__(self, pool: Executor, proposer: Proposer):
+        self._pool = pool
+        self._proposer = proposer
+        self._enabled = proposer.drafter is not None and proposer.kind in WARMED_KINDS
+        self._seen = 0  # the context length the drafter was last given
+        self._warming: Future | None = None
+
+    def drafted(self, context_len: int) -> None:
+        """A draft after context_len tokens was asked for (the drafter fed them)."""
+        self._seen = context_len
+
+    def idle(self, context: Sequence[int], epoch: int) -> None:
+        """The next round drafts nothing: warm the drafter if it lags (one warm-up at a time)."""
+        lagging = not self._seen or len(context) - self._seen >= WARM_LAG
+        if not self._enabled or not lagging or (self._warming is not None and not self._warming.done()):
+            return
+        self._seen = len(context)
+        self._warming = self._pool.submit(self._proposer.warm, tuple(context), epoch)
+
+    def next_draft(self, context: Sequence[int], draft_len: int, epoch: int) -> ProposeResult:
+        """The proposal of a round drafted afresh (draft_len 0: none, the drafter warmed instead)."""
+        if draft_len <= 0:
+            self.idle(context, epoch)
+            return NO_DRAFT
+        self.drafted(len(context))
+        return self._proposer.propose(context, draft_len, epoch)
+
+    def close(self) -> None:
+        """Wait for the warm-up in flight (so that a release comes after it)."""
+        if self._warming is not None:
+            self._warming.result()
 
 
 class Schedule(Protocol):
@@ -72,14 +126,16 @@ class Schedule(Protocol):
 
 
 class Sequential:
-    def __init__(self, verifier: Verifier, proposer: Proposer):
+    def __init__(self, verifier: Verifier, proposer: Proposer, pool: Executor):
         self.epoch = 0
         self._verifier = verifier
-        self._proposer = proposer
+        self._warmer = Warmer(pool, proposer)
 
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
+        if draft_len <= 0:  # the drafter feeds the prompt while the verifier prefills
+            self._warmer.idle(gen.context, self.epoch)
         self._verifier.prefill(gen.session_id, gen.request.prompt_ids)
-        return self._proposer.propose(gen.context, draft_len, self.epoch)
+        return self._warmer.next_draft(gen.context, draft_len, self.epoch)
 
     def verify(self, gen, proposal, as_drafted, hypotheses, draft_len) -> VerifyResult:
         result = self._verifier.verify(gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
@@ -87,20 +143,20 @@ class Sequential:
         return result
 
     def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
-        return self._proposer.propose(gen.context, draft_len(), self.epoch), NO_SPECULATION
+        return self._warmer.next_draft(gen.context, draft_len(), self.epoch), NO_SPECULATION
 
     def close(self) -> None:
-        pass
+        self._warmer.close()
 
 
 class Branch:
     def __init__(self, verifier: Verifier, proposer: Proposer, predictor: Predictor, pool: Executor,
                  eos: Sequence[int]):
         self._verifier = verifier
-        self._proposer = proposer
         self._pool = pool
         self._eos = set(eos)
         self._scheduler = BranchScheduler(pool, proposer.drafter, predictor, proposer.template, proposer.failed)
+        self._warmer = Warmer(pool, proposer)
 
     @property
     def epoch(self) -> int:
@@ -109,7 +165,7 @@ class Branch:
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
         """The first draft (and the drafter's own prefill) runs while the verifier prefills."""
         prefilling = self._pool.submit(self._verifier.prefill, gen.session_id, gen.request.prompt_ids)
-        proposal = self._proposer.propose(gen.context, draft_len, self.epoch)
+        proposal = self._warmer.next_draft(gen.context, draft_len, self.epoch)
         prefilling.result()
         return proposal
 
@@ -126,9 +182,12 @@ class Branch:
 
     def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
         resolution = self._scheduler.resolve(proposal, result, verify_start, verify_end)
-        fresh = resolution.proposal or self._proposer.propose(gen.context, draft_len(), self.epoch)
-        return fresh, resolution
+        if resolution.proposal is not None:  # pre-drafted after the context
+            self._warmer.drafted(len(gen.context))
+            return resolution.proposal, resolution
+        return self._warmer.next_draft(gen.context, draft_len(), self.epoch), resolution
 
     def close(self) -> None:
         self._scheduler.close()
+        self._warmer.close()
 

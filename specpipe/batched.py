@@ -8,9 +8,14 @@ session: its queries against its own slot (past + its new tokens) under its own 
 chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
 
 Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
-(the packed GEMM computes every row the same way for every M; so does MKL's fp32 GEMM in its strict
-reproducibility mode, which specpipe/__init__.py turns on; attention is per session), so a session's
-logits do not depend on who else is in the forward.
+(the packed GEMM computes every row the same way for every M; attention is per session), so a
+session's logits do not depend on who else is in the forward. MKL's fp32 GEMM, which runs every
+nn.Linear in eager mode, does not by itself, and differently by CPU: on a Xeon rows differed from 6
+to 16 rows on, which its strict reproducibility mode (MKL_CBWR, turned on by specpipe/__init__.py)
+removes; on an AMD EPYC, strict mode or not, rows differ for M = 1..3 and are bitwise equal for every
+M >= 4. So where an nn.Linear runs, a batch of fewer than MIN_GEMM_ROWS rows is padded to that many
+(the drafter's steps are one token per session: M = 1 alone). A model whose linear layers are all
+packed is not padded (a lone decode step padded to 4 rows made SmolLM2's packed forward 12% slower).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specpipe.kv import SlotKV
 
 SUPPORTED_TYPES = ("llama", "qwen2")  # decoder layers of the same shape (Qwen2 adds q/k/v biases)
+MIN_GEMM_ROWS = 4                     # fewer rows are padded where MKL runs: see the module docstring
 
 
 def supports(model: PreTrainedModel) -> str | None:
@@ -69,13 +76,14 @@ def new_slot(model: PreTrainedModel, max_context: int) -> SlotKV:
 
 def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
             layer: int, offsets: Sequence[int]) -> torch.Tensor:
-    """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim]. Returns [rows, heads * head_dim].
+    """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim] (rows: the segments' tokens,
+    then padding). Returns [rows, heads * head_dim], zero on padding rows.
     A key-value head's group of query heads attends as one [group * n] block of queries (grouped-query
     attention without repeating keys and values per query head: a slot deep into a long prompt is
     read once per key-value head)."""
     heads, rows, head_dim = q.shape
     group = heads // k_new.shape[0]
-    out = q.new_empty(rows, heads * head_dim)
+    out = q.new_zeros(rows, heads * head_dim)
     for segment, start in zip(segments, offsets):
         n, past = len(segment.token_ids), segment.kv.length
         end = start + n
@@ -93,6 +101,19 @@ def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, seg
     return out
 
 
+def min_rows(model: nn.Module) -> int:
+    """The rows a forward of model is padded to: MIN_GEMM_ROWS where any nn.Linear (MKL's GEMM) runs,
+    1 where every linear layer is packed (see the module docstring). A walk over the modules: tens of
+    microseconds, against milliseconds of forward."""
+    return MIN_GEMM_ROWS if any(type(m) is nn.Linear for m in model.modules()) else 1
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [rows, ...] with zero rows appended up to rows."""
+    pad = rows - x.shape[0]
+    return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad > 0 else x
+
+
 @torch.inference_mode()
 def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
     """Feed every segment after its cached positions and append them to its slot (kv.length grows by
@@ -106,8 +127,10 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
         segment.kv.reserve(segment.kv.length + n)
     ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=device)  # [T]
     positions = torch.cat([s.positions for s in segments]).to(device)                                # [T]
-    hidden = inner.embed_tokens(ids)                                                                  # [T, hidden]
-    cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, T, head_dim]
+    pad = min_rows(model)
+    ids, positions = _pad_rows(ids, pad), _pad_rows(positions, pad)                                  # [R >= T]
+    hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
+    cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, R, head_dim]
     for layer_idx, layer in enumerate(inner.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
@@ -122,7 +145,7 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
         segment.kv.length += n
 
     rows = [i for s, start, n in zip(segments, offsets, lengths) for i in range(start + n - s.logit_rows, start + n)]
-    logits = model.lm_head(inner.norm(hidden[rows])).float() if rows else None  # [len(rows), vocab]
+    logits = model.lm_head(_pad_rows(inner.norm(hidden[rows]), pad)).float() if rows else None  # [>= len(rows), vocab]
     out, row = [], 0
     for segment in segments:
         out.append(logits[row : row + segment.logit_rows] if segment.logit_rows else None)

@@ -346,3 +346,23 @@ def test_adaptive_is_the_default_unless_a_draft_length_is_fixed(argv, adaptive, 
     flags = options.speculation_flags(args)  # what `up` passes on resolves the same way
     again = options.speculation_options(parser.parse_args(list(flags)))
     assert again == spec
+
+
+@pytest.mark.parametrize("argv, drafter_service, drafter", [
+    (["generate", "--prompt", "x"], False, "ngram"),                   # embedded: the small model shares the cores
+    (["bench"], False, "ngram"),
+    (["up"], False, "hybrid"),                                         # a drafter service on a core of its own
+    (["serve", "orchestrator", "--verifier-addr", "v:1", "--drafter-addr", "d:2"], False, "hybrid"),
+    (["serve", "orchestrator", "--verifier-addr", "v:1"], False, "ngram"),  # no drafter service to draft with
+    (["serve", "orchestrator"], True, "hybrid"),                       # Ray: the drafter deployment
+    (["up", "--drafter", "model"], False, "model"),                    # a drafter given is the drafter
+])
+def test_the_default_drafter_is_the_hybrid_where_a_drafter_service_drafts(argv, drafter_service, drafter):
+    from specpipe.cli import options
+    from specpipe.cli.main import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert options.speculation_options(args, drafter_service).drafter == drafter
+    if not drafter_service:
+        flags = options.speculation_flags(args)  # what `up` passes to its orchestrator
+        assert flags[flags.index("--drafter") + 1] == drafter

@@ -79,6 +79,16 @@ def test_grace_period_covers_prestop_drain_and_margin(objects):
         assert spec["terminationGracePeriodSeconds"] >= PRESTOP_S + drain_s + MARGIN_S, d["metadata"]["name"]
 
 
+def test_the_orchestrator_speculates_with_the_served_defaults(objects):
+    from specpipe.types import SERVED_DRAFTER, SpeculationOptions
+
+    config = {k: v for cm in of_kind(objects, "ConfigMap") if cm["metadata"]["name"].startswith("specpipe-config")
+              for k, v in cm["data"].items()}
+    assert config["SPECPIPE_DRAFTER"] == SERVED_DRAFTER  # the drafter runs in pods of its own
+    defaults = SpeculationOptions()
+    assert (config["SPECPIPE_SCHEDULE"], config["SPECPIPE_ADAPTIVE"]) == (defaults.schedule, defaults.adaptive)
+
+
 def test_every_workload_has_a_pdb(objects):
     selectors = [p["spec"]["selector"]["matchLabels"] for p in of_kind(objects, "PodDisruptionBudget")]
     for o in of_kind(objects, "Deployment") + of_kind(objects, "StatefulSet"):

@@ -3,7 +3,7 @@
     args:                       # each role's flags, as `specpipe serve ROLE` takes them
       verifier: --preset tiny --max-sessions 64
       drafter: --preset tiny
-      orchestrator: --preset tiny --drafter model --schedule branch
+      orchestrator: --preset tiny --schedule branch
 
 The orchestrator is the ingress (Serve's gRPC proxy calls it); it reaches the verifier and the
 drafter through DeploymentHandles. Both are routed by deploy/ray/router.py: a session's verifier

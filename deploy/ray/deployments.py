@@ -155,7 +155,7 @@ class OrchestratorDeployment:
         served = {method: HandleDrafter(drafter, method, drafter_info, self._timeout_s)
                   for method in drafter_info.methods}
         generator = served_generator(model_specs(args.preset, args.verifier, args.draft_model)[0],
-                                     serve_replicas(self._verifier), served, speculation_options(args),
+                                     serve_replicas(self._verifier), served, speculation_options(args, drafter_service=True),
                                      ngram_cache(args.cache))
         self._servicer = GenerationServicer(generator, Admission(AdmissionConfig(args.max_sessions, args.max_queue)))
 

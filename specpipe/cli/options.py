@@ -9,7 +9,7 @@ from specpipe.cli.models_cmd import add_prepare_arg
 from specpipe.errors import InvalidArgument
 from specpipe.presets import DEFAULT_PRESET, PRESETS
 from specpipe.types import (
-    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES, SamplingParams,
+    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES, SERVED_DRAFTER, SamplingParams,
     SpeculationOptions,
 )
 
@@ -70,11 +70,15 @@ def drafter_forward(args: argparse.Namespace) -> dict:
     return {"mode": mode, "weights": weights, "batching": getattr(args, "batching", "on") == "on"}
 
 
-def add_speculation_args(parser: argparse.ArgumentParser) -> None:
+def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = DEFAULT.drafter) -> None:
+    """drafter: the --drafter default; None: SERVED_DRAFTER when --drafter-addr is given, else the
+    embedded default (speculation_options)."""
     group = parser.add_argument_group("speculation")
-    group.add_argument("--drafter", default=DEFAULT.drafter, choices=DRAFTER_KINDS,
+    default = {None: f"{SERVED_DRAFTER} with --drafter-addr, else {DEFAULT.drafter}"}.get(drafter, drafter)
+    group.add_argument("--drafter", default=drafter, choices=DRAFTER_KINDS,
                        help="draft source: the small model, the n-gram store, both merged into one tree, or none "
-                       "(the verifier alone) (default: %(default)s)")
+                       f"(the verifier alone); where a drafter service drafts on a core or host of its own, "
+                       f"{SERVED_DRAFTER} is the default (default: {default})")
     group.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE", "memory"), metavar="URL",
                        help="n-gram store: memory (this process), redis (`specpipe up` only: starts a local "
                        "redis-server), redis://[:password@]host:port/db, rediss://... (TLS) or grpc://host:port "
@@ -141,11 +145,15 @@ def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
                         "to measure how well a schedule hides network latency on loopback (default: off)")
 
 
-def speculation_options(args: argparse.Namespace) -> SpeculationOptions:
-    """--draft-len alone fixes the depth; --adaptive alone, or neither, chooses it up to a cap."""
+def speculation_options(args: argparse.Namespace, drafter_service: bool = False) -> SpeculationOptions:
+    """--draft-len alone fixes the depth; --adaptive alone, or neither, chooses it up to a cap. A
+    --drafter left to the command (None, `serve orchestrator`): SERVED_DRAFTER where a drafter service
+    drafts (drafter_service, as on Ray, or --drafter-addr given), else the embedded default."""
     adaptive = args.adaptive or ("off" if args.draft_len is not None else DEFAULT.adaptive)
     draft_len = args.draft_len or (DEFAULT.draft_len if adaptive == "on" else FIXED_DRAFT_LEN)
-    return SpeculationOptions(drafter=args.drafter, draft_len=draft_len, width=args.width,
+    served = drafter_service or bool(getattr(args, "drafter_addr", None))
+    drafter = args.drafter or (SERVED_DRAFTER if served else DEFAULT.drafter)
+    return SpeculationOptions(drafter=drafter, draft_len=draft_len, width=args.width,
                               schedule=args.schedule, predictor=args.predictor, hypotheses=args.hypotheses,
                               adaptive=adaptive)
 

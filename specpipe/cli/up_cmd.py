@@ -23,6 +23,7 @@ from cache_service import local_redis
 from specpipe.cli import options, up_security
 from specpipe.errors import InvalidArgument, SpecpipeError, Unavailable
 from specpipe.presets import DEFAULT_PRESET, PRESETS
+from specpipe.types import SERVED_DRAFTER
 
 ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
 METRICS_OFFSET = 100
@@ -100,7 +101,7 @@ def register(subparsers) -> None:
     parser.add_argument("--verifier-flags", default="", metavar="FLAGS",
                         help='more `specpipe serve verifier` flags for every verifier replica, e.g. '
                         '"--max-batch-tokens 1024 --gather-grace 0"')
-    options.add_speculation_args(parser)
+    options.add_speculation_args(parser, drafter=SERVED_DRAFTER)
     options.add_hop_delay_arg(parser)
     parser.set_defaults(func=run)
 
