@@ -146,11 +146,11 @@ ADAPTIVE = ("off", "on")
 
 
 ADAPTIVE_DRAFT_LEN = 8  # k: the cap of adaptive control, the default
+FIXED_DRAFT_LEN = 4     # k with adaptive control off when no draft length is given
 # The drafter where a drafter service drafts on a core or host of its own (`up`, `serve orchestrator
 # --drafter-addr`, Kubernetes, Ray); SpeculationOptions.drafter where the small model would share the
-# verifier's cores (embedded). Measured: docs/load-long.md, "Which drafter a server defaults to".
+# verifier's cores (embedded). Measured: docs/load-long.md, "Warm drafters, and the hybrid as the served default".
 SERVED_DRAFTER = "hybrid"
-FIXED_DRAFT_LEN = 4     # k with adaptive control off when no draft length is given
 
 
 @dataclass(frozen=True)
