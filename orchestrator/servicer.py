@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 
 from specpipe import metrics
-from specpipe.lifecycle import deadline_scope
+from specpipe.lifecycle import client_time_left, deadline_scope
 from specpipe.tenancy import tenant_from_metadata
 from specpipe.rpc import convert
 from specpipe.rpc.server import Service, rpc_method, service_name
@@ -25,8 +25,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @rpc_method
     def Generate(self, request, context):
         start = time.perf_counter()  # time to first token counts the wait for a slot
-        with self._admission.slot(context.time_remaining()):  # refused or queued before any work
-            with deadline_scope(context.time_remaining()):  # every internal call ends by the client's deadline
+        with self._admission.slot(client_time_left(context.time_remaining())):  # refused or queued before any work
+            with deadline_scope(client_time_left(context.time_remaining())):  # internal calls end by the client's deadline
                 yield from self._generate(request, context, start)
 
     def _generate(self, request, context, start: float):

@@ -87,6 +87,16 @@ def check_cancelled(what: str) -> None:
         raise Cancelled(f"{what}: the caller went away")
 
 
+NO_DEADLINE_S = 1e9  # more time left than this is no deadline at all
+
+
+def client_time_left(remaining_s: float | None) -> float | None:
+    """A server context's time_remaining() -> seconds, None for a call without a deadline: grpc reports
+    such a call as about 9.2e18 s left, which as a call's timeout overflows into one already passed
+    (and as a lock's timeout raises OverflowError)."""
+    return None if remaining_s is None or remaining_s > NO_DEADLINE_S else remaining_s
+
+
 @contextlib.contextmanager
 def deadline_scope(remaining_s: float | None) -> Iterator[None]:
     """Calls made inside (and in ContextPool tasks submitted inside) end within remaining_s."""

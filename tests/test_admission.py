@@ -17,7 +17,7 @@ from specpipe.presets import ModelSpec
 from specpipe.rpc.clients import GenerationClient, VerifierClient
 from specpipe.rpc.server import ServerConfig, serve
 from specpipe.types import SpeculationOptions
-from tests.grpc_harness import assert_serving
+from tests.grpc_harness import assert_serving, wait_until
 from verifier_service.verifier import ModelVerifier
 
 CONFIG = ServerConfig(host="127.0.0.1", port=0, grace_s=1.0)
@@ -41,6 +41,27 @@ def test_admission_queues_then_refuses():
         assert not entered.is_set()
     waiter.join()
     assert entered.is_set()  # the queued stream ran once the slot freed
+
+
+def test_a_stream_without_a_deadline_queues_until_a_slot_frees(verifier):
+    """A client that sets no deadline (grpc: about 9.2e18 s left) waits in the queue, then runs."""
+    from orchestrator import servicer
+
+    generator = Generator(tiny_tokenizer(), ModelVerifier(verifier.model, verifier.info()), {},
+                          SpeculationOptions(drafter="none"))
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=1))
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serve([servicer.service(generator, admission)], CONFIG))
+        client = stack.enter_context(GenerationClient(server.address))  # no timeout_s
+        first = client.generate(token_ids=[1, 2, 3], max_new_tokens=1500)
+        next(first)  # running: it holds the only slot
+        queued: list = []
+        waiter = threading.Thread(target=lambda: queued.extend(client.generate(token_ids=[4, 5], max_new_tokens=4)))
+        waiter.start()
+        assert wait_until(lambda: admission.waiting == 1, timeout_s=10), "the second stream was not queued"
+        first.close()
+        waiter.join(timeout=60)
+        assert sum(len(chunk.token_ids) for chunk in queued) == 4
 
 
 def test_a_queued_stream_waits_no_longer_than_its_deadline():

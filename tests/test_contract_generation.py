@@ -85,6 +85,19 @@ def test_greedy_over_grpc_equals_the_verifier_alone(cluster):
     assert tokens == reference_greedy(cluster.verifier.model, prompt_ids, 20)
 
 
+def test_specpipe_generate_addr_equals_the_verifier_alone(cluster, capsys):
+    """The CLI's client sets no deadline: the orchestrator must still prefill over gRPC (a call without
+    a deadline once reached the verifier as one already passed)."""
+    import json
+
+    from specpipe.cli.main import main
+
+    assert main(["generate", "--addr", cluster.generation_server.address, "--prompt", "def fibonacci(n):", "--raw",
+                 "--max-new-tokens", "12", "--json", "--drafter", "model"]) == 0
+    prompt_ids = cluster.generator.encode(prompt="def fibonacci(n):")
+    assert json.loads(capsys.readouterr().out)["token_ids"] == reference_greedy(cluster.verifier.model, prompt_ids, 12)
+
+
 def test_request_id_is_echoed(generate):
     assert {c.request_id for c in generate(token_ids=[5, 6], max_new_tokens=4, request_id="rid-7")} == {"rid-7"}
 

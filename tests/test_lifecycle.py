@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specpipe.errors import DeadlineExceeded, FailedPrecondition
-from specpipe.lifecycle import ContextPool, call_timeout, deadline_scope, idle, sweep_period
+from specpipe.lifecycle import ContextPool, call_timeout, client_time_left, deadline_scope, idle, sweep_period
 from specpipe.types import GREEDY, Draft, GenerationRequest, ProposeRequest, SamplingParams, SpeculationOptions
 from tests.grpc_harness import shared_tiny_cluster, wait_until
 
@@ -32,6 +32,11 @@ def test_call_timeout_is_the_shorter_of_its_own_and_the_scope():
         call_timeout(60.0, "verify")
 
 
+def test_a_call_without_a_deadline_has_no_time_limit():
+    assert client_time_left(9.223372035059168e18) is None  # what grpc reports for a call without one
+    assert client_time_left(None) is None and client_time_left(5.0) == 5.0 and client_time_left(0.0) == 0.0
+
+
 def test_the_deadline_reaches_the_branch_schedules_threads():
     with ContextPool(max_workers=2) as pool:
         with deadline_scope(5.0):
@@ -53,6 +58,18 @@ def test_a_client_with_no_time_left_makes_no_internal_call(cluster):
                 call()
     with pytest.raises(FailedPrecondition, match="unknown session"):  # the prefill never reached the verifier
         cluster.verifier.verify("late", len(PROMPT), Draft(), GREEDY)
+
+
+def test_a_client_without_a_deadline_is_served_over_grpc(cluster):
+    """The orchestrator prefills over gRPC with the client's deadline only: a client that sets none
+    must get its tokens, not a deadline already passed."""
+    from specpipe.rpc.clients import GenerationClient
+
+    request = GenerationRequest(PROMPT, 12, speculation=SpeculationOptions(drafter="none"))
+    expected = [t for chunk in cluster.generator.generate(request) for t in chunk.token_ids]
+    with GenerationClient(cluster.generation_server.address) as client:  # no timeout_s
+        chunks = client.generate(token_ids=PROMPT, max_new_tokens=12, speculation=request.speculation)
+        assert [t for chunk in chunks for t in chunk.token_ids] == expected
 
 
 class DeadlineSpy:
