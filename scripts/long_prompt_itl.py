@@ -113,6 +113,7 @@ def run_setting(generate: Generate, prompts: list[dict], long_ids: tuple[int, ..
     return {"itl_alone_p50": percentile(alone, 50), "itl_alone_p99": percentile(alone, 99),
             "itl_admitting_p50": percentile(admitting, 50), "itl_admitting_p99": percentile(admitting, 99),
             "long_ttft_s": first_token - submitted, "gaps_alone": len(alone), "gaps_admitting": len(admitting),
+            "gaps_admitting_ms": [round(g, 1) for g in admitting],
             "outputs": [o["ids"] for o in outs], "long_first_token": first.token_ids}
 
 

@@ -20,9 +20,9 @@ DECODING_RECENT_S after its last round). On the verifier a forward first waits, 
 their replies leave together, but come back one by one, and a forward dispatched on the first of
 them would split the sessions into cohorts that each pay a whole forward, as would a session running
 beside its own prompt chunk. It waits only for the sessions due back (due_back_until): those whose
-last round ended within the recent turnarounds' TURNAROUND_QUANTILE (the orchestrator's turn
-between a round's forward and the session's next round), so it ends when they are in, or when the
-late ones are late enough to be drafting or gone. A lone session never waits. A whole step larger
+last round ended within the longest of the recent turnarounds (the orchestrator's turn between a
+round's forward and the session's next round), so it ends when they are in, or when the late ones
+are late enough to be drafting or gone. A lone session never waits. A whole step larger
 than the whole budget runs alone.
 """
 
@@ -57,7 +57,9 @@ _BATCH_METRICS = {"verifier": (metrics.VERIFY_BATCH_SESSIONS, metrics.VERIFY_BAT
 
 GATHER_GRACE_SHARE = 0.5  # of a forward's predicted time: the longest it waits, once, for decoding sessions' rounds
 GATHER_GRACE_MIN_S, GATHER_GRACE_MAX_S = 0.002, 0.05
-TURNAROUND_QUANTILE = 0.95  # of recent turnarounds: how long after its round a session is still due back
+# Of recent turnarounds: how long after its round a session is still due back. The longest: a round
+# that misses a forward waits a whole one, a wait is at most the grace (docs/batching.md, "Over gRPC").
+TURNAROUND_QUANTILE = 1.0
 TURNAROUND_WINDOW = 256     # turnarounds kept
 
 

@@ -197,7 +197,7 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
         group.add_argument("--gather-grace", type=float, default=0.5, metavar="SHARE",
                            help="while sessions decode, a forward first waits up to this share of its predicted "
                            "time (2-50 ms) for their rounds that are not in yet and are due back (their round "
-                           "ended within the 95th percentile of recent turnarounds), so they share one forward "
+                           "ended within the longest of recent turnarounds), so they share one forward "
                            "instead of splitting into groups that each pay one; a lone session never waits; 0 = "
                            "dispatch at once (default: %(default)s)")
 
