@@ -43,16 +43,22 @@ def test_admission_queues_then_refuses():
     assert entered.is_set()  # the queued stream ran once the slot freed
 
 
-def test_a_stream_without_a_deadline_queues_until_a_slot_frees(verifier):
-    """A client that sets no deadline (grpc: about 9.2e18 s left) waits in the queue, then runs."""
+@contextlib.contextmanager
+def orchestrator(verifier, admission: Admission, timeout_s: float | None):
+    """An orchestrator server over the verifier (no drafter) with these slots, and a client of it."""
     from orchestrator import servicer
 
     generator = Generator(tiny_tokenizer(), ModelVerifier(verifier.model, verifier.info()), {},
                           SpeculationOptions(drafter="none"))
+    with serve([servicer.service(generator, admission)], CONFIG) as server, \
+            GenerationClient(server.address, timeout_s=timeout_s) as client:
+        yield client
+
+
+def test_a_stream_without_a_deadline_queues_until_a_slot_frees(verifier):
+    """A client that sets no deadline (grpc: about 9.2e18 s left) waits in the queue, then runs."""
     admission = Admission(AdmissionConfig(max_sessions=1, max_queue=1))
-    with contextlib.ExitStack() as stack:
-        server = stack.enter_context(serve([servicer.service(generator, admission)], CONFIG))
-        client = stack.enter_context(GenerationClient(server.address))  # no timeout_s
+    with orchestrator(verifier, admission, timeout_s=None) as client:
         first = client.generate(token_ids=[1, 2, 3], max_new_tokens=1500)
         next(first)  # running: it holds the only slot
         queued: list = []
@@ -93,14 +99,8 @@ def test_verifier_over_max_sessions_is_resource_exhausted_over_grpc(verifier):
 
 
 def test_orchestrator_refuses_streams_beyond_its_slots_and_health_answers(verifier):
-    from orchestrator import servicer
-
-    generator = Generator(tiny_tokenizer(), ModelVerifier(verifier.model, verifier.info()), {},
-                          SpeculationOptions(drafter="none"))
     admission = Admission(AdmissionConfig(max_sessions=1, max_queue=0))
-    with contextlib.ExitStack() as stack:
-        server = stack.enter_context(serve([servicer.service(generator, admission)], CONFIG))
-        client = stack.enter_context(GenerationClient(server.address, timeout_s=60))
+    with orchestrator(verifier, admission, timeout_s=60) as client:
         long_stream = client.generate(token_ids=[1, 2, 3], max_new_tokens=1500)
         next(long_stream)  # running: it holds the only slot
         with pytest.raises(ResourceExhausted, match="orchestrator is full"):
