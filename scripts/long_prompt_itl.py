@@ -89,7 +89,8 @@ def failed(stop: threading.Event, threads: list[threading.Thread], outs: list[di
 
 def run_setting(generate: Generate, prompts: list[dict], long_ids: tuple[int, ...], warm_s: float) -> dict:
     stop, outs, starts = threading.Event(), [{} for _ in prompts], [threading.Event() for _ in prompts]
-    threads = [threading.Thread(target=decode, args=(generate, p, stop, s, o)) for p, s, o in zip(prompts, starts, outs)]
+    threads = [threading.Thread(target=decode, args=(generate, p, stop, s, o), daemon=True)
+               for p, s, o in zip(prompts, starts, outs)]
     for thread in threads:
         thread.start()
     for event in starts:
