@@ -60,18 +60,6 @@ def test_a_client_with_no_time_left_makes_no_internal_call(cluster):
         cluster.verifier.verify("late", len(PROMPT), Draft(), GREEDY)
 
 
-def test_a_client_without_a_deadline_is_served_over_grpc(cluster):
-    """The orchestrator prefills over gRPC with the client's deadline only: a client that sets none
-    must get its tokens, not a deadline already passed."""
-    from specpipe.rpc.clients import GenerationClient
-
-    request = GenerationRequest(PROMPT, 12, speculation=SpeculationOptions(drafter="none"))
-    expected = [t for chunk in cluster.generator.generate(request) for t in chunk.token_ids]
-    with GenerationClient(cluster.generation_server.address) as client:  # no timeout_s
-        chunks = client.generate(token_ids=PROMPT, max_new_tokens=12, speculation=request.speculation)
-        assert [t for chunk in chunks for t in chunk.token_ids] == expected
-
-
 class DeadlineSpy:
     """A stub method that records the deadline each call is given, then makes the real call."""
 
