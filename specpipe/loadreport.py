@@ -25,9 +25,16 @@ def _cell(levels: Sequence[LevelSummary], users: int, attr: str, fmt: str) -> st
 
 def ratio_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     """(numerator, denominator) runs whose tokens/s the table compares: each later run over the
-    first, and with three or more runs, the last over the second."""
+    first, then, where runs are labelled "SERVER DRAFTER", each over the first run of its server
+    (what its drafter gives) and over the first run with its drafter (what its server gives)."""
+    parts = {label: label.rpartition(" ")[::2] for label in labels}  # label -> (server, drafter)
     pairs = [(label, labels[0]) for label in labels[1:]]
-    return pairs + ([(labels[-1], labels[1])] if len(labels) >= 3 else [])
+    for side in (0, 1):
+        for label in labels:
+            first = next(other for other in labels if parts[other][side] == parts[label][side])
+            if first != label and (label, first) not in pairs:
+                pairs.append((label, first))
+    return pairs
 
 
 def comparison_table(runs: Mapping[str, Sequence[LevelSummary]]) -> str:

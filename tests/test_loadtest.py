@@ -324,6 +324,11 @@ def test_servers_compared_in_one_run_are_labelled():
     assert "batched none / unbatched default | batched default / unbatched default | " \
            "batched default / batched none" in table
     assert "| 8 | 10.0 | 40.0 | 50.0 | 4.00x | 5.00x | 1.25x |" in table
+    # Both servers with both drafters: batching at equal drafters, and each server's speculation.
+    table = comparison_table({"unbatched none": [replace(level, tokens_per_s=5.0)], **runs})
+    assert "| unbatched default / unbatched none | batched none / unbatched none | batched default / unbatched none | " \
+           "batched default / batched none | batched default / unbatched default |" in table
+    assert "| 8 | 5.0 | 10.0 | 40.0 | 50.0 | 2.00x | 8.00x | 10.00x | 1.25x | 5.00x |" in table
 
 
 def test_workload_flags_leave_server_defaults_out():
