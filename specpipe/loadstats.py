@@ -30,6 +30,10 @@ class RequestRecord:
     ttft_ms: float | None = None    # call -> first chunk; None when no chunk came
     itl_ms: tuple[float, ...] = ()  # [tokens - first chunk's] each later chunk's gap, split over its tokens
     prompt_id: str = ""
+    rounds: int = 0                 # verify rounds (chunks with round statistics)
+    plain_rounds: int = 0           # ... of them without a draft (plain decoding)
+    drafted: int = 0                # draft tokens verified, all rounds
+    accepted: int = 0               # ... of them accepted
 
     @property
     def e2e_ms(self) -> float:
@@ -62,6 +66,9 @@ class LevelSummary:
     e2e_p50_ms: float | None = None
     good: int = 0                      # OK requests within the SLOs
     goodput_rps: float = 0.0           # good requests / seconds (vLLM's request goodput)
+    tokens_per_round: float | None = None  # of the OK requests: tokens a verify round emitted
+    plain_share: float | None = None   # ... the share of their rounds that carried no draft
+    acceptance: float | None = None    # ... draft tokens accepted / verified (None: none verified)
 
 
 def itl_per_token(gap_ms: float, tokens: int) -> list[float]:
@@ -112,6 +119,7 @@ def summarize_level(users: int, records: Sequence[RequestRecord], slo: Slo) -> L
     ttfts = [r.ttft_ms for r in ok if r.ttft_ms is not None]
     itls = [itl for r in ok for itl in r.itl_ms]
     good = sum(within_slo(r, slo) for r in records)
+    rounds, drafted = sum(r.rounds for r in ok), sum(r.drafted for r in ok)
     return LevelSummary(
         users=users, requests=len(records),
         errors=dict(sorted(Counter(r.status for r in records if r.status != OK).items())),
@@ -120,7 +128,18 @@ def summarize_level(users: int, records: Sequence[RequestRecord], slo: Slo) -> L
         itl_p50_ms=percentile(itls, 50), itl_p99_ms=percentile(itls, 99),
         e2e_p50_ms=percentile([r.e2e_ms for r in ok], 50),
         good=good, goodput_rps=good / seconds if seconds > 0 else 0.0,
+        tokens_per_round=sum(r.tokens for r in ok) / rounds if rounds else None,
+        plain_share=sum(r.plain_rounds for r in ok) / rounds if rounds else None,
+        acceptance=sum(r.accepted for r in ok) / drafted if drafted else None,
     )
+
+
+def speculation_cell(level: LevelSummary) -> str:
+    """tokens a round, the plain rounds' share and the acceptance: "2.41 (38% plain, 52%)"."""
+    if level.tokens_per_round is None:
+        return "-"
+    accepted = "" if level.acceptance is None else f", {level.acceptance:.0%} accepted"
+    return f"{level.tokens_per_round:.2f} ({level.plain_share:.0%} plain{accepted})"
 
 
 def token_times(record: RequestRecord) -> list[float]:
@@ -176,13 +195,13 @@ def markdown_table(levels: Sequence[LevelSummary], slo: Slo) -> str:
     bounds = ", ".join(f"{name} <= {value:g} ms" for name, value in (("TTFT", slo.ttft_ms), ("ITL", slo.itl_ms))
                        if math.isfinite(value)) or "none"
     rows = [("| users | requests | tokens/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | e2e p50 (ms) | "
-             f"goodput (req/s; SLO {bounds}) | errors |"),
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"goodput (req/s; SLO {bounds}) | tokens a round (plain rounds, drafts accepted) | errors |"),
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for s in levels:
         errors = ", ".join(f"{code} {count}" for code, count in s.errors.items()) or "0"
         rows.append(f"| {s.users} | {s.requests} | {s.tokens_per_s:.1f} | {_ms(s.ttft_p50_ms)} / {_ms(s.ttft_p99_ms)} | "
                     f"{_ms(s.itl_p50_ms)} / {_ms(s.itl_p99_ms)} | {_ms(s.e2e_p50_ms)} | "
-                    f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {errors} |")
+                    f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {speculation_cell(s)} | {errors} |")
     return "\n".join(rows)
 
 

@@ -20,6 +20,7 @@ import itertools
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import gevent
@@ -150,11 +151,15 @@ class GenerateUser(User):
         sampling = types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
         users = self.environment.runner.target_user_count
         start_s, tokens, ttft_ms, itls, status = time.time(), 0, None, [], OK
+        rounds = Counter()
         last = started = time.perf_counter()
         try:
             for chunk in self.client.generate(messages=prompt.messages, max_new_tokens=w.max_new_tokens,
                                               sampling=sampling, speculation=w.speculation):
                 now, count = time.perf_counter(), len(chunk.token_ids)
+                if chunk.round is not None:
+                    rounds.update(rounds=1, plain_rounds=chunk.round.drafted == 0, drafted=chunk.round.drafted,
+                                  accepted=chunk.round.accepted)
                 if count == 0:
                     continue  # a final chunk that only carries the finish reason
                 if ttft_ms is None:
@@ -171,7 +176,8 @@ class GenerateUser(User):
         else:
             self.fire("e2e", (time.perf_counter() - started) * 1e3, tokens)
         self.records.write(RequestRecord(start_s=start_s, end_s=time.time(), users=users, status=status,
-                                         tokens=tokens, ttft_ms=ttft_ms, itl_ms=tuple(itls), prompt_id=prompt.id))
+                                         tokens=tokens, ttft_ms=ttft_ms, itl_ms=tuple(itls), prompt_id=prompt.id,
+                                         **rounds))
 
 
 class StatusError(Exception):

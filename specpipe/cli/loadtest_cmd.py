@@ -77,7 +77,8 @@ def register(subparsers) -> None:
                      help="without --addr: sample the services' resident memory every S seconds (0 = off)")
     out.add_argument("--from-run", default=None, metavar="DIR",
                      help="instead of a load run: the tables (and --report) from the request records of an "
-                     "earlier run's --out folder, e.g. after a change to the statistics")
+                     "earlier run's --out folder, described by that run's own flags (--slo, given, replaces "
+                     "its SLOs), e.g. after a change to the statistics")
     out.add_argument("--warmup-s", type=float, default=30.0, help="memory samples before this are warm-up (default: %(default)s)")
     parser.set_defaults(func=run)
 
@@ -196,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
                 stack.stop()
     memory = {role: loadstats.memory_trend(samples, args.warmup_s) for role, samples in sampler.samples.items()} \
         if sampler is not None else {}
-    summary = {"out": str(out_dir), "runs": {d: loadstats.to_json(levels, args.slo)["levels"] for d, levels in runs.items()},
+    summary = {"argv": run_argv(args), "out": str(out_dir), "runs": {d: loadstats.to_json(levels, args.slo)["levels"] for d, levels in runs.items()},
                "slo": loadstats.to_json([], args.slo)["slo"], "locust_status": statuses,
                "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()}}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -211,22 +212,44 @@ def run(args: argparse.Namespace) -> int:
     return 1 if errors or not requests or any(statuses.values()) else 0
 
 
+def run_argv(args: argparse.Namespace) -> list[str]:
+    """The loadtest flags of this command line, without --from-run DIR: the command of the run."""
+    argv = getattr(args, "argv", [])
+    argv = argv[1:] if argv[:1] == ["loadtest"] else []
+    if "--from-run" in argv:
+        i = argv.index("--from-run")
+        argv = argv[:i] + argv[i + 2:]
+    return argv
+
+
 def _from_run(args: argparse.Namespace, out_dir: Path) -> int:
-    """The summaries of an earlier run, from its records (summary.json names its runs, in order)."""
+    """The summaries of an earlier run, from its records (summary.json names its runs, in order). The
+    run's own flags (stored in summary.json) describe it in the report; --slo, when given, replaces
+    its SLOs."""
     try:
-        labels = list(json.loads((out_dir / "summary.json").read_text())["runs"])
+        summary = json.loads((out_dir / "summary.json").read_text())
+        labels = list(summary["runs"])
     except (OSError, ValueError, KeyError):
         raise InvalidArgument(f"--from-run {out_dir}: no summary.json of a loadtest run there") from None
     if args.report:
         _check_report(Path(args.report))
+    run_args = args
+    if summary.get("argv"):  # runs before specpipe stored them: the flags given now describe the run
+        from specpipe.cli.main import build_parser
+
+        run_args = build_parser().parse_args(["loadtest", *summary["argv"]])
+        run_args.argv = ["loadtest", *summary["argv"]]
+        run_args.report = args.report
+        if args.slo != loadstats.Slo():
+            run_args.slo = args.slo
     runs = {}
     for label in labels:
         path = out_dir / label.replace(" ", "-") / "requests.jsonl"
         runs[label] = loadstats.summarize(loadstats.read_records(path if path.exists() else out_dir / "requests.jsonl"),
-                                          args.slo)
+                                          run_args.slo)
     if args.report:
-        _write_report(args, runs)
-    _print_tables(runs, args.slo, {})
+        _write_report(run_args, runs)
+    _print_tables(runs, run_args.slo, {})
     return 0
 
 
@@ -253,11 +276,7 @@ def _write_report(args: argparse.Namespace, runs: dict) -> None:
             "levels": args.levels, "hold s": f"{args.hold_s:g}", "suite": args.suite,
             "max new tokens": args.max_new_tokens, "temperature": f"{args.temperature:g}",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
-    argv = sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else []
-    if "--from-run" in argv:  # the run's own command: its records were only summarised again
-        i = argv.index("--from-run")
-        argv = argv[:i] + argv[i + 2:]
-    command = "specpipe loadtest " + shlex.join(argv)
+    command = "specpipe loadtest " + shlex.join(run_argv(args))
     loadreport.write_report(path, loadreport.report_markdown(runs, args.slo, meta, images, path.parent, command))
 
 

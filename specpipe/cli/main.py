@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from specpipe.cli.models_cmd import prepare_missing
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, kept in what a run writes
     try:
         prepare_missing(args)  # two commands from nothing: a missing packaged model is prepared first
         return int(args.func(args) or 0)
