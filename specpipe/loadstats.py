@@ -135,7 +135,7 @@ def summarize_level(users: int, records: Sequence[RequestRecord], slo: Slo) -> L
 
 
 def speculation_cell(level: LevelSummary) -> str:
-    """tokens a round, the plain rounds' share and the acceptance: "2.41 (38% plain, 52%)"."""
+    """Tokens a round, the plain rounds' share and the acceptance: "2.41 (38% plain, 52% accepted)"."""
     if level.tokens_per_round is None:
         return "-"
     accepted = "" if level.acceptance is None else f", {level.acceptance:.0%} accepted"
