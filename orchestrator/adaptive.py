@@ -24,14 +24,12 @@ what rounds cost and what they yield (the cost model: orchestrator/costs.py).
   the choice above sized is not cut where its sources' rates match those of all sources; a tree
   (--width) keeps its alternatives only where they pay for the longer verification.
 - Load (goodput): a verifier that batches puts this session's k + 1 tokens into a forward with
-  the other sessions' tokens; the choice counts this session's tokens over its round and the
-  others' over the forward its draft lengthens, so a draft token is verified only where it is
-  expected to land more often than the batch gains per token of forward time, and under heavy
-  load speculation falls to plain batched decoding. Sessions that do not share the forward (an
-  unbatched verifier) take turns: a round takes at least that many forwards. The drafter's
-  sharing is in the draft times it reports (they include its waits for other sessions' drafts).
-  Pre-drafts beyond one per round, which would take the shared drafter from other sessions, stop
-  under load.
+  the other sessions' tokens; the choice counts the tokens of the whole forward against its time,
+  so a draft token is verified only where it is expected to land more often than the batch gains
+  per token of forward time, and under heavy load speculation falls to plain batched decoding.
+  Sessions that do not share the forward (an unbatched verifier) take turns: a round takes at least
+  that many forwards; the drafter serves one session at a time. Pre-drafts beyond one per round,
+  which would take the shared drafter from other sessions, stop under load.
 """
 
 from __future__ import annotations
@@ -102,12 +100,12 @@ class AdaptiveController:
         self._rounds = 0
 
     def sharing(self, load: int = 1) -> Sharing:
-        """How this session's rounds share the verifier, from recent rounds: the other sessions of
-        its forwards (a batching verifier), and the other generations of this orchestrator (load,
-        itself included) that take turns where they are not in its forward."""
+        """How this session's rounds share the verifier and the drafter, from recent rounds: the other
+        sessions of its forwards (a batching verifier), and the other generations of this
+        orchestrator (load, itself included) that take turns where they are not in its forward."""
         sessions = max(1.0, self._shared.batch_sessions.mean(1.0))
         others_emitted = (sessions - 1) * self._shared.emitted.mean(1.0)
-        return Sharing(self._shared.others_fed.mean(), others_emitted, max(1.0, load / sessions))
+        return Sharing(self._shared.others_fed.mean(), others_emitted, max(1.0, load / sessions), max(1.0, load))
 
     def _key(self, depth: int, source: str | None = None) -> tuple:
         """The first depth by the current entropy bin, the others by depth; optionally per source."""

@@ -8,15 +8,11 @@ tokens yields and costs, and which k or which draft nodes give the most tokens p
   acceptance rates (orchestrator/estimates.py).
 - Sharing (goodput, as SmartSpec / TurboSpec): a session whose forward is shared with others adds
   its k + 1 tokens to a forward that also feeds others_fed tokens and emits others_emitted tokens
-  for them. Its choice maximises the tokens of all of them per millisecond: its own,
-  E(k) / round(k), plus the others', others_emitted / T(others_fed + k + 1), whose forwards its
-  draft lengthens. A draft token is verified only where its expected yield beats what the same
-  verifier time gives the batch, so under heavy load speculation falls to plain batched decoding
-  (k = 0). The others' forwards do not wait for this session's draft (they run while it drafts),
-  so its draft time slows its own tokens only. A verifier that runs one session at a time instead
-  makes the others take turns (turns), which stretches a round without changing k. The drafter's
-  sharing needs no term of its own: the draft time the drafter reports includes its waits for
-  other sessions' drafts (one forward at a time, or batched with theirs).
+  for them. Its choice maximises the tokens of the whole forward per millisecond,
+  (others_emitted + E(k)) / T(others_fed + k + 1): a draft token is verified only where its
+  expected yield beats what the same verifier time gives the batch, so under heavy load
+  speculation falls to plain batched decoding (k = 0). A verifier that runs one session at a time
+  instead makes the others take turns (turns), which stretches a round without changing k.
 """
 
 from __future__ import annotations
@@ -34,20 +30,15 @@ class Sharing:
     others_fed: float = 0.0      # tokens other sessions feed into the same verifier forward
     others_emitted: float = 0.0  # tokens that forward emits for the other sessions
     turns: float = 1.0           # verifier forwards per round of this session (others' forwards in between)
+    drafter_turns: float = 1.0   # likewise for the drafter, which drafts for one session at a time
 
 
 ALONE = Sharing()
 
 
 def serial(load: float) -> Sharing:
-    """load sessions taking turns on a verifier that serves one at a time."""
-    return Sharing(turns=load)
-
-
-def goodput(own_tokens: float, own_round_ms: float, sharing: Sharing, forward_ms: float) -> float:
-    """Tokens per ms of this session and of the others in its forward: its own over its round, the
-    others' over the forward its tokens lengthen."""
-    return own_tokens / max(1e-6, own_round_ms) + sharing.others_emitted / max(1e-6, forward_ms)
+    """load sessions taking turns on a verifier and a drafter that serve one at a time."""
+    return Sharing(turns=load, drafter_turns=load)
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
@@ -65,12 +56,12 @@ def round_ms(k: int, verify_ms: float, draft_ms: float, hit_rate: float, sharing
     """Expected time of a round of k drafts: verify_ms = the forward's T(n) with this round's k + 1
     tokens in it, draft_ms = drafting k tokens, overhead_ms = what a round costs besides the forward
     passes (network, orchestration). The branch schedule hides min(draft, verify) of a round whose
-    draft was pre-drafted (hit_rate; 0 for the sequential schedule). Other sessions' forwards in
-    between (sharing.turns) stretch a round."""
+    draft was pre-drafted (hit_rate; 0 for the sequential schedule). Other sessions' forwards and
+    drafts in between (sharing.turns, drafter_turns) stretch a round."""
     if k == 0:
         draft_ms = 0.0
     alone = verify_ms + overhead_ms + draft_ms - hit_rate * min(draft_ms, verify_ms)
-    return max(alone, sharing.turns * verify_ms)
+    return max(alone, sharing.turns * verify_ms, sharing.drafter_turns * draft_ms)
 
 
 def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: int, hit_rate: float = 0.0,
@@ -80,9 +71,8 @@ def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: in
     tokens; acceptance: a_1..a_kmax."""
     best_k, best_rate = 0, 0.0
     for k in range(0, k_max + 1):
-        forward_ms = verify_ms(sharing.others_fed + k + 1)
-        cost = round_ms(k, forward_ms, draft_ms(k), hit_rate, sharing, overhead_ms)
-        rate = goodput(expected_tokens(acceptance, k), cost, sharing, forward_ms)
+        cost = round_ms(k, verify_ms(sharing.others_fed + k + 1), draft_ms(k), hit_rate, sharing, overhead_ms)
+        rate = (sharing.others_emitted + expected_tokens(acceptance, k)) / max(1e-6, cost)
         if rate > best_rate * (1 + 1e-9):  # ties go to the shorter draft
             best_k, best_rate = k, rate
     return best_k
@@ -114,11 +104,11 @@ def best_budget(probs: Sequence[float], verify_ms, spent_ms: float, sharing: Sha
     the whole forward counted as in choose_draft_len; verify_ms(n): T(n) for n tokens fed. Ties go
     to the smaller tree. Node indices, ascending."""
     order = sorted(range(len(probs)), key=lambda v: (-probs[v], v))
-    best_m, best_rate, tokens = 0, 0.0, 1.0
+    best_m, best_rate, tokens = 0, 0.0, 1.0 + sharing.others_emitted
     for m in range(len(order) + 1):
         tokens += probs[order[m - 1]] if m else 0.0
         forward_ms = verify_ms(sharing.others_fed + m + 1)
-        rate = goodput(tokens, max(spent_ms + forward_ms, sharing.turns * forward_ms), sharing, forward_ms)
+        rate = tokens / max(1e-6, spent_ms + forward_ms, sharing.turns * forward_ms)
         if rate > best_rate * (1 + 1e-9):
             best_m, best_rate = m, rate
     return sorted(order[:best_m])
