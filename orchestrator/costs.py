@@ -8,11 +8,14 @@ tokens yields and costs, and which k or which draft nodes give the most tokens p
   acceptance rates (orchestrator/estimates.py).
 - Sharing (goodput, as SmartSpec / TurboSpec): a session whose forward is shared with others adds
   its k + 1 tokens to a forward that also feeds others_fed tokens and emits others_emitted tokens
-  for them. Its choice maximises the tokens of the whole forward per millisecond,
-  (others_emitted + E(k)) / T(others_fed + k + 1): a draft token is verified only where its
-  expected yield beats what the same verifier time gives the batch, so under heavy load
-  speculation falls to plain batched decoding (k = 0). A verifier that runs one session at a time
-  instead makes the others take turns (turns), which stretches a round without changing k.
+  for them. Its choice maximises the tokens of the whole forward per millisecond of its round,
+  (others_emitted + E(k)) / round(k), the round spanning T(others_fed + k + 1) and the draft time
+  not hidden: a draft token is verified only where its expected yield beats what the same time
+  gives the batch, so under heavy load speculation falls to plain batched decoding (k = 0). A
+  draft's time is charged to the whole batch, which overstates it (the others' forwards run while
+  it drafts); charging it to the session's own tokens lost at 16 users (docs/load-long.md). A
+  verifier that runs one session at a time instead makes the others take turns (turns), which
+  stretches a round without changing k.
 """
 
 from __future__ import annotations
