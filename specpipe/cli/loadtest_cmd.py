@@ -234,7 +234,7 @@ def _from_run(args: argparse.Namespace, out_dir: Path) -> int:
     if args.report:
         _check_report(Path(args.report))
     run_args = args
-    if summary.get("argv"):  # (runs before 2026-11-25 kept none: the flags given now describe them)
+    if summary.get("argv"):  # runs before 2026-11-25 stored no flags: the flags given now describe them
         from specpipe.cli.main import build_parser
 
         run_args = build_parser().parse_args(["loadtest", *summary["argv"]])
