@@ -22,6 +22,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from orchestrator.schedules import WARM_LAG
 from specpipe import batched, native
 from specpipe.batched import Segment
 from specpipe.models import load_model
@@ -31,8 +32,7 @@ from specpipe.verification import tree_allowed, tree_position_ids
 
 LOADS = ("idle", "decode", "catch-up")
 CONTEXT = 300          # cached positions before each forward
-CATCH_UP_TOKENS = 32   # specpipe's WARM_LAG: what a warm-up feeds
-DRAFT_SESSIONS = 8     # sessions in the drafter's decode steps
+SESSIONS = 8           # the verifier's sessions, and the drafter's in its decode steps
 
 
 def _model(spec, core: int):
@@ -71,24 +71,24 @@ def _prefilled_slots(model, count: int) -> list:
 def drafter_loop(spec, core: int, load, ready, stop) -> None:
     """Runs the drafter's forwards back to back while load says what to run (idle: sleeps)."""
     model = _model(spec, core)
-    slots = _prefilled_slots(model, DRAFT_SESSIONS)
+    slots = _prefilled_slots(model, SESSIONS)
     ready.set()
     while not stop.is_set():
         kind = LOADS[load.value]
         if kind == "idle":
             time.sleep(0.005)
             continue
-        tokens = DRAFT_SESSIONS if kind == "decode" else CATCH_UP_TOKENS
+        tokens = SESSIONS if kind == "decode" else WARM_LAG  # a warm-up feeds WARM_LAG tokens
         batched.batched_forward(model, _segments(slots if kind == "decode" else slots[:1], tokens))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen-coder")
-    parser.add_argument("--tokens", default="1,8,16", help="verifier tokens per forward, spread over 8 sessions")
+    parser.add_argument("--tokens", default="1,8,16", help=f"verifier tokens per forward, spread over {SESSIONS} sessions")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--forwards", type=int, default=4, help="timed forwards per load per pass")
-    parser.add_argument("--out", default=None, help="write the medians as JSON here")
+    parser.add_argument("--out", default=None, help="write the medians and every sample (ms) as JSON here")
     args = parser.parse_args()
     verifier_spec, drafter_spec = model_specs(args.preset)
     cores = sorted(os.sched_getaffinity(0))
@@ -99,7 +99,7 @@ def main() -> None:
     drafter = ctx.Process(target=drafter_loop, args=(drafter_spec, cores[1], load, ready, stop), daemon=True)
     drafter.start()
     model = _model(verifier_spec, cores[0])
-    slots = _prefilled_slots(model, 8)
+    slots = _prefilled_slots(model, SESSIONS)
     ready.wait()
     sizes = [int(t) for t in args.tokens.split(",")]
     times: dict[tuple[str, int], list[float]] = {(kind, n): [] for kind in LOADS for n in sizes}
