@@ -32,10 +32,10 @@ import torch
 from transformers import PreTrainedModel
 
 from drafter_service.drafting import draft_steps
-from specpipe import batched, cores, metrics, runner
-from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work
+from specpipe import cores, metrics, runner
+from specpipe.batch_scheduler import BatchConfig, Step, Work, serving_scheduler
 from specpipe.errors import Aborted, InvalidArgument
-from specpipe.kv import SlotKV
+from specpipe.kv import SlotKV, new_slot
 from specpipe.lifecycle import Sweeper, evict_idle, sweep_period
 from specpipe.models import load_model, model_info
 from specpipe.presets import ModelSpec
@@ -79,7 +79,6 @@ class ModelDrafter:
         """batching: False drafts one proposal per forward even where batching is supported (to compare)."""
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears
-        self._runner.warm_up()  # graphs: every forward bucket now, before the first request
         self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
         self._max_q_entries = max_q_entries
@@ -87,16 +86,14 @@ class ModelDrafter:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # LRU: the cache is soft state
         self._sessions_lock = threading.Lock()  # sessions, and every branch's tokens
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time; a fork never sees one half done
-        unbatched = batched.unbatched_reason(model, mode, batching)
-        self._scheduler = Scheduler(model, batch, role="drafter") if unbatched is None else None
-        if unbatched is not None:
-            log.info("drafter runs one proposal per forward", extra={"reason": unbatched})
+        # graphs: captured now, before the first request
+        self._scheduler = serving_scheduler(self._runner, batching, batch, "drafter", self._info.max_context)
         self._session_ttl_s = session_ttl_s  # idle sessions are swept: their KV caches are freed
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "drafter-session-sweeper")
 
     @classmethod
-    def load(cls, spec: ModelSpec, device: str = "cpu", **kwargs) -> ModelDrafter:
-        model = load_model(spec, device)
+    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs) -> ModelDrafter:
+        model = load_model(spec, device, dtype)
         return cls(model, model_info(spec, model), **kwargs)
 
     @property
@@ -164,7 +161,7 @@ class ModelDrafter:
         return work.result
 
     def _new_cache(self) -> runner.Cache | SlotKV:
-        return batched.new_slot(self._model, self._info.max_context) if self._scheduler else self._runner.new_cache()
+        return new_slot(self._model, self._info.max_context) if self._scheduler else self._runner.new_cache()
 
     def _checkout(self, session: _Session, context: list[int], epoch: int) -> _Branch:
         """The branch to draft after context on: the one sharing the longest prefix with it, cropped in

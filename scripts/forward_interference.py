@@ -25,6 +25,7 @@ from tqdm import tqdm
 from orchestrator.schedules import WARM_LAG
 from specpipe import batched, native
 from specpipe.batched import Segment
+from specpipe.kv import new_slot
 from specpipe.models import load_model
 from specpipe.presets import model_specs
 from specpipe.runner import Runner
@@ -63,7 +64,7 @@ def _prefilled_slots(model, count: int) -> list:
     """count slots, each holding the same CONTEXT-token prompt."""
     prompt = tuple((7 * i + 10) % model.config.vocab_size for i in range(CONTEXT))
     causal = torch.ones(CONTEXT, CONTEXT, dtype=torch.bool).tril()
-    slots = [batched.new_slot(model, 4096) for _ in range(count)]
+    slots = [new_slot(model, 4096) for _ in range(count)]
     batched.batched_forward(model, [Segment(slot, prompt, torch.arange(CONTEXT), causal, 0) for slot in slots])
     return slots
 

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +42,12 @@ import torch
 from transformers import PreTrainedModel
 
 from specpipe import cores, metrics
-from specpipe.batched import Segment, batched_forward
+from specpipe.batched import Segment, batched_forward, service_forward, unbatched_reason
 from specpipe.errors import Cancelled, ResourceExhausted, Unavailable
 from specpipe.fits import LinearFit
 from specpipe.kv import SlotKV
 from specpipe.lifecycle import Cancellation
+from specpipe.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +251,12 @@ class Work:
 
 
 class Scheduler:
-    def __init__(self, model: PreTrainedModel, config: BatchConfig = BatchConfig(), role: str = "verifier"):
+    def __init__(self, model: PreTrainedModel, config: BatchConfig = BatchConfig(), role: str = "verifier",
+                 forward: Callable[[Sequence[Segment]], list] | None = None):
+        """forward: the batched forward (specpipe.batched.service_forward: batched_forward, or in the
+        graphs mode a BatchGraphs')."""
         self._model = model
+        self._forward = forward or (lambda segments: batched_forward(model, segments))
         self.config = config
         self._role = role
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
@@ -433,7 +438,7 @@ class Scheduler:
         finished: list[Work] = []
         try:
             with cores.forward(self._role):
-                logits = batched_forward(self._model, [work.segment(n) for work, n in batch])
+                logits = self._forward([work.segment(n) for work, n in batch])
         except Exception as err:  # a bad forward fails its requests, never the scheduler
             for work, _ in batch:
                 work.error = err
@@ -463,3 +468,16 @@ class Scheduler:
             metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
         for work in finished:
             work.done.set()
+
+
+def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role: str, max_context: int,
+                      ) -> Scheduler | None:
+    """The scheduler a verifier or model drafter batches its sessions with (in the graphs mode over
+    BatchGraphs, captured now), or None where it runs one session per forward through runner (warmed
+    up now: its graphs captured)."""
+    reason = unbatched_reason(runner.model, batching)
+    if reason is not None:
+        log.info(f"{role} runs one session per forward", extra={"reason": reason})
+        runner.warm_up()
+        return None
+    return Scheduler(runner.model, config, role, service_forward(runner.model, runner.mode, max_context))

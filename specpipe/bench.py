@@ -160,20 +160,28 @@ def acceptance_by_position(runs: Sequence[PromptRun]) -> tuple[float, ...]:
     return tuple(rates)
 
 
-def speedup_bound(rates: Sequence[float], t_1: float, draft_ms: float, verify_ms: float,
+def speedup_bound(rates: Sequence[float], t_1: float, draft_ms: float, verify_ms: float | Callable[[int], float],
                   overlapped: bool) -> float:
     """The best speed-up over a verifier alone taking t_1 ms per token, for draft lengths k <= len(rates):
     E(k) * t_1 / cost(k), where E(k) = 1 + sum over i <= k of a_1 ... a_i is the expected tokens per
     round from the per-position acceptance rates (Leviathan et al. 2023, with the measured rate of
     each position instead of one alpha), draft_ms the cost of one draft token and verify_ms of one
-    verification; cost(k) = k * draft_ms + verify_ms (sequential), or max(k * draft_ms, verify_ms)
-    when drafting overlaps verification (the branch schedule with every prediction right)."""
+    verification (a number, or k -> the verification of k drafts, from a measured T(k + 1));
+    cost(k) = k * draft_ms + verify_ms (sequential), or max(k * draft_ms, verify_ms) when drafting
+    overlaps verification (the branch schedule with every prediction right)."""
+    return best_draft_len(rates, t_1, draft_ms, verify_ms, overlapped)[0]
+
+
+def best_draft_len(rates: Sequence[float], t_1: float, draft_ms: float, verify_ms: float | Callable[[int], float],
+                   overlapped: bool) -> tuple[float, int]:
+    """speedup_bound's (bound, the draft length k that reaches it)."""
     from orchestrator.costs import expected_tokens  # the E(k) adaptive control maximises
 
-    best = 0.0
+    best = (0.0, 0)
     for k in range(len(rates) + 1):
-        cost = max(k * draft_ms, verify_ms) if overlapped else k * draft_ms + verify_ms
-        best = max(best, expected_tokens(rates, k) * t_1 / cost if cost else 0.0)
+        verify = verify_ms(k) if callable(verify_ms) else verify_ms
+        cost = max(k * draft_ms, verify) if overlapped else k * draft_ms + verify
+        best = max(best, (expected_tokens(rates, k) * t_1 / cost if cost else 0.0, k))
     return best
 
 

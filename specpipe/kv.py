@@ -18,6 +18,13 @@ from specpipe.trees import common_prefix
 MIN_CAPACITY = 64  # positions allocated for a new session (grows by doubling)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously): forward times are measured to
+    here, and the logits are read right after anyway."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class SlotKV:
     """keys / values: [num_layers, num_kv_heads, capacity, head_dim]; positions [0, length) are valid.
     Every tensor is an inference tensor (made and changed in inference mode, as the forward is)."""
@@ -95,3 +102,11 @@ class SlotKV:
             self.crop(prefix_len + len(nodes))
         else:
             self.keep_positions([*range(prefix_len), *(prefix_len + i for i in nodes)])
+
+
+def new_slot(model, max_context: int) -> SlotKV:
+    """An empty slot for a transformers causal LM's layers, holding up to max_context positions."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return SlotKV(config.num_hidden_layers, config.num_key_value_heads, head_dim, model.dtype, model.device,
+                  max_context)

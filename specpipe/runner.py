@@ -4,10 +4,12 @@ Three forward modes, one set of cache operations (Runner.forward, crop, fork, ke
 - `eager` (`--compile off`): transformers as loaded, over a DynamicCache that grows by concatenation;
 - `packed` (`--compile on` on CPU): every fp32 linear layer runs specpipe.native's small-M GEMM,
   built for this CPU, over pre-packed weights; the cache is the same DynamicCache;
-- `graphs` (`--compile on` on CUDA): a StaticKV slot preallocated per session, fed through a
-  torch.compile'd forward (CUDA graphs) whose shapes are bucketed (1, 2, 4, 8, 16, 32 tokens), so
-  compilation happens once per bucket at warm-up. Rollback is index bookkeeping: the slot's length
-  moves back; positions past it are masked out and overwritten by the next forward.
+- `graphs` (`--compile auto` or `on` on CUDA): a session's cache is a KV slot (specpipe.kv.SlotKV); a forward
+  copies the slot's valid prefix into the runner's one working static cache, runs the bucket
+  (1, 2, 4, 8, 16, 32 or 64 tokens) that holds its tokens, and copies the new positions back. On
+  CUDA each bucket is a CUDA graph captured at warm-up and replayed (seconds at start-up: no
+  compiler, as SGLang captures its decode graphs); on the CPU the same buffers run eagerly, which is
+  how the tests check the bookkeeping.
 
 Rollback is explicit: a cache is cropped to a token prefix (longest common prefix sync) or
 compacted to the positions of an accepted tree path; nothing else changes the cache.
@@ -24,97 +26,120 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
-from specpipe.kv import SlotKV
-from specpipe.trees import common_prefix
+from specpipe.graphs import Graph, new_pool
+from specpipe.kv import SlotKV, new_slot, synchronize
 from specpipe.types import ModelInfo
 from specpipe.verification import additive_mask, tree_allowed, tree_attention_mask, tree_position_ids
 
 log = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8, 16, 32)  # forward sizes a compiled runner compiles, one graph each
-STATIC_MAX_CONTEXT = 2048      # default slot length of a compiled runner (tokens)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # forward sizes of the graphs mode, one captured graph each
+STATIC_MAX_CONTEXT = 2048           # default slot length of the graphs mode (tokens)
 
 
-class StaticKV:
-    """One session slot: a preallocated StaticCache (room for `capacity` tokens plus the largest
-    bucket's padding) and the number of valid positions in it."""
+class WorkingCache:
+    """The graphs mode's one static KV cache: `width` positions of every layer as one tensor
+    [layers, kv_heads, width, head_dim] (keys, values), which a transformers StaticCache's layers view,
+    so a slot's prefix goes in, and a forward's new positions come out, in one copy each."""
 
-    def __init__(self, config, capacity: int, dtype: torch.dtype, device: torch.device):
-        self.config, self.capacity, self.dtype, self.device = config, capacity, dtype, device
-        self.width = capacity + BUCKETS[-1]  # positions allocated: room for a padded bucket at the end
+    def __init__(self, config, width: int, dtype: torch.dtype, device: torch.device):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # Allocate now, every tensor an inference tensor: a lazy first update, or a slot made outside
-        # inference mode, would fail the compiled graph's guards and compile it again.
+        shape = (config.num_hidden_layers, config.num_key_value_heads, width, head_dim)
+        self.width = width
+        # Every tensor an inference tensor, made now: a captured graph reads and writes these addresses.
         with torch.inference_mode():
-            self.cache = StaticCache(config=config, max_cache_len=self.width)
+            self.cache = StaticCache(config=config, max_cache_len=width)
+            if any(layer.is_sliding for layer in self.cache.layers):
+                raise ValueError("a static KV cache needs full-attention layers; this model has sliding-window layers")
             self.cache.early_initialization(1, config.num_key_value_heads, head_dim, dtype, device)
-        if any(layer.is_sliding for layer in self.cache.layers):
-            raise ValueError("a static KV cache needs full-attention layers; this model has sliding-window layers")
-        self.length = 0
+            self.keys = torch.zeros(shape, dtype=dtype, device=device)
+            self.values = torch.zeros(shape, dtype=dtype, device=device)
+            for i, layer in enumerate(self.cache.layers):
+                layer.keys, layer.values = self.keys[i][None], self.values[i][None]  # [1, kv_heads, width, head_dim]
+            self.length = torch.zeros((), dtype=torch.long, device=device)  # where the next forward writes
 
     @torch.inference_mode()
-    def set_length(self, length: int) -> None:
-        self.length = length
-        for layer in self.cache.layers:  # where the next StaticLayer.update writes
-            layer.cumulative_length.fill_(length)
+    def load(self, slot: SlotKV) -> None:
+        """Take the slot's valid prefix; the next forward writes after it."""
+        past = slot.length
+        self.keys[:, :, :past].copy_(slot.keys[:, :, :past])
+        self.values[:, :, :past].copy_(slot.values[:, :, :past])
+        self.length.fill_(past)
+
+    @torch.inference_mode()
+    def store(self, slot: SlotKV, n: int) -> None:
+        """Append the n positions the last forward wrote after the slot's prefix to the slot."""
+        past = slot.length
+        slot.reserve(past + n)
+        slot.keys[:, :, past : past + n].copy_(self.keys[:, :, past : past + n])
+        slot.values[:, :, past : past + n].copy_(self.values[:, :, past : past + n])
+        slot.length = past + n
 
 
-Cache = DynamicCache | StaticKV
+class BucketForward:
+    """One forward shape of the graphs mode: `size` tokens over the working cache, from input buffers
+    filled before each run (a specpipe.graphs.Graph: captured on CUDA)."""
+
+    def __init__(self, model: PreTrainedModel, working: WorkingCache, size: int):
+        device = model.device
+        self.model, self.working, self.size = model, working, size
+        self.ids = torch.zeros(1, size, dtype=torch.long, device=device)
+        self.positions = torch.zeros(1, size, dtype=torch.long, device=device)
+        self.mask = torch.zeros(1, 1, size, working.width, dtype=model.dtype, device=device)
+        self.graph = Graph(self._forward, device)
+
+    def _forward(self) -> torch.Tensor:
+        for layer in self.working.cache.layers:  # inside the graph: each layer writes from the working length
+            layer.cumulative_length.copy_(self.working.length)
+        return self.model(input_ids=self.ids, past_key_values=self.working.cache, position_ids=self.positions,
+                          attention_mask=self.mask, use_cache=True).logits  # [1, size, vocab]
+
+    @torch.inference_mode()
+    def run(self, token_ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Feed n <= size tokens with their positions [1, size] and additive mask [1, 1, size, width]
+        (padded by static_inputs); returns the logits [n, vocab] (float32, a tensor of its own)."""
+        n = len(token_ids)
+        self.ids.copy_(torch.tensor([[*token_ids, *[token_ids[-1]] * (self.size - n)]], dtype=torch.long))
+        self.positions.copy_(positions)
+        self.mask.copy_(mask)
+        return self.graph()[0, :n].to(torch.float32, copy=True)
+
+
+Cache = DynamicCache | SlotKV
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def cache_len(cache: Cache | SlotKV) -> int:
-    return cache.length if isinstance(cache, (StaticKV, SlotKV)) else cache.get_seq_length()
+def cache_len(cache: Cache) -> int:
+    return cache.length if isinstance(cache, SlotKV) else cache.get_seq_length()
 
 
-def crop(cache: Cache | SlotKV, length: int) -> None:
+def crop(cache: Cache, length: int) -> None:
     """Keep the first `length` positions (transformers 5 crop takes the NEGATIVE count to drop)."""
-    if isinstance(cache, SlotKV):  # a batched forward's slot (specpipe.kv)
+    if isinstance(cache, SlotKV):
         cache.crop(length)
         return
     drop = cache_len(cache) - length
-    if drop <= 0:
-        return
-    if isinstance(cache, StaticKV):
-        cache.set_length(length)
-    else:
+    if drop > 0:
         cache.crop(-drop)
 
 
-def fork(cache: Cache | SlotKV, length: int) -> Cache | SlotKV:
+def fork(cache: Cache, length: int) -> Cache:
     """A new cache holding the first `length` positions of cache, which stays as it is. Copy-on-write
     for free: the fork's layers start as views of the same tensors, and DynamicLayer.update appends
-    by torch.cat (new tensors), never in place. A static slot is copied (its prefix only) into a
-    new slot, and so is a batched forward's slot (SlotKV.fork)."""
+    by torch.cat (new tensors), never in place. A slot is copied (its prefix only: SlotKV.fork)."""
     if isinstance(cache, SlotKV):
         return cache.fork(length)
-    if isinstance(cache, StaticKV):
-        return _fork_slot(cache, length)
     forked = copy.copy(cache)
     forked.layers = [copy.copy(layer) for layer in cache.layers]
     crop(forked, length)
     return forked
 
 
-@torch.inference_mode()
-def _fork_slot(cache: StaticKV, length: int) -> StaticKV:
-    length = min(length, cache.length)
-    forked = StaticKV(cache.config, cache.capacity, cache.dtype, cache.device)
-    for source, layer in zip(cache.cache.layers, forked.cache.layers):
-        layer.keys[:, :, :length].copy_(source.keys[:, :, :length])
-        layer.values[:, :, :length].copy_(source.values[:, :, :length])
-    forked.set_length(length)
-    return forked
-
-
-def keep_positions(cache: Cache, positions: Sequence[int]) -> None:
+def keep_positions(cache: DynamicCache, positions: Sequence[int]) -> None:
     """Keep only the given cache positions, in order (the accepted path of a tree)."""
-    if isinstance(cache, StaticKV):
-        _gather_in_slot(cache, positions)
-        return
     index = None
     for layer in cache.layers:
         if not layer.is_initialized:
@@ -125,20 +150,11 @@ def keep_positions(cache: Cache, positions: Sequence[int]) -> None:
         layer.values = layer.values.index_select(-2, index)
 
 
-@torch.inference_mode()
-def _gather_in_slot(cache: StaticKV, positions: Sequence[int]) -> None:
-    """Move the kept positions down within the slot, from the first one that moves: no reallocation."""
-    start = common_prefix(positions, range(len(positions)))
-    index = torch.tensor(list(positions[start:]), dtype=torch.long, device=cache.device)
-    for layer in cache.cache.layers:
-        layer.keys[:, :, start : len(positions)] = layer.keys.index_select(-2, index)
-        layer.values[:, :, start : len(positions)] = layer.values.index_select(-2, index)
-    cache.set_length(len(positions))
-
-
 def keep_tree_path(cache: Cache, prefix_len: int, nodes: Sequence[int]) -> None:
     """Keep the first prefix_len positions and, of the tree fed after them, the given nodes only."""
-    if list(nodes) == list(range(len(nodes))):  # a chain prefix: cropping is enough
+    if isinstance(cache, SlotKV):
+        cache.keep_tree_path(prefix_len, nodes)
+    elif list(nodes) == list(range(len(nodes))):  # a chain prefix: cropping is enough
         crop(cache, prefix_len + len(nodes))
     else:
         keep_positions(cache, [*range(prefix_len), *(prefix_len + i for i in nodes)])
@@ -204,76 +220,92 @@ class Runner:
     layers), so everything that runs the model, transformers generate() included, runs packed."""
 
     def __init__(self, model: PreTrainedModel, mode: str = "eager", max_context: int = STATIC_MAX_CONTEXT,
-                 buckets: Sequence[int] = BUCKETS, static: bool | None = None, weights: str = "fp32"):
-        """weights: fp32, or bf16 for a drafter's packed linear layers (packed mode only)."""
+                 buckets: Sequence[int] = BUCKETS, weights: str = "fp32"):
+        """weights: fp32, or bf16 for a drafter's packed linear layers (packed mode only).
+        max_context, buckets: the graphs mode's slot length and forward sizes."""
         if mode not in MODES:
             raise ValueError(f"unknown forward mode {mode!r}; choose from {', '.join(MODES)}")
         if weights not in PACKED_WEIGHTS or (weights != "fp32" and mode != "packed"):
             raise ValueError(f"weights {weights!r}: packed mode takes {', '.join(PACKED_WEIGHTS)}, other modes fp32")
         self.model = model
         self.mode = mode
-        self.static = mode == "graphs" if static is None else static  # static slots without graphs: tests
-        self.buckets = tuple(buckets)
+        self.static = mode == "graphs"  # slots of max_context tokens, forwards of bucketed sizes
+        self.buckets = tuple(sorted(buckets))
         self.max_context = max_context
-        self._forward = model.forward
+        self._working: WorkingCache | None = None
+        self._forwards: dict[int, BucketForward] = {}
         if mode == "packed":
             from specpipe import native
 
             native.pack_linears(model, PACKED_WEIGHTS[weights])
-        if mode == "graphs":
-            if self.buckets[-1] > BUCKETS[-1]:
-                raise ValueError(f"buckets go up to {BUCKETS[-1]} tokens")
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(self.buckets))
-            options = {"triton.cudagraphs": True} if model.device.type == "cuda" else {"freezing": True}
-            self._forward = torch.compile(model.forward, dynamic=False, options=options)
+
+    def _graph_buffers(self) -> WorkingCache:
+        """graphs: the working cache and the bucket forwards, made at the first need (a batched service
+        never needs them: specpipe.batched.BatchGraphs)."""
+        if self._working is None:
+            model = self.model
+            self._working = WorkingCache(model.config, self.max_context + self.buckets[-1], model.dtype, model.device)
+            self._forwards = {size: BucketForward(model, self._working, size) for size in self.buckets}
+        return self._working
 
     def new_cache(self) -> Cache:
         if self.static:
-            return StaticKV(self.model.config, self.max_context, self.model.dtype, self.model.device)
+            return new_slot(self.model, self.max_context)
         return new_cache(self.model)
 
     @torch.inference_mode()
     def forward(self, cache: Cache, token_ids: Sequence[int], tree_parents: Sequence[int] | None = None) -> torch.Tensor:
-        """Feed token_ids after the cached positions; returns logits [len(token_ids), vocab] (float32).
-        tree_parents: None for a plain causal continuation, or the parents of token_ids[1:] when
-        token_ids is [root] + a tree's nodes (specpipe.verification)."""
+        """Feed token_ids after the cached positions; returns logits [len(token_ids), vocab] (float32),
+        once the device has computed them. tree_parents: None for a plain causal continuation, or the
+        parents of token_ids[1:] when token_ids is [root] + a tree's nodes (specpipe.verification)."""
         past_len = cache_len(cache)
-        if not isinstance(cache, StaticKV):
+        if not self.static:
             if tree_parents is None:
-                return forward(self.model, cache, token_ids)
-            return forward(self.model, cache, token_ids, tree_position_ids(tree_parents, past_len),
-                           tree_attention_mask(tree_parents, past_len, self.model.dtype))
-        if past_len + len(token_ids) > cache.capacity:
-            raise ValueError(f"{past_len} cached + {len(token_ids)} new tokens exceed the slot ({cache.capacity})")
-        size = bucket(len(token_ids), self.buckets)
+                logits = forward(self.model, cache, token_ids)
+            else:
+                logits = forward(self.model, cache, token_ids, tree_position_ids(tree_parents, past_len),
+                                 tree_attention_mask(tree_parents, past_len, self.model.dtype))
+        else:
+            logits = self._static_forward(cache, token_ids, tree_parents)
+        synchronize(self.model.device)
+        return logits
+
+    def _static_forward(self, slot: SlotKV, token_ids: Sequence[int], tree_parents: Sequence[int] | None) -> torch.Tensor:
+        """graphs: through the working cache and the smallest bucket that holds the tokens."""
+        working = self._graph_buffers()
+        past_len, n = slot.length, len(token_ids)
+        if past_len + n > self.max_context:
+            raise ValueError(f"{past_len} cached + {n} new tokens exceed the slot ({self.max_context})")
+        size = bucket(n, self.buckets)
         if size is None and tree_parents is None:  # longer than the largest bucket: a chain goes in pieces
             step = self.buckets[-1]
-            return torch.cat([self.forward(cache, token_ids[i : i + step]) for i in range(0, len(token_ids), step)])
-        run = self._forward if size is not None else self.model.forward  # a tree past the largest bucket: eager
-        size = size or len(token_ids)
-        n = len(token_ids)
-        device = self.model.device
-        positions, mask = static_inputs(past_len, n, tree_parents, size, cache.width, self.model.dtype)
-        ids = torch.tensor([[*token_ids, *[token_ids[-1]] * (size - n)]], dtype=torch.long, device=device)
-        cache.set_length(past_len)
-        out = run(input_ids=ids, past_key_values=cache.cache, position_ids=positions.to(device),
-                  attention_mask=mask.to(device), use_cache=True)
-        cache.set_length(past_len + n)
-        return out.logits[0, :n].float()
+            return torch.cat([self._static_forward(slot, token_ids[i : i + step], None) for i in range(0, n, step)])
+        # a tree past the largest bucket runs eagerly, at its own size, over the same working cache
+        run = self._forwards[size] if size is not None else BucketForward(self.model, working, n)
+        positions, mask = static_inputs(past_len, n, tree_parents, run.size, working.width, self.model.dtype)
+        working.load(slot)
+        logits = run.run(token_ids, positions, mask)
+        working.store(slot, n)
+        return logits
 
     def warm_up(self, progress: bool = False) -> None:
-        """graphs: compile every bucket now (chains and trees of one size share a graph), so no request
-        pays for it."""
-        if self.mode != "graphs":
+        """graphs: run every bucket once and, on CUDA, capture it as a CUDA graph (largest first, all in
+        one memory pool: they never run at once), so no request pays for it. Chains and trees of one
+        size share a graph."""
+        if not self.static:
             return
         from tqdm import tqdm
 
-        cache = self.new_cache()
-        for size in tqdm(self.buckets, desc="compiling forward buckets", disable=not progress):
+        self._graph_buffers()
+        pool = new_pool(self.model.device)
+        slot = self.new_cache()
+        for size in tqdm(sorted(self.buckets, reverse=True), desc="capturing forward graphs", disable=not progress):
             start = time.perf_counter()
-            crop(cache, 0)
-            self.forward(cache, [0] * size)
-            log.info("compiled bucket", extra={"bucket": size, "seconds": round(time.perf_counter() - start, 1)})
+            self._forwards[size].graph.capture(pool)
+            crop(slot, 0)
+            self.forward(slot, [0] * size)
+            log.info("forward bucket ready", extra={"bucket": size, "captured": self._forwards[size].graph.graph is not None,
+                                                    "seconds": round(time.perf_counter() - start, 2)})
 
 
 def served_info(info: ModelInfo, runner: Runner) -> ModelInfo:

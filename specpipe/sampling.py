@@ -53,7 +53,7 @@ def sample(probs: torch.Tensor, u: float) -> int:
     """Inverse-CDF sample of one token from probs: [vocab] with u in [0, 1)."""
     cdf = torch.cumsum(probs.double(), dim=0)
     # right=True: the first index whose cdf exceeds u, so zero-mass tokens are never picked
-    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True).item())
+    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64, device=cdf.device), right=True).item())
     return min(index, probs.shape[0] - 1)
 
 
@@ -70,9 +70,9 @@ def sample_sparse(q: SparseDist, u: float) -> int:
     return q.token_ids[sample(torch.tensor(q.probs, dtype=torch.float64), u)]
 
 
-def dense(q: SparseDist, vocab_size: int) -> torch.Tensor:
-    out = torch.zeros(vocab_size, dtype=torch.float32)
-    out[list(q.token_ids)] = torch.tensor(q.probs, dtype=torch.float32)
+def dense(q: SparseDist, vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    out = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    out[list(q.token_ids)] = torch.tensor(q.probs, dtype=torch.float32, device=device)
     return out
 
 
@@ -99,8 +99,8 @@ def rejection_sample_chain(
         q_token = q[i].prob(token) if q is not None else 1.0
         if q_token > 0 and uniform(seed, position, STREAM_ACCEPT) < float(p_row[token]) / q_token:
             continue
-        q_row = dense(q[i], vocab_size) if q is not None else torch.nn.functional.one_hot(
-            torch.tensor(token), vocab_size).float()
+        q_row = dense(q[i], vocab_size, p_row.device) if q is not None else torch.nn.functional.one_hot(
+            torch.tensor(token, device=p_row.device), vocab_size).float()
         residual = torch.clamp(p_row - q_row, min=0.0)
         if float(residual.sum()) <= 0:  # p == q: rejection has probability 0, guard rounding
             residual = p_row

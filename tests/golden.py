@@ -19,8 +19,9 @@ GOLDEN_PROMPTS = [
 def reference_greedy(model, prompt_ids, max_new_tokens: int) -> list[int]:
     """Verifier-only greedy decoding, cut after the first EOS like a generation is."""
     with torch.inference_mode():
-        out = model.generate(torch.tensor([list(prompt_ids)]), max_new_tokens=max_new_tokens, do_sample=False,
-                             attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
+        out = model.generate(torch.tensor([list(prompt_ids)], device=model.device), max_new_tokens=max_new_tokens,
+                             do_sample=False, attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long,
+                                                                        device=model.device))
     tokens = out[0, len(prompt_ids):].tolist()
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()

@@ -28,7 +28,8 @@ from specpipe.batch_scheduler import (
     attention_weight, decoding_work, due_back_until, due_within_s, gather_grace_s, next_chunk, one_step, plan_batch,
     stall_chunk_cap, step_work,
 )
-from specpipe.batched import Segment, batched_forward, new_slot
+from specpipe.batched import Segment, batched_forward
+from specpipe.kv import new_slot
 from verifier_service.verifier import ModelVerifier
 
 MAX_NEW_TOKENS = 32
@@ -236,6 +237,38 @@ def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
                                          _chain(mate_b, ids[:9])])[1]
     torch.testing.assert_close(torch.cat([first, rest]), reference, atol=1e-4, rtol=1e-4)
     assert torch.equal(first, with_mates)  # bitwise: batch mates change nothing
+
+
+def test_batch_graphs_match_the_batched_forward():
+    """The graphs mode's padded batches (specpipe.batched.BatchGraphs, run here without capture) give
+    each session the logits and the KV of the ragged batched forward: chains and a tree, sessions of
+    different lengths, a batch between two buckets, a prompt chunk beside them (a forward of its own);
+    a chunk past the largest bucket falls back to the batched forward."""
+    from specpipe.batched import BatchGraphs
+    from specpipe.verification import tree_allowed, tree_position_ids
+
+    model = tiny_model()
+    graphs = BatchGraphs(model, max_context=256, sessions=(1, 2, 4), tokens=(1, 4, 8), chunks=(32,))
+    graphs.warm_up()
+    pairs = [(new_slot(model, 256), new_slot(model, 256)) for _ in range(4)]
+    for (ragged, padded), n in zip(pairs, (30, 7, 52, 3)):  # prompts: 52 tokens go through batched_forward
+        prompt = list(range(5, 5 + n))
+        batched_forward(model, [_chain(ragged, prompt)])
+        graphs.forward([_chain(padded, prompt)])
+    parents = [-1, 0, -1, 2]  # [root] + a tree of two branches
+    tree = lambda kv: Segment(kv, (9, 10, 11, 12, 13), tree_position_ids(parents, kv.length)[0],  # noqa: E731
+                              tree_allowed(parents, 0), logit_rows=5)
+    steps = [lambda kv: _chain(kv, [3]), tree, lambda kv: _chain(kv, [4, 5, 6]),  # 3 steps: the 4-session bucket
+             lambda kv: Segment(kv, tuple(range(40, 60)), torch.arange(kv.length, kv.length + 20),  # a chunk
+                                torch.ones(20, 20, dtype=torch.bool).tril(), logit_rows=0)]
+    expected = batched_forward(model, [step(ragged) for step, (ragged, _) in zip(steps, pairs)])
+    got = graphs.forward([step(padded) for step, (_, padded) in zip(steps, pairs)])
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    for ragged, padded in pairs:
+        assert ragged.length == padded.length
+        torch.testing.assert_close(padded.keys[:, :, :padded.length], ragged.keys[:, :, :ragged.length],
+                                   atol=1e-4, rtol=1e-4)
 
 
 def _verifier(**batch) -> ModelVerifier:

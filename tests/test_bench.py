@@ -141,6 +141,16 @@ def test_speedup_bound_from_acceptance_by_position_and_costs():
     assert speedup_bound([0.9, 0.1], 100, 20, 100, False) == pytest.approx(1.9 * 100 / 120)
 
 
+def test_the_bound_with_a_verify_cost_per_draft_length():
+    """The GPU report's bound (scripts/gpu_report.py): verifying k drafts costs T(k + 1) off a curve."""
+    from specpipe.bench import best_draft_len
+
+    curve = {1: 100.0, 2: 110.0, 3: 300.0}  # a third token is dear
+    bound, k = best_draft_len([0.9, 0.8], 100, 0.0, lambda k: curve[k + 1], overlapped=False)
+    assert (bound, k) == (pytest.approx(1.9 * 100 / 110), 1)  # E(2) * 100 / 300 = 0.87 loses to k = 1
+    assert best_draft_len([0.0], 100, 0.0, lambda k: curve[k + 1], False) == (pytest.approx(1.0), 0)
+
+
 def test_headline_is_the_default_configuration_and_else_labelled():
     from specpipe.bench import MethodSpec, MethodSummary, PromptRun
     from specpipe.report import headline, spread, summary_table

@@ -1,11 +1,12 @@
-"""Compiled forward passes (`--compile on`): packed GEMMs (CPU) and torch.compile'd graphs over
-static KV slots (CUDA; run here on the CPU through inductor).
+"""Compiled forward passes (`--compile on`): packed GEMMs (CPU) and the graphs mode (KV slots
+through one working static cache and bucketed forwards, captured as CUDA graphs on CUDA; run here on
+the CPU without capture, the same buffers and bookkeeping).
 
 Slot bookkeeping (chunked prefill, crop, fork, tree compaction, trees past the largest bucket) gives
 the logits of the eager DynamicCache path. Golden, for both compiled modes: speculative output ==
 the verifier's greedy output run the same way (transformers generate() on the compiled model, and
-the compiled verifier alone), for every drafter kind, both schedules and a tree (tiny preset; graphs
-with two buckets to keep compile time small).
+the compiled verifier alone), for every drafter kind, both schedules and a tree (tiny preset).
+scripts/gpu_check.py runs the same golden cases on a GPU, with the graphs captured.
 """
 
 import subprocess
@@ -16,6 +17,7 @@ import torch
 
 from cache_service.memory import InMemoryNgramCache
 from specpipe import runner
+from specpipe.kv import SlotKV
 from specpipe.models import tiny_model
 from specpipe.types import ROOT, GenerationRequest, SpeculationOptions
 from tests.golden import GOLDEN_PROMPTS, golden_references, run
@@ -36,9 +38,10 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_static_slot_matches_dynamic_cache(model):
-    eager, static = runner.Runner(model), runner.Runner(model, static=True, buckets=(1, 2, 4, 8))
+    eager, static = runner.Runner(model), runner.Runner(model, "graphs", buckets=(1, 2, 4, 8))
+    static.warm_up()
     dynamic_cache, slot = eager.new_cache(), static.new_cache()
-    assert isinstance(slot, runner.StaticKV)
+    assert isinstance(slot, SlotKV)
 
     def both(token_ids, parents=None):
         a, b = eager.forward(dynamic_cache, token_ids, parents), static.forward(slot, token_ids, parents)
@@ -63,7 +66,7 @@ def test_static_slot_matches_dynamic_cache(model):
 
 
 def test_slot_bounds_the_context(model):
-    static = runner.Runner(model, static=True, max_context=64, buckets=(1, 8))
+    static = runner.Runner(model, "graphs", max_context=64, buckets=(1, 8))
     slot = static.new_cache()
     static.forward(slot, CONTEXT)
     with pytest.raises(ValueError, match="exceed the slot"):
@@ -76,8 +79,7 @@ def test_slot_bounds_the_context(model):
     assert runner.served_info(info, runner.Runner(model)).max_context == info.max_context
 
 
-# graphs (torch.compile'd static slots, here through inductor) compiles every bucket first: a minute
-@pytest.fixture(scope="module", params=["packed", pytest.param("graphs", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["packed", "graphs", "graphs unbatched"])
 def compiled(request, tiny_tokenizer):
     """A compiled verifier and drafter (tiny preset) behind one generator over an in-memory store."""
     from drafter_service.model_drafter import ModelDrafter
@@ -85,8 +87,9 @@ def compiled(request, tiny_tokenizer):
     from verifier_service.verifier import ModelVerifier
 
     verifier_spec, drafter_spec = model_specs("tiny")
-    verifier = ModelVerifier.load(verifier_spec, mode=request.param, buckets=BUCKETS)
-    drafter = ModelDrafter.load(drafter_spec, mode=request.param, buckets=BUCKETS)
+    mode, batching = request.param.split()[0], not request.param.endswith("unbatched")
+    verifier = ModelVerifier.load(verifier_spec, mode=mode, buckets=BUCKETS, batching=batching)
+    drafter = ModelDrafter.load(drafter_spec, mode=mode, buckets=BUCKETS, batching=batching)
     return generator_with(InMemoryNgramCache(), tiny_tokenizer, verifier, drafter)
 
 
@@ -126,18 +129,59 @@ def test_golden_compiled_tree(compiled, references):
         assert run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))[0] == expected
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("compiled", ["graphs"], indirect=True)
-def test_no_compilation_after_warm_up(compiled, references):
-    """Warm-up compiled every bucket: new sessions, forks and rollbacks reuse the graphs."""
-    from torch._dynamo.utils import counters
+def _buffers(service) -> list:
+    """The addresses a service's captured graphs read and write: its batched forward's (BatchGraphs),
+    or one session per forward, its runner's (the working cache, each bucket's inputs)."""
+    if service._scheduler is not None:
+        graphs = service._scheduler._forward.__self__
+        return [graphs.keys.data_ptr(), graphs.values.data_ptr(), graphs.lengths.data_ptr(),
+                *((key, *(t.data_ptr() for t in inputs.values())) for key, (inputs, _) in graphs._graphs.items())]
+    r = service._runner
+    return [r._working.keys.data_ptr(), r._working.values.data_ptr(), r._working.length.data_ptr(),
+            *((size, f.ids.data_ptr(), f.positions.data_ptr(), f.mask.data_ptr()) for size, f in r._forwards.items())]
 
-    before = counters["stats"]["unique_graphs"]
-    assert before >= len(BUCKETS)  # the counter counts: warm-up compiled a graph per bucket
+
+@pytest.mark.parametrize("compiled", ["graphs", "graphs unbatched"], indirect=True)
+def test_graphs_keep_their_buffers(compiled, references):
+    """A captured CUDA graph replays on fixed addresses: new sessions, forks and rollbacks run through
+    the buffers warm-up made, never new ones."""
+    services = [compiled.verifier, compiled.drafters["model"]]
+
+    def addresses():
+        return [_buffers(service) for service in services]
+
+    before = addresses()
+    assert all(service.batched == compiled.verifier.batched for service in services)
     ids = references[GOLDEN_PROMPTS[0]][0]
     for schedule in ("sequential", "branch"):
         run(compiled, GenerationRequest(ids, 16, speculation=SpeculationOptions("model", 4, schedule=schedule, adaptive="off")))
-    assert counters["stats"]["unique_graphs"] == before
+    assert addresses() == before
+
+
+@pytest.mark.parametrize("device, compile_, dtype, mode, model_dtype", [
+    ("cpu", "off", "auto", "eager", "float32"),
+    ("cpu", "on", "auto", "packed", "float32"),
+    ("cuda", "auto", "auto", "graphs", "bfloat16"),  # a GPU's defaults: captured graphs in bfloat16
+    ("cuda:1", "on", "float32", "graphs", "float32"),
+    ("cuda", "off", "auto", "eager", "bfloat16"),
+])
+def test_forward_mode_and_dtype_follow_the_device(device, compile_, dtype, mode, model_dtype):
+    import argparse
+
+    from specpipe.cli.options import forward_mode, model_dtype as dtype_of
+
+    args = argparse.Namespace(device=device, compile=compile_, dtype=dtype)
+    assert (forward_mode(args), dtype_of(args)) == (mode, model_dtype)
+
+
+def test_models_load_in_the_dtype_asked_for():
+    from specpipe.errors import InvalidArgument
+    from specpipe.models import load_model
+    from specpipe.presets import ModelSpec
+
+    assert load_model(ModelSpec("tiny"), "cpu", "bfloat16").dtype == torch.bfloat16
+    with pytest.raises(InvalidArgument, match="unknown dtype 'half'"):
+        load_model(ModelSpec("tiny"), "cpu", "half")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -42,6 +42,6 @@ def test_no_build_tools_or_models_in_the_final_stage():
     final = " ".join(stages()[-1])
     for tool in ("pip install", "grpcio-tools", "build-essential", "git ", "models prepare"):
         assert tool not in final, tool
-    # the one compiler kept is for --compile on (packed GEMM, inductor), and can be left out
+    # the one compiler kept is for --compile on (the packed GEMM on a CPU), and can be left out
     assert "gcc" in final and "RUNTIME_CC" in final
     assert "rm -rf /var/lib/apt/lists/*" in final

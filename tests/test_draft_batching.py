@@ -20,7 +20,8 @@ from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
 from specpipe import metrics
 from specpipe.batch_scheduler import BatchConfig
-from specpipe.batched import Segment, batched_forward, new_slot
+from specpipe.batched import Segment, batched_forward
+from specpipe.kv import new_slot
 from specpipe.models import model_info, tiny_model
 from specpipe.presets import ModelSpec
 from specpipe.types import GREEDY, Draft, GenerationRequest, ProposeRequest, SamplingParams, SpeculationOptions

@@ -6,7 +6,7 @@ accepted path only, and appends accepted tokens + correction to the context.
 
 Llama / Qwen2 models in eager or packed mode run batched (docs/batching.md): one scheduler thread
 owns the model and runs the pending rounds and prefill chunks of all sessions as one forward, a lone
-session being a batch of one (the same code). Other architectures, and the CUDA graphs mode, run one
+session being a batch of one (the same code). Other architectures, and the graphs mode, run one
 session's forward at a time through specpipe.runner.
 """
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specpipe import batched, cores, metrics, runner
-from specpipe.batch_scheduler import BatchConfig, Scheduler, Step, Work, one_step
+from specpipe import cores, metrics, runner
+from specpipe.batch_scheduler import BatchConfig, Step, Work, one_step, serving_scheduler
 from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from specpipe.kv import SlotKV
+from specpipe.kv import SlotKV, new_slot
 from specpipe.lifecycle import Sweeper, current_cancellation, evict_idle, sweep_period
 from specpipe.limits import DEFAULT_LIMITS, Limits, check_draft, check_prefill, draft_nodes_label
 from specpipe.models import load_model, model_info
@@ -66,23 +66,21 @@ class ModelVerifier:
         """batching: False runs one session per forward even where batching is supported (to compare)."""
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets)  # packed: packs the linears the batch uses
-        self._runner.warm_up()  # graphs: every forward bucket now, before the first request
         self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
         self._limits = limits
         self._session_ttl_s = session_ttl_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
-        unbatched = batched.unbatched_reason(model, mode, batching)
-        self._scheduler = Scheduler(model, batch or BatchConfig()) if unbatched is None else None
-        if unbatched is not None:
-            log.info("verifier runs one session per forward", extra={"reason": unbatched})
+        # graphs: captured now, before the first request
+        self._scheduler = serving_scheduler(self._runner, batching, batch or BatchConfig(), "verifier",
+                                            self._info.max_context)
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time per model
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "verifier-session-sweeper")
 
     @classmethod
-    def load(cls, spec: ModelSpec, device: str = "cpu", **kwargs) -> ModelVerifier:
-        model = load_model(spec, device)
+    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs) -> ModelVerifier:
+        model = load_model(spec, device, dtype)
         return cls(model, model_info(spec, model), **kwargs)
 
     @property
@@ -105,7 +103,7 @@ class ModelVerifier:
             raise InvalidArgument(
                 f"prompt has {len(prompt_ids)} tokens; the context window is {self._info.max_context} tokens"
             )
-        cache = batched.new_slot(self._model, self._info.max_context) if self.batched else self._runner.new_cache()
+        cache = new_slot(self._model, self._info.max_context) if self.batched else self._runner.new_cache()
         session = _Session(list(prompt_ids), cache)
         with session.lock:
             self._admit(session_id, session)  # before any forward: a full verifier refuses at once
@@ -193,10 +191,7 @@ class ModelVerifier:
             accepted_nodes = list(range(delta))
 
         # Roll back the rejected nodes: keep context, root and the accepted path.
-        if isinstance(session.cache, SlotKV):
-            session.cache.keep_tree_path(past_len + 1, accepted_nodes)
-        else:
-            runner.keep_tree_path(session.cache, past_len + 1, accepted_nodes)
+        runner.keep_tree_path(session.cache, past_len + 1, accepted_nodes)
         accepted = tuple(draft.tokens[i] for i in accepted_nodes)
         session.context.extend([*accepted, correction])
         session.last_used = time.monotonic()

@@ -221,7 +221,7 @@ def run_forward_curve(args: argparse.Namespace) -> int:
     for role, spec in zip(("verifier", "drafter"), model_specs(args.preset, args.verifier, args.draft_model)):
         runners = {}
         for mode in modes:  # a model each: packed changes its model in place
-            runners[f"{role} {mode}"] = Runner(load_model(spec, args.device), mode)
+            runners[f"{role} {mode}"] = Runner(load_model(spec, args.device, options.model_dtype(args)), mode)
             runners[f"{role} {mode}"].warm_up(progress=True)
         curves.update(curve.forward_curves(runners, desc=f"T(k) {role}"))
         del runners

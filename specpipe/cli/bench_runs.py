@@ -118,7 +118,7 @@ def _load(args: argparse.Namespace, role: int, weights: str | None = None):
     from specpipe.models import load_model
     from specpipe.presets import model_specs
 
-    model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[role], args.device)
+    model = load_model(model_specs(args.preset, args.verifier, args.draft_model)[role], args.device, options.model_dtype(args))
     if weights is not None:
         from specpipe import native
         from specpipe.runner import PACKED_WEIGHTS
@@ -140,7 +140,7 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method], baselines: 
     from specpipe.presets import model_specs
 
     config = up_cmd.UpConfig(
-        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
+        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
         compile=args.compile, draft_weights=args.draft_weights, batching="on", base_port=0, threads_per_service=1, pin=args.pin,
         startup_timeout_s=3600.0 if options.forward_mode(args) == "graphs" else 600.0,
         log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING", speculation=(),

@@ -23,18 +23,33 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
     group.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
     group.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
+    add_dtype_arg(group)
     group.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all cores)")
     add_compile_arg(group)
     add_prepare_arg(group)
+
+
+def add_dtype_arg(parser) -> None:
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="the models' weights and activations; auto: bfloat16 on a GPU, float32 on a CPU (where "
+                        "bf16 is no faster) (default: %(default)s)")
+
+
+def model_dtype(args: argparse.Namespace) -> str:
+    """--dtype for --device: float32 or bfloat16."""
+    setting = getattr(args, "dtype", "auto")
+    if setting != "auto":
+        return setting
+    return "float32" if args.device.split(":")[0] == "cpu" else "bfloat16"
 
 
 def add_compile_arg(parser) -> None:
     parser.add_argument("--compile", default="auto", choices=("auto", "off", "on"),
                         help="fast forward passes, chosen by --device. CPU: every linear layer runs a small-M GEMM "
                         "kernel built for this CPU with the C compiler (once, cached) over weights packed at load; "
-                        "CUDA: a static KV cache and torch.compile'd CUDA graphs over bucketed shapes, compiled at "
-                        "start-up (minutes). auto: the CPU kernel when a C compiler is there, else eager; on: "
-                        "always (an error without a compiler); off: eager (default: %(default)s)")
+                        "CUDA: CUDA graphs over bucketed shapes (batched and one-session forwards), captured at "
+                        "start-up (seconds). auto: the CPU kernel when a C compiler is there, else eager; the "
+                        "graphs on CUDA; on: always (an error without a compiler); off: eager (default: %(default)s)")
     parser.add_argument("--draft-weights", default="auto", choices=("auto", "fp32", "bf16"),
                         help="the weights of the drafter's packed linear layers (CPU kernel only): bf16 streams "
                         "half the bytes per token, with fp32 arithmetic; it changes what the drafter proposes, never "
@@ -49,13 +64,15 @@ def add_compile_arg(parser) -> None:
 def forward_mode(args: argparse.Namespace) -> str:
     """specpipe.runner's forward mode for --compile and --device: eager, packed (CPU) or graphs (CUDA)."""
     setting, cpu = getattr(args, "compile", "off"), args.device.split(":")[0] == "cpu"
-    if setting == "on":
-        return "packed" if cpu else "graphs"
-    if setting == "auto" and cpu:
+    if setting == "off":
+        return "eager"
+    if not cpu:
+        return "graphs"
+    if setting == "auto":
         from specpipe import native
 
         return "packed" if native.has_compiler() else "eager"
-    return "eager"
+    return "packed"
 
 
 def drafter_forward(args: argparse.Namespace) -> dict:

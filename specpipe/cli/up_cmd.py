@@ -40,6 +40,7 @@ class UpConfig:
     draft_model: str | None
     device: str
     compile: str             # auto | off | on (verifier and drafter)
+    dtype: str               # auto | float32 | bfloat16 (verifier and drafter)
     draft_weights: str       # auto | fp32 | bf16 (the drafter's packed weights)
     batching: str            # on | off (verifier and model drafter)
     base_port: int           # 0 = free ports
@@ -81,6 +82,7 @@ def register(subparsers) -> None:
     parser.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
     parser.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
     parser.add_argument("--device", default="cpu", help="torch device of the model services (default: %(default)s)")
+    options.add_dtype_arg(parser)
     options.add_prepare_arg(parser)
     options.add_compile_arg(parser)
     parser.add_argument("--base-port", type=int, default=50051,
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     config = UpConfig(
-        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device,
+        preset=args.preset, verifier=args.verifier, draft_model=args.draft_model, device=args.device, dtype=args.dtype,
         compile=args.compile, draft_weights=args.draft_weights, batching=args.batching, base_port=args.base_port,
         threads_per_service=args.threads_per_service, pin=args.pin,
         startup_timeout_s=args.startup_timeout,
@@ -230,7 +232,7 @@ def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[st
         config.base_port + offset, config.base_port + METRICS_OFFSET + offset)
     cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
            "--drain-timeout", str(config.drain_timeout_s),
-           "--metrics-port", str(metrics_port), "--preset", config.preset, "--device", config.device,
+           "--metrics-port", str(metrics_port), "--preset", config.preset, "--device", config.device, "--dtype", config.dtype,
            "--compile", config.compile, "--draft-weights", config.draft_weights, "--batching", config.batching,
            "--threads", str(config.threads_per_service), "--log-level", config.log_level, *extra]
     if config.verifier:

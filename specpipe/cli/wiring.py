@@ -7,7 +7,9 @@ import logging
 from dataclasses import replace
 
 from specpipe.cli import security_args
-from specpipe.cli.options import drafter_forward, forward_mode, set_threads, speculation_options, verifier_options
+from specpipe.cli.options import (
+    drafter_forward, forward_mode, model_dtype, set_threads, speculation_options, verifier_options,
+)
 from specpipe.errors import SpecpipeError
 from specpipe.limits import DEFAULT_LIMITS
 from specpipe.models import load_tokenizer
@@ -46,7 +48,7 @@ def load_verifier(args: argparse.Namespace):
     from verifier_service.verifier import ModelVerifier
 
     spec = model_specs(args.preset, args.verifier, args.draft_model)[0]
-    return ModelVerifier.load(spec, args.device, mode=forward_mode(args), **verifier_options(args),
+    return ModelVerifier.load(spec, args.device, model_dtype(args), mode=forward_mode(args), **verifier_options(args),
                               limits=security_args.limits(args), session_ttl_s=security_args.session_ttl_s(args))
 
 
@@ -56,7 +58,8 @@ def drafter_methods(args: argparse.Namespace) -> dict:
     from drafter_service.model_drafter import ModelDrafter
 
     spec = model_specs(args.preset, args.verifier, args.draft_model)[1]
-    model = ModelDrafter.load(spec, args.device, **drafter_forward(args), session_ttl_s=security_args.session_ttl_s(args))
+    model = ModelDrafter.load(spec, args.device, model_dtype(args), **drafter_forward(args),
+                              session_ttl_s=security_args.session_ttl_s(args))
     if not args.cache:
         return {"model": model}
     store = ngram_cache(args.cache, security_args.tls(args))
@@ -76,11 +79,12 @@ def embedded_generator(args: argparse.Namespace, drafter_kinds: tuple[str, ...] 
     kinds = set(drafter_kinds or (args.drafter,))
     verifier_spec, drafter_spec = model_specs(args.preset, args.verifier, args.draft_model)
     uses_model = bool(kinds & {"model", "hybrid"})
-    verifier = ModelVerifier.load(verifier_spec, args.device, mode=forward_mode(args), **verifier_options(args))
+    verifier = ModelVerifier.load(verifier_spec, args.device, model_dtype(args), mode=forward_mode(args),
+                                  **verifier_options(args))
     uses_store = bool(kinds & {"ngram", "hybrid"})
     if uses_store and store is None:
         store = ngram_cache(args.cache)
-    model = ModelDrafter.load(drafter_spec, args.device, **forward) if uses_model else None
+    model = ModelDrafter.load(drafter_spec, args.device, model_dtype(args), **forward) if uses_model else None
     drafters = build_drafters(kinds, store, model, verifier.info())
     return Generator(load_tokenizer(verifier_spec), verifier, drafters, speculation_options(args),
                      store if uses_store else None, limits=security_args.limits(args))  # the store is fed only if drafted from
