@@ -78,9 +78,9 @@ def fmt_bound(bound) -> str:
     return "-" if bound is None else f"{bound[0]:.2f}x (k={bound[1]})"
 
 
-def report(gpu: dict, results: Path) -> str:
+def report(gpu: dict, results: Path, command: str, note: str = "") -> str:
     env, verifier, drafter = gpu["environment"], gpu["cost"]["verifier"], gpu["cost"]["drafter"]
-    lines = [f"# {env['gpu']}: a scripts/gpu_check.py run", "",
+    lines = [f"# {env['gpu']}: a scripts/gpu_check.py run", "", f"Made by `{command}`.", *([note] if note else []), "",
              f"{env['gpu']} (compute capability {env['capability']}, {env['memory_gib']} GiB), torch {env['torch']}, "
              f"CUDA {env['cuda']}, transformers {env['transformers']}, Python {env['python']}. Record: "
              f"`bench-results/gpu/`. The cost figures are of the qwen-coder architectures with generated "
@@ -166,8 +166,10 @@ def main() -> None:
     parser.add_argument("record", help="a scripts/gpu_check.py JSON")
     parser.add_argument("--results", default="bench-results", help="the CPU runs' JSON (default: %(default)s)")
     parser.add_argument("--out", help="markdown page to write (default: print)")
+    parser.add_argument("--note", default="", help="a paragraph under the title: what the run's code was")
     args = parser.parse_args()
-    page = report(json.loads(Path(args.record).read_text()), Path(args.results))
+    command = f"python3 scripts/gpu_report.py {args.record}" + (f" --out {args.out}" if args.out else "")
+    page = report(json.loads(Path(args.record).read_text()), Path(args.results), command, args.note)
     if args.out:
         Path(args.out).write_text(page)
     else:
