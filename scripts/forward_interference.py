@@ -41,7 +41,7 @@ def _model(spec, core: int):
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     model = load_model(spec, "cpu")
-    Runner(model, "packed" if native.has_compiler() else "eager")  # packs the linears in place
+    Runner(model, "packed" if native.unavailable() is None else "eager")  # packs the linears in place
     return model
 
 

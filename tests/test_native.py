@@ -3,6 +3,7 @@ reference for every row count, row block and panel tail, with fp32 and bf16 weig
 invariant bit for bit; threads change nothing; a packed model gives the eager model's logits; no
 compiler is a clear error."""
 
+import json
 import os
 import subprocess
 import sys
@@ -94,3 +95,34 @@ def test_no_compiler_is_a_clear_error(tmp_path):
     env = {**os.environ, "SPECPIPE_HOME": str(tmp_path), "CC": "no-such-cc"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert "needs a C compiler" in proc.stdout and "no-such-cc" in proc.stdout, proc.stdout + proc.stderr
+
+
+def _generate(env_home: str, home: str, *flags: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPECPIPE_HOME": env_home, "HOME": home}
+    env.pop("SPECPIPE_KERNELS", None)
+    return subprocess.run([sys.executable, "-m", "specpipe.cli.main", "generate", "--preset", "tiny", "--prompt", "hi",
+                           "--max-new-tokens", "4", "--json", *flags], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_read_only_home_builds_the_kernel_elsewhere_or_runs_eager(tmp_path):
+    """A models volume mounted read-only (as the manifests do) is no place for the kernel: it goes to
+    the user's cache; where nothing is writable, --compile auto runs eager after one warning line and
+    --compile on says what to set. Never a traceback. (A path under a file stands for read-only
+    storage: tests run as root, whom permission bits do not stop.)"""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    read_only_home = str(blocked / "models")
+    user_home = tmp_path / "user"
+    built = _generate(read_only_home, str(user_home), "--compile", "on")
+    assert built.returncode == 0, built.stderr
+    assert list((user_home / ".cache" / "specpipe" / "kernels").glob("packed_gemm-*.so"))
+
+    eager = _generate(read_only_home, str(blocked / "user"))
+    assert eager.returncode == 0 and "Traceback" not in eager.stderr, eager.stderr
+    warnings = [line for line in eager.stderr.splitlines() if "--compile auto runs eager forwards" in line]
+    assert len(warnings) == 1 and "SPECPIPE_KERNELS" in warnings[0], eager.stderr
+    assert json.loads(eager.stdout)["token_ids"] == json.loads(built.stdout)["token_ids"]
+
+    refused = _generate(read_only_home, str(blocked / "user"), "--compile", "on")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "no directory is writable" in refused.stderr and "SPECPIPE_KERNELS" in refused.stderr, refused.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import os
 
 from specpipe.cli.models_cmd import add_prepare_arg
@@ -12,6 +14,8 @@ from specpipe.types import (
     ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES, SERVED_DRAFTER, SamplingParams,
     SpeculationOptions,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT = SpeculationOptions()  # the product's defaults, defined once (specpipe.types)
 
@@ -68,11 +72,19 @@ def forward_mode(args: argparse.Namespace) -> str:
         return "eager"
     if not cpu:
         return "graphs"
-    if setting == "auto":
-        from specpipe import native
+    return _cpu_auto_mode() if setting == "auto" else "packed"
 
-        return "packed" if native.has_compiler() else "eager"
-    return "packed"
+
+@functools.lru_cache(maxsize=1)
+def _cpu_auto_mode() -> str:
+    """--compile auto on a CPU: packed where the kernel can be built and cached, else eager (said once)."""
+    from specpipe import native
+
+    reason = native.unavailable()
+    if reason is None:
+        return "packed"
+    log.warning(f"--compile auto runs eager forwards: the packed GEMM kernel cannot be built here ({reason})")
+    return "eager"
 
 
 def drafter_forward(args: argparse.Namespace) -> dict:

@@ -2,7 +2,9 @@
 
 Every fp32 nn.Linear of a model is replaced by a PackedLinear whose weight is packed once into
 column panels and multiplied by packed_gemm.c, a small-M GEMM built for this CPU (cc -O3
--march=native) the first time it is needed and cached under $SPECPIPE_HOME/kernels. Why: BLAS is
+-march=native) the first time it is needed and cached in the first writable of $SPECPIPE_KERNELS,
+$SPECPIPE_HOME/kernels and ~/.cache/specpipe/kernels (a models volume is often mounted read-only;
+the kernel's key includes the CPU, so it is built where it runs). Why: BLAS is
 slow exactly at the 1-32 rows that decoding and verification feed (packed_gemm.c says more), and
 torch.compile on CPU lowers fp32 linears to the same BLAS calls.
 
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("packed_gemm.c")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+KERNELS_ENV = "SPECPIPE_KERNELS"
 
 
 def _cpu_fingerprint() -> str:
@@ -51,8 +54,33 @@ def _find_compiler() -> str | None:
 
 
 def has_compiler() -> bool:
-    """Whether a C compiler is there to build the kernel (what `--compile auto` asks)."""
+    """Whether a C compiler is there to build the kernel."""
     return _find_compiler() is not None
+
+
+def kernel_dirs() -> list[Path]:
+    """Where the built kernel may be cached, first choice first."""
+    from specpipe.packaged import home
+
+    explicit = os.environ.get(KERNELS_ENV)
+    return [Path(explicit)] if explicit else [home() / "kernels", Path.home() / ".cache" / "specpipe" / "kernels"]
+
+
+def _writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def unavailable() -> str | None:
+    """None if the kernel can be built and cached here (what `--compile auto` asks); otherwise why not."""
+    if not has_compiler():
+        return "no C compiler (install gcc, or set CC)"
+    if not any(_writable(d) for d in kernel_dirs()):
+        return f"no writable directory for the kernel ({', '.join(map(str, kernel_dirs()))}; set {KERNELS_ENV})"
+    return None
 
 
 def _compiler() -> str:
@@ -65,15 +93,18 @@ def _compiler() -> str:
 
 def build(cc: str | None = None) -> Path:
     """The kernel library for this CPU, compiled now unless a cached build exists."""
-    from specpipe.packaged import home
-
     cc = cc or _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_fingerprint()]).encode())
-    target = home() / "kernels" / f"packed_gemm-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    name = f"packed_gemm-{key.hexdigest()[:16]}.so"
+    cached = next((d / name for d in kernel_dirs() if (d / name).exists()), None)
+    if cached is not None:
+        return cached
+    directory = next((d for d in kernel_dirs() if _writable(d)), None)
+    if directory is None:
+        raise FailedPrecondition(f"--compile on caches the packed GEMM kernel it builds, and no directory is "
+                                 f"writable ({', '.join(map(str, kernel_dirs()))}): set {KERNELS_ENV} to one")
+    target = directory / name
     partial = target.with_suffix(f".{os.getpid()}.partial")
     for openmp in (["-fopenmp"], []):  # threads over column panels where the compiler has OpenMP
         proc = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
