@@ -1,4 +1,4 @@
-"""The cache service: the n-gram store (specpipe.ngram semantics) with two backends, in-memory
+"""The cache service: the n-gram store (specpipe.core.ngram semantics) with two backends, in-memory
 (memory.InMemoryNgramCache) and Redis via server-side Lua (redis_store.RedisNgramCache), its gRPC
 servicer, stores.open_store (the store a --cache URL names) and local_redis (a private redis-server
 for `specpipe up --cache redis` and the tests). Backends must never block a generation: callers treat

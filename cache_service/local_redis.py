@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from urllib.parse import quote, urlencode
 
-from specpipe.errors import FailedPrecondition, Unavailable
+from specpipe.core.errors import FailedPrecondition, Unavailable
 
 HOST = "127.0.0.1"
 NOT_FOUND = "redis-server not found; install it (apt-get install redis-server) or pass --cache redis://HOST:PORT"

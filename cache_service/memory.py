@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from specpipe import ngram
-from specpipe.ngram import NgramConfig, NgramDraft, Table
-from specpipe.tenancy import check_tenant
+from specpipe.core import ngram
+from specpipe.core.ngram import NgramConfig, NgramDraft, Table
+from specpipe.core.tenancy import check_tenant
 
 
 @dataclass
@@ -21,7 +21,7 @@ class _Session:
 
 
 class InMemoryNgramCache:
-    """specpipe.protocols.NgramCache in this process; thread-safe (one lock, lookups are microseconds)."""
+    """specpipe.core.protocols.NgramCache in this process; thread-safe (one lock, lookups are microseconds)."""
 
     def __init__(self, config: NgramConfig = NgramConfig(), clock: Callable[[], float] = time.monotonic):
         self.config = config

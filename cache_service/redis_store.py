@@ -1,12 +1,12 @@
 """Redis n-gram store: every replica of every service shares one store (docs/design.md, "Drafting").
 
-Layout: one hash per table (specpipe.ngram.TABLES). A session's verifier table (all levels n = 2..N)
+Layout: one hash per table (specpipe.core.ngram.TABLES). A session's verifier table (all levels n = 2..N)
 is the hash `{s:<id>}:verifier`, the global (corpus) table is `{g}:ngram`; field = prefix
 "t1,...,t_{n-1}", value = continuations "c1,c2,..." most recent first, at most max_continuations (LRU
 per prefix, Self-Draft). A session's keys carry the hash tag {s:<id>}, so they live on one Redis
 Cluster slot; every session update PEXPIREs them (one TTL per session) and a release is one DEL. A
 whole K-token lookup is ONE EVALSHA of lua/lookup.lua; a record_branches and an update_global are each
-ONE EVALSHA of lua/update.lua (one round trip each), with the semantics of specpipe.ngram. The
+ONE EVALSHA of lua/update.lua (one round trip each), with the semantics of specpipe.core.ngram. The
 session's context is not stored: the n-gram drafter searches the context it is given.
 
 Limits: a lookup with the global fallback touches two hash slots (the session's and {g}), which Redis
@@ -25,11 +25,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from specpipe import ngram
-from specpipe.errors import SpecpipeError, Unavailable
-from specpipe.ngram import TABLES, NgramConfig, NgramDraft
-from specpipe.tenancy import check_tenant
-from specpipe.types import Draft
+from specpipe.core import ngram
+from specpipe.core.errors import SpecpipeError, Unavailable
+from specpipe.core.ngram import TABLES, NgramConfig, NgramDraft
+from specpipe.core.tenancy import check_tenant
+from specpipe.core.types import Draft
 
 GLOBAL_KEY = "{g}:ngram"  # the default tenant's global table
 # What specpipe's Redis user needs and no more: its own keys (sessions {s:..., global tables {g}:... and
@@ -39,7 +39,7 @@ ACL_RULES = "~{s:* ~{g}:* ~{g:* +@read +@write +@scripting +ping -@dangerous"
 
 
 def global_key(tenant: str) -> str:
-    """A tenant's global table (specpipe.tenancy); the default tenant keeps the key it always had."""
+    """A tenant's global table (specpipe.core.tenancy); the default tenant keeps the key it always had."""
     return f"{{g:{tenant}}}:ngram" if tenant else GLOBAL_KEY
 
 
@@ -79,7 +79,7 @@ def _errors(url: str):
 
 
 class RedisNgramCache:
-    """specpipe.protocols.NgramCache on Redis (standalone, Sentinel or Cluster-compatible keys)."""
+    """specpipe.core.protocols.NgramCache on Redis (standalone, Sentinel or Cluster-compatible keys)."""
 
     def __init__(self, client: redis.Redis, config: NgramConfig = NgramConfig(), url: str = ""):
         self.config = config

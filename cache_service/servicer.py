@@ -1,11 +1,11 @@
-"""gRPC servicer of the Cache service: proto <-> specpipe.protocols.NgramCache, nothing else."""
+"""gRPC servicer of the Cache service: proto <-> specpipe.core.protocols.NgramCache, nothing else."""
 
 from __future__ import annotations
 
-from specpipe.limits import DEFAULT_LIMITS, Limits, check_lookup
-from specpipe.protocols import NgramCache
-from specpipe.rpc import cache_convert
-from specpipe.rpc.server import Service, rpc_method, service_name
+from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_lookup
+from specpipe.core.protocols import NgramCache
+from specpipe.serving import cache_convert
+from specpipe.serving.server import Service, rpc_method, service_name
 from specpipe.v1 import cache_pb2, cache_pb2_grpc, common_pb2
 
 

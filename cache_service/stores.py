@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from specpipe.errors import InvalidArgument
-from specpipe.ngram import NgramConfig
-from specpipe.protocols import NgramCache
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.ngram import NgramConfig
+from specpipe.core.protocols import NgramCache
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 GRPC_SCHEME = "grpc://"
@@ -16,7 +16,7 @@ def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float =
     """The store named by url: "memory" -> InMemoryNgramCache, a Redis URL -> RedisNgramCache (shared
     by every replica), "grpc://host:port" -> a client of a cache service. timeout_s bounds each call
     (Redis socket timeouts, the gRPC deadline); config applies to the stores in this process only (a
-    cache service has its own); tls: of the channel to a cache service (specpipe.rpc.security.Tls)."""
+    cache service has its own); tls: of the channel to a cache service (specpipe.serving.security.Tls)."""
     if url == "memory":
         from cache_service.memory import InMemoryNgramCache
 
@@ -26,7 +26,7 @@ def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float =
 
         return RedisNgramCache.from_url(url, config, timeout_s)
     if url.startswith(GRPC_SCHEME) and url[len(GRPC_SCHEME):]:
-        from specpipe.rpc.cache_client import CacheClient
+        from specpipe.serving.cache_client import CacheClient
 
         return CacheClient(url[len(GRPC_SCHEME):], timeout_s=timeout_s, tls=tls)
     hint = " (the bare word redis, a local redis-server, is for `specpipe up` only)" if url == "redis" else ""

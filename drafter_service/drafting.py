@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specpipe.sampling import STREAM_DRAFT, sample_sparse, truncate, uniform, warp
-from specpipe.types import ROOT, Draft, SamplingParams, SparseDist
+from specpipe.core.sampling import STREAM_DRAFT, sample_sparse, truncate, uniform, warp
+from specpipe.core.types import ROOT, Draft, SamplingParams, SparseDist
 
 BRANCH_LEVELS = 2  # tree drafts add the top-(width - 1) alternatives at this many first levels
 

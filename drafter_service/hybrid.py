@@ -15,10 +15,10 @@ import logging
 import time
 from dataclasses import replace
 
-from specpipe import metrics
-from specpipe.protocols import Drafter
-from specpipe.trees import attach, first_path_nodes, merge_drafts
-from specpipe.types import ModelInfo, ProposeRequest, ProposeResult
+from specpipe.core.protocols import Drafter
+from specpipe.core.trees import attach, first_path_nodes, merge_drafts
+from specpipe.core.types import ModelInfo, ProposeRequest, ProposeResult
+from specpipe.runtime import metrics
 
 log = logging.getLogger("specpipe.drafter")
 

@@ -14,7 +14,7 @@ Branches of older epochs hold dropped hypotheses: they are cropped in place or e
 Llama / Qwen2 models in eager or packed mode draft batched (docs/batching.md): each branch is a KV
 slot, and one scheduler thread runs the next step of every pending proposal, of every session, as
 one forward (drafter_service.drafting: the catch-up, then one token per depth). Other architectures
-and the CUDA graphs mode draft one proposal's forward at a time through specpipe.runner; both paths
+and the CUDA graphs mode draft one proposal's forward at a time through specpipe.engine.runner; both paths
 run the same drafting coroutine.
 """
 
@@ -32,17 +32,19 @@ import torch
 from transformers import PreTrainedModel
 
 from drafter_service.drafting import draft_steps
-from specpipe import cores, metrics, runner
-from specpipe.batch_scheduler import BatchConfig, Step, Work, serving_scheduler
-from specpipe.errors import Aborted, InvalidArgument
-from specpipe.kv import SlotKV, new_slot
-from specpipe.lifecycle import Sweeper, evict_idle, sweep_period
-from specpipe.models import load_model, model_info
-from specpipe.presets import ModelSpec
-from specpipe.sampling import check_sampling
-from specpipe.trees import common_prefix
-from specpipe.types import Draft, ModelInfo, ProposeRequest, ProposeResult
-from specpipe.verification import check_token_ids
+from specpipe.config.presets import ModelSpec
+from specpipe.config.services import BatchConfig
+from specpipe.core.errors import Aborted, InvalidArgument
+from specpipe.core.sampling import check_sampling
+from specpipe.core.trees import common_prefix
+from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult
+from specpipe.core.verification import check_token_ids
+from specpipe.engine import cores, runner
+from specpipe.engine.kv import SlotKV, new_slot
+from specpipe.engine.models import load_model, model_info
+from specpipe.engine.scheduler import Step, Work, serving_scheduler
+from specpipe.runtime import metrics
+from specpipe.runtime.lifecycle import Sweeper, evict_idle, sweep_period
 
 log = logging.getLogger(__name__)
 

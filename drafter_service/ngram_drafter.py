@@ -11,12 +11,13 @@ import logging
 import time
 from dataclasses import replace
 
-from specpipe import metrics, ngram
-from specpipe.breaker import Breaker
-from specpipe.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
-from specpipe.protocols import NgramCache
-from specpipe.trees import first_path
-from specpipe.types import ModelInfo, ProposeRequest, ProposeResult
+from specpipe.core import ngram
+from specpipe.core.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
+from specpipe.core.protocols import NgramCache
+from specpipe.core.trees import first_path
+from specpipe.core.types import ModelInfo, ProposeRequest, ProposeResult
+from specpipe.runtime import metrics
+from specpipe.runtime.breaker import Breaker
 
 log = logging.getLogger("specpipe.drafter")
 
@@ -50,7 +51,7 @@ class NgramDrafter:
 
     def _stored(self, request: ProposeRequest, chain: list[int], k: int, width: int) -> NgramDraft:
         """The store's continuation after the context and chain; a store that fails costs its part,
-        and is skipped (specpipe.breaker) until its pause has passed."""
+        and is skipped (specpipe.runtime.breaker) until its pause has passed."""
         if not self._breaker.allows():
             return ngram.EMPTY_NGRAM_DRAFT
         suffix = [*request.context[-SUFFIX_TOKENS:], *chain][-SUFFIX_TOKENS:]

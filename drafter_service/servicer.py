@@ -1,4 +1,4 @@
-"""gRPC servicer of the Drafter service: proto <-> specpipe.protocols.Drafter, nothing else. One
+"""gRPC servicer of the Drafter service: proto <-> specpipe.core.protocols.Drafter, nothing else. One
 service serves one or more draft methods (model, ngram, hybrid), chosen per request."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from specpipe.errors import FailedPrecondition
-from specpipe.limits import DEFAULT_LIMITS, Limits, check_propose
-from specpipe.protocols import Drafter
-from specpipe.rpc import convert
-from specpipe.rpc.server import Service, rpc_method, service_name
-from specpipe.types import ModelInfo
+from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_propose
+from specpipe.core.errors import FailedPrecondition
+from specpipe.core.protocols import Drafter
+from specpipe.core.types import ModelInfo
+from specpipe.serving import convert
+from specpipe.serving.server import Service, rpc_method, service_name
 from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 

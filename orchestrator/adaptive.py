@@ -41,7 +41,7 @@ from typing import Sequence
 
 from orchestrator.costs import Sharing, best_budget, choose_draft_len, hypotheses_that_fit, node_acceptance
 from orchestrator.estimates import Acceptance, Rates, depth_key, shrink
-from specpipe.fits import Ewma, LinearFit
+from specpipe.core.fits import Ewma, LinearFit
 
 ENTROPY_EDGES = (0.1, 0.5, 1.0, 2.0, 3.0)  # nats: upper edges of the entropy bins, the last bin open
 PRIOR_ACCEPTANCE = 0.6    # a_i before any round was seen: optimistic enough to try drafting

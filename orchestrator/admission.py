@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specpipe import metrics
-from specpipe.errors import DeadlineExceeded, ResourceExhausted
+from specpipe.core.errors import DeadlineExceeded, ResourceExhausted
+from specpipe.runtime import metrics
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from specpipe.protocols import Drafter
-from specpipe.trees import first_path_nodes, subtree
-from specpipe.types import ROOT, ProposeRequest, ProposeResult, VerifyResult
 from orchestrator.predictors import BONUS, Hypothesis, Predictor
+from specpipe.core.protocols import Drafter
+from specpipe.core.trees import first_path_nodes, subtree
+from specpipe.core.types import ROOT, ProposeRequest, ProposeResult, VerifyResult
 
 
 @dataclass

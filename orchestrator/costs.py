@@ -13,9 +13,9 @@ tokens yields and costs, and which k or which draft nodes give the most tokens p
   not hidden: a draft token is verified only where its expected yield beats what the same time
   gives the batch, so under heavy load speculation falls to plain batched decoding (k = 0). A
   draft's time is charged to the whole batch, which overstates it (the others' forwards run while
-  it drafts); charging it to the session's own tokens lost at 16 users (docs/load-long.md). A
-  verifier that runs one session at a time instead makes the others take turns (turns), which
-  stretches a round without changing k.
+  it drafts); charging it to the session's own tokens lost at 16 users
+  (docs/results/2026-11-25-load-curve-256-tokens.md). A verifier that runs one session at a time
+  instead makes the others take turns (turns), which stretches a round without changing k.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from specpipe.types import ROOT
+from specpipe.core.types import ROOT
 
 
 @dataclass(frozen=True)

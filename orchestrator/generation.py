@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from specpipe.types import GenerationRequest, VerifyResult
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
+from specpipe.core.types import GenerationRequest, VerifyResult
 
 
 @dataclass

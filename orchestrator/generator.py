@@ -19,18 +19,6 @@ import uuid
 from dataclasses import replace
 from typing import Iterator, Mapping, Sequence
 
-from specpipe.errors import FailedPrecondition, InvalidArgument, SpecpipeError
-from specpipe.lifecycle import ContextPool, cancel_scope, deadline_scope, random_seed
-from specpipe.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
-from specpipe.protocols import Drafter, NgramCache, Verifier
-from specpipe.sampling import check_sampling
-from specpipe.tenancy import check_tenant, session_prefix
-from specpipe.trees import fit_nodes
-from specpipe.types import (
-    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, PREDICTORS, SCHEDULES, GenerationChunk, GenerationRequest,
-    ProposeRequest, ProposeResult, RoundStats, SpeculationOptions,
-)
-from specpipe.verification import check_token_ids
 from orchestrator.adaptive import SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
 from orchestrator.generation import Generation
@@ -38,6 +26,27 @@ from orchestrator.observer import RoundObserver, count_prediction, count_round
 from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
 from orchestrator.predictors import new_predictor, new_shared
 from orchestrator.schedules import Branch, Proposer, Schedule, Sequential
+from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
+from specpipe.core.errors import FailedPrecondition, InvalidArgument, SpecpipeError
+from specpipe.core.protocols import Drafter, NgramCache, Verifier
+from specpipe.core.sampling import check_sampling
+from specpipe.core.tenancy import check_tenant, session_prefix
+from specpipe.core.trees import fit_nodes
+from specpipe.core.types import (
+    ADAPTIVE,
+    ALL_HYPOTHESES,
+    DRAFTER_KINDS,
+    PREDICTORS,
+    SCHEDULES,
+    GenerationChunk,
+    GenerationRequest,
+    ProposeRequest,
+    ProposeResult,
+    RoundStats,
+    SpeculationOptions,
+)
+from specpipe.core.verification import check_token_ids
+from specpipe.runtime.lifecycle import ContextPool, cancel_scope, deadline_scope, random_seed
 
 log = logging.getLogger("specpipe.orchestrator")
 
@@ -74,7 +83,7 @@ class Generator:
         self.verifier = verifier
         self.drafters = dict(drafters)
         self.defaults = defaults
-        self.limits = limits  # input caps (specpipe.limits), checked before any work
+        self.limits = limits  # input caps (specpipe.config.limits), checked before any work
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
         self.observer = RoundObserver(cache, learn_global)
         self.info = verifier.info()

@@ -4,7 +4,7 @@
 Store calls run off the per-token path, in order, on one background thread: a round does not wait
 for the store, and a session's release waits for its records before it returns. A store that is down
 or slow costs drafts, never the generation: every store call is guarded, and after a failure the
-calls are skipped for a while (specpipe.breaker: the tables are a cache, and expire on their own)."""
+calls are skipped for a while (specpipe.runtime.breaker: the tables are a cache, and expire on their own)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from specpipe import metrics
-from specpipe.breaker import Breaker
-from specpipe.ngram import SUFFIX_TOKENS, verifier_branches
-from specpipe.protocols import NgramCache
-from specpipe.types import ProposeResult, SpeculationOptions, VerifyResult
 from orchestrator.branch import Resolution
 from orchestrator.generation import Generation
+from specpipe.core.ngram import SUFFIX_TOKENS, verifier_branches
+from specpipe.core.protocols import NgramCache
+from specpipe.core.types import ProposeResult, SpeculationOptions, VerifyResult
+from specpipe.runtime import metrics
+from specpipe.runtime.breaker import Breaker
 
 log = logging.getLogger("specpipe.orchestrator")
 

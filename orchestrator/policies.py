@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from specpipe import metrics
-from specpipe.trees import common_prefix, first_path_nodes, tried_children
-from specpipe.types import ALL_HYPOTHESES, ProposeResult, SpeculationOptions, VerifyResult
 from orchestrator.adaptive import AdaptiveController, SharedModels
+from specpipe.core.trees import common_prefix, first_path_nodes, tried_children
+from specpipe.core.types import ALL_HYPOTHESES, ProposeResult, SpeculationOptions, VerifyResult
+from specpipe.runtime import metrics
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from specpipe.trees import common_prefix, first_path_nodes
-from specpipe.types import ALL_HYPOTHESES, ProposeResult, VerifyResult
 from orchestrator.estimates import Acceptance, Rates, depth_key
+from specpipe.core.trees import common_prefix, first_path_nodes
+from specpipe.core.types import ALL_HYPOTHESES, ProposeResult, VerifyResult
 
 BONUS = -1  # g of the all-accepted outcome: the drafter's own next token, drafted by the pre-draft
 

@@ -16,13 +16,13 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
 
-from specpipe import metrics
-from specpipe.errors import Aborted
-from specpipe.protocols import Drafter, Verifier
-from specpipe.types import EMPTY_DRAFT, ProposeRequest, ProposeResult, VerifyResult
 from orchestrator.branch import NO_SPECULATION, BranchScheduler, Resolution
 from orchestrator.generation import Generation
 from orchestrator.predictors import Hypothesis, Predictor
+from specpipe.core.errors import Aborted
+from specpipe.core.protocols import Drafter, Verifier
+from specpipe.core.types import EMPTY_DRAFT, ProposeRequest, ProposeResult, VerifyResult
+from specpipe.runtime import metrics
 
 log = logging.getLogger("specpipe.orchestrator")
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from specpipe import metrics
-from specpipe.lifecycle import client_time_left, deadline_scope
-from specpipe.tenancy import tenant_from_metadata
-from specpipe.rpc import convert
-from specpipe.rpc.server import Service, rpc_method, service_name
-from specpipe.v1 import generation_pb2, generation_pb2_grpc
 from orchestrator.admission import Admission
 from orchestrator.generator import Generator
+from specpipe.core.tenancy import tenant_from_metadata
+from specpipe.runtime import metrics
+from specpipe.runtime.lifecycle import client_time_left, deadline_scope
+from specpipe.serving import convert
+from specpipe.serving.server import Service, rpc_method, service_name
+from specpipe.v1 import generation_pb2, generation_pb2_grpc
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):

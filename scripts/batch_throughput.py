@@ -18,9 +18,9 @@ import time
 import torch
 
 from orchestrator.generator import Generator
-from specpipe.models import load_model, load_tokenizer, model_info
-from specpipe.presets import model_specs
-from specpipe.types import GenerationRequest, SpeculationOptions
+from specpipe.config.presets import model_specs
+from specpipe.core.types import GenerationRequest, SpeculationOptions
+from specpipe.engine.models import load_model, load_tokenizer, model_info
 from tests.golden import GOLDEN_PROMPTS, run
 from verifier_service.verifier import ModelVerifier
 

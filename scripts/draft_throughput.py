@@ -17,9 +17,9 @@ import time
 import torch
 
 from drafter_service.model_drafter import ModelDrafter
-from specpipe.models import load_model, load_tokenizer, model_info
-from specpipe.presets import model_specs
-from specpipe.types import GREEDY, ProposeRequest
+from specpipe.config.presets import model_specs
+from specpipe.core.types import GREEDY, ProposeRequest
+from specpipe.engine.models import load_model, load_tokenizer, model_info
 from tests.golden import GOLDEN_PROMPTS
 
 

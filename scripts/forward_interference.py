@@ -1,4 +1,4 @@
-"""How much a drafter's work on the other core slows the verifier's forward (docs/load-long.md,
+"""How much a drafter's work on the other core slows the verifier's forward (docs/results/2026-11-25-load-curve-256-tokens.md,
 "What a drafter costs the verifier"): the verifier's batched forward of n tokens, pinned to one
 core, timed while a drafter process pinned to another core is idle, decodes (steps of one token per
 session, as when drafting), or catches up (chunks of 32 tokens, as a warm-up feeds them).
@@ -23,13 +23,13 @@ import torch
 from tqdm import tqdm
 
 from orchestrator.schedules import WARM_LAG
-from specpipe import batched, native
-from specpipe.batched import Segment
-from specpipe.kv import new_slot
-from specpipe.models import load_model
-from specpipe.presets import model_specs
-from specpipe.runner import Runner
-from specpipe.verification import tree_allowed, tree_position_ids
+from specpipe.config.presets import model_specs
+from specpipe.core.verification import tree_allowed, tree_position_ids
+from specpipe.engine import batched, native
+from specpipe.engine.batched import Segment
+from specpipe.engine.kv import new_slot
+from specpipe.engine.models import load_model
+from specpipe.engine.runner import Runner
 
 LOADS = ("idle", "decode", "catch-up")
 CONTEXT = 300          # cached positions before each forward

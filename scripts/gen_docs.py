@@ -1,5 +1,6 @@
-"""Regenerate the parts of docs/ that come from the code: every command's --help (docs/cli.md) and
-every Prometheus metric (docs/api-and-metrics.md), between `<!-- generated:NAME:begin -->` and
+"""Regenerate the parts of the docs that come from the code and the results: every command's --help
+(docs/cli.md), every Prometheus metric (docs/api-and-metrics.md) and the README's headline table
+(from bench-results/'s summaries), between `<!-- generated:NAME:begin -->` and
 `<!-- generated:NAME:end -->` markers.
 
     python scripts/gen_docs.py          # rewrite them
@@ -54,7 +55,7 @@ def cli_section() -> str:
 def metrics_section() -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
-    from specpipe import metrics
+    from specpipe.runtime import metrics
 
     rows = ["| metric | type | labels | what it counts |", "| --- | --- | --- | --- |"]
     for value in vars(metrics).values():
@@ -65,7 +66,23 @@ def metrics_section() -> str:
     return "\n".join(rows)
 
 
-SECTIONS = {"docs/cli.md": ("cli", cli_section), "docs/api-and-metrics.md": ("metrics", metrics_section)}
+HEADLINE_RUNS = ("default-humaneval", "default-gsm8k", "default-mtbench", "default-smollm2-humaneval")  # bench-results/
+
+
+def headline_section() -> str:
+    """The README's table: the default configuration against its baselines, from the runs' summaries."""
+    from specpipe.bench.report import HEADLINE_COLUMNS, load, summary_table
+
+    results, metas = {}, {}
+    for stem in HEADLINE_RUNS:
+        loaded, loaded_metas = load([str(ROOT / "bench-results" / f"{stem}.json")])
+        (suite,) = loaded
+        results[stem], metas[stem] = loaded[suite], loaded_metas[suite]
+    return summary_table(results, metas, HEADLINE_COLUMNS, "suite (prompts), preset")
+
+
+SECTIONS = [("docs/cli.md", "cli", cli_section), ("docs/api-and-metrics.md", "metrics", metrics_section),
+            ("README.md", "headline", headline_section)]
 
 
 def replace(text: str, name: str, body: str) -> str:
@@ -82,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     stale = []
-    for relpath, (name, section) in SECTIONS.items():
+    for relpath, name, section in SECTIONS:
         path = ROOT / relpath
         text = path.read_text()
         new = replace(text, name, section())

@@ -38,12 +38,12 @@ from drafter_service.hybrid import HybridDrafter
 from drafter_service.model_drafter import ModelDrafter
 from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
-from specpipe import runner as runners
-from specpipe.batched import BatchGraphs, Segment, batched_forward
-from specpipe.kv import new_slot, synchronize
-from specpipe.models import DTYPES, load_tokenizer, model_info
-from specpipe.presets import ModelSpec, model_specs
-from specpipe.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.config.presets import ModelSpec, model_specs
+from specpipe.core.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.engine import runner as runners
+from specpipe.engine.batched import BatchGraphs, Segment, batched_forward
+from specpipe.engine.kv import new_slot, synchronize
+from specpipe.engine.models import DTYPES, load_tokenizer, model_info
 from tests.golden import golden_references, run
 from verifier_service.verifier import ModelVerifier
 

@@ -5,7 +5,7 @@ side by side with the CPU's (docs/gpu.md).
     python3 scripts/gpu_report.py bench-results/gpu/gpu-check-nvidia-h200-2026-11-26.json \
         --out docs/results/gpu-nvidia-h200-2026-11-26.md
 
-The bound is the bench's (specpipe.bench.speedup_bound: Leviathan et al.'s expected tokens per round
+The bound is the bench's (specpipe.bench.measure.speedup_bound: Leviathan et al.'s expected tokens per round
 with a measured acceptance rate per draft position), with each draft length's verification read off
 the measured T(k) curve instead of one mean. Under load it is the same bound per session, where a
 forward carries every session's draft: E(k) T_B(1) / (T_B(k + 1) + k d_B), with T_B the batched
@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specpipe.bench import best_draft_len
+from specpipe.bench.measure import best_draft_len
 
 # What the CPU runs measured (bench-results/), per suite: the default n-gram drafter's acceptance by
 # draft position, and the model drafter's at k = 8 (qwen-coder).

@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 
 from orchestrator.generator import Generator
-from specpipe.batch_scheduler import BatchConfig
-from specpipe.cli.loadtest_runs import start_up
-from specpipe.models import load_model, load_tokenizer, model_info
-from specpipe.presets import model_specs
-from specpipe.prompts import load_suite
-from specpipe.rpc.clients import GenerationClient
-from specpipe.types import GenerationChunk, GenerationRequest, SpeculationOptions
+from specpipe.bench.loadruns import start_up
+from specpipe.bench.prompts import load_suite
+from specpipe.config.presets import model_specs
+from specpipe.config.services import BatchConfig
+from specpipe.core.types import GenerationChunk, GenerationRequest, SpeculationOptions
+from specpipe.engine.models import load_model, load_tokenizer, model_info
+from specpipe.serving.clients import GenerationClient
 from verifier_service.verifier import ModelVerifier
 
 NONE = SpeculationOptions(drafter="none", adaptive="off")

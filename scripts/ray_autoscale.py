@@ -24,13 +24,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def demo_config(path: str | None, flags: str) -> dict:
-    from deploy.ray import launch
+def demo_config(path: str | None, settings: dict) -> dict:
+    from specpipe.rayserve import launch
 
     config = launch.load_config(path) if path else launch.load_config()
     config["http_options"]["port"], config["grpc_options"]["port"] = free_port(), free_port()
     app = config["applications"][0]
-    app["args"] = {"verifier": flags, "drafter": flags, "orchestrator": f"{flags} --drafter model"}
+    app["args"] = {"verifier": settings, "drafter": settings, "orchestrator": {**settings, "drafter": "model"}}
     for deployment in app["deployments"]:  # small shares: 2 CPUs hold every replica the autoscaler asks for
         deployment["ray_actor_options"]["num_cpus"] = 0.2
     return config
@@ -43,8 +43,8 @@ def running(status) -> dict[str, int]:
 
 
 def load(addr: str, streams: int, stop: threading.Event, counts: dict) -> list[threading.Thread]:
-    from specpipe.rpc.clients import GenerationClient
-    from specpipe.types import SpeculationOptions
+    from specpipe.core.types import SpeculationOptions
+    from specpipe.serving.clients import GenerationClient
 
     speculation = SpeculationOptions(drafter="model", draft_len=4, schedule="branch", adaptive="off")
 
@@ -94,9 +94,9 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from deploy.ray import launch
+    from specpipe.rayserve import launch
 
-    config = demo_config(args.config, "--preset tiny --threads 1")
+    config = demo_config(args.config, {"preset": "tiny", "threads": 1})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     samples, counts, stop = [], {"tokens": 0}, threading.Event()
     try:

@@ -50,7 +50,7 @@ def run(generator, request) -> tuple[list[int], list]:
 
 def assert_golden(generator, references: dict, max_new_tokens: int, speculation) -> tuple[int, int]:
     """Every prompt's speculative output equals its reference; returns (drafted, accepted) over all."""
-    from specpipe.types import GenerationRequest
+    from specpipe.core.types import GenerationRequest
 
     drafted = accepted = 0
     for prompt, (ids, expected) in references.items():

@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specpipe.errors import SpecpipeError
-from specpipe.models import model_info, tiny_model, tiny_tokenizer
-from specpipe.presets import ModelSpec
-from specpipe.rpc.clients import DrafterClient, GenerationClient, VerifierClient
-from specpipe.rpc.server import ServerConfig, ServerHandle, serve
-from specpipe.types import SpeculationOptions
+from specpipe.config.presets import ModelSpec
+from specpipe.core.errors import SpecpipeError
+from specpipe.core.types import SpeculationOptions
+from specpipe.engine.models import model_info, tiny_model, tiny_tokenizer
+from specpipe.serving.clients import DrafterClient, GenerationClient, VerifierClient
+from specpipe.serving.server import ServerConfig, ServerHandle, serve
 
 DEFAULTS = SpeculationOptions(drafter="model", draft_len=4, width=1, adaptive="off")
 

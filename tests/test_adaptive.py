@@ -9,15 +9,23 @@ import random
 import pytest
 
 from orchestrator.adaptive import PROBE_AFTER, PROBE_SHARE, AdaptiveController, SharedModels, entropy_bin
-from specpipe.fits import LinearFit
 from orchestrator.costs import (
-    ALONE, Sharing, best_budget, choose_draft_len, expected_tokens, hypotheses_that_fit, node_acceptance,
-    round_ms, serial,
+    ALONE,
+    Sharing,
+    best_budget,
+    choose_draft_len,
+    expected_tokens,
+    hypotheses_that_fit,
+    node_acceptance,
+    round_ms,
+    serial,
 )
 from orchestrator.generator import Generator
-from specpipe.types import SpeculationOptions
+from specpipe.core.fits import LinearFit
+from specpipe.core.types import SpeculationOptions
 from tests.golden import assert_golden
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
+
 # the embedded (memory, Redis) and distributed (gRPC + Redis) generators with every drafter kind
 from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references, store_cases  # noqa: F401  (fixtures)
 
@@ -337,14 +345,14 @@ def test_adaptive_is_the_default_unless_a_draft_length_is_fixed(argv, adaptive, 
     import argparse
 
     from specpipe.cli import options
+    from specpipe.config.services import speculation
 
     parser = argparse.ArgumentParser()
     options.add_speculation_args(parser)
-    args = parser.parse_args(argv)
-    spec = options.speculation_options(args)
+    spec = speculation(vars(parser.parse_args(argv)))
     assert (spec.adaptive, spec.draft_len) == (adaptive, draft_len)
-    flags = options.speculation_flags(args)  # what `up` passes on resolves the same way
-    again = options.speculation_options(parser.parse_args(list(flags)))
+    flags = options.speculation_flags(spec)  # what `up` passes on resolves the same way
+    again = speculation(vars(parser.parse_args(list(flags))))
     assert again == spec
 
 
@@ -360,9 +368,10 @@ def test_adaptive_is_the_default_unless_a_draft_length_is_fixed(argv, adaptive, 
 def test_the_default_drafter_is_the_hybrid_where_a_drafter_service_drafts(argv, drafter_service, drafter):
     from specpipe.cli import options
     from specpipe.cli.main import build_parser
+    from specpipe.config.services import speculation
 
-    args = build_parser().parse_args(argv)
-    assert options.speculation_options(args, drafter_service).drafter == drafter
+    spec = speculation(vars(build_parser().parse_args(argv)), drafter_service)
+    assert spec.drafter == drafter
     if not drafter_service:
-        flags = options.speculation_flags(args)  # what `up` passes to its orchestrator
+        flags = options.speculation_flags(spec)  # what `up` passes to its orchestrator
         assert flags[flags.index("--drafter") + 1] == drafter

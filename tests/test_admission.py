@@ -11,12 +11,12 @@ import pytest
 
 from orchestrator.admission import Admission, AdmissionConfig
 from orchestrator.generator import Generator
-from specpipe.errors import DeadlineExceeded, ResourceExhausted
-from specpipe.models import model_info, tiny_model, tiny_tokenizer
-from specpipe.presets import ModelSpec
-from specpipe.rpc.clients import GenerationClient, VerifierClient
-from specpipe.rpc.server import ServerConfig, serve
-from specpipe.types import SpeculationOptions
+from specpipe.config.presets import ModelSpec
+from specpipe.core.errors import DeadlineExceeded, ResourceExhausted
+from specpipe.core.types import SpeculationOptions
+from specpipe.engine.models import model_info, tiny_model, tiny_tokenizer
+from specpipe.serving.clients import GenerationClient, VerifierClient
+from specpipe.serving.server import ServerConfig, serve
 from tests.grpc_harness import assert_serving, wait_until
 from verifier_service.verifier import ModelVerifier
 

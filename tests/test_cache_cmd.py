@@ -17,11 +17,11 @@ from cache_service.redis_store import GLOBAL_KEY, RedisNgramCache, connect
 from cache_service.stores import open_store
 from specpipe.cli.cache_cmd import chunks, jsonl_text
 from specpipe.cli.main import main
-from specpipe.errors import InvalidArgument
-from specpipe.ngram import NgramConfig, apply_updates
-from specpipe.rpc.cache_client import CacheClient
-from specpipe.rpc.clients import GenerationClient
-from specpipe.rpc.server import ServerConfig, serve
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.ngram import NgramConfig, apply_updates
+from specpipe.serving.cache_client import CacheClient
+from specpipe.serving.clients import GenerationClient
+from specpipe.serving.server import ServerConfig, serve
 from tests.redis_harness import redis_url  # noqa: F401  (fixture)
 
 CODE = "def add(a, b):\n    return a + b\n"

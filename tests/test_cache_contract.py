@@ -1,6 +1,6 @@
 """Contract of the NgramCache role: the in-memory store, the Redis store and the gRPC client (over a
 loopback server serving an in-memory store) give identical lookups (tokens, levels and sources) after
-identical branch records and global updates, equal to the pure functions of specpipe.ngram, and the
+identical branch records and global updates, equal to the pure functions of specpipe.core.ngram, and the
 same errors. Then what only Redis has to prove: one hash tag per session, one round trip per lookup /
 record_branches / update_global, and Unavailable (not a hang) when it is down."""
 
@@ -17,10 +17,10 @@ from redis.crc import key_slot
 from cache_service import servicer
 from cache_service.memory import InMemoryNgramCache
 from cache_service.redis_store import GLOBAL_KEY, RedisNgramCache, connect, verifier_key
-from specpipe.errors import InvalidArgument, Unavailable
-from specpipe.ngram import NgramConfig, apply_branches, apply_updates, mln_lookup
-from specpipe.rpc.cache_client import CacheClient
-from specpipe.rpc.server import ServerConfig, serve
+from specpipe.core.errors import InvalidArgument, Unavailable
+from specpipe.core.ngram import NgramConfig, apply_branches, apply_updates, mln_lookup
+from specpipe.serving.cache_client import CacheClient
+from specpipe.serving.server import ServerConfig, serve
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 
 IMPLS = ["memory", "redis", "grpc"]

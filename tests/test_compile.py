@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from cache_service.memory import InMemoryNgramCache
-from specpipe import runner
-from specpipe.kv import SlotKV
-from specpipe.models import tiny_model
-from specpipe.types import ROOT, GenerationRequest, SpeculationOptions
+from specpipe.core.types import ROOT, GenerationRequest, SpeculationOptions
+from specpipe.engine import runner
+from specpipe.engine.kv import SlotKV
+from specpipe.engine.models import tiny_model
 from tests.golden import GOLDEN_PROMPTS, golden_references, run
 from tests.test_golden_ngram import generator_with
 
@@ -71,8 +71,8 @@ def test_slot_bounds_the_context(model):
     static.forward(slot, CONTEXT)
     with pytest.raises(ValueError, match="exceed the slot"):
         static.forward(slot, list(range(20)))
-    from specpipe.models import model_info
-    from specpipe.presets import model_specs
+    from specpipe.config.presets import model_specs
+    from specpipe.engine.models import model_info
 
     info = model_info(model_specs("tiny")[0], model)
     assert runner.served_info(info, static).max_context == 64
@@ -83,7 +83,7 @@ def test_slot_bounds_the_context(model):
 def compiled(request, tiny_tokenizer):
     """A compiled verifier and drafter (tiny preset) behind one generator over an in-memory store."""
     from drafter_service.model_drafter import ModelDrafter
-    from specpipe.presets import model_specs
+    from specpipe.config.presets import model_specs
     from verifier_service.verifier import ModelVerifier
 
     verifier_spec, drafter_spec = model_specs("tiny")
@@ -166,18 +166,17 @@ def test_graphs_keep_their_buffers(compiled, references):
     ("cuda", "off", "auto", "eager", "bfloat16"),
 ])
 def test_forward_mode_and_dtype_follow_the_device(device, compile_, dtype, mode, model_dtype):
-    import argparse
+    from specpipe.app.wiring import forward_mode
+    from specpipe.config.services import ModelConfig
 
-    from specpipe.cli.options import forward_mode, model_dtype as dtype_of
-
-    args = argparse.Namespace(device=device, compile=compile_, dtype=dtype)
-    assert (forward_mode(args), dtype_of(args)) == (mode, model_dtype)
+    model = ModelConfig(device=device, compile=compile_, dtype=dtype)
+    assert (forward_mode(model), model.torch_dtype) == (mode, model_dtype)
 
 
 def test_models_load_in_the_dtype_asked_for():
-    from specpipe.errors import InvalidArgument
-    from specpipe.models import load_model
-    from specpipe.presets import ModelSpec
+    from specpipe.config.presets import ModelSpec
+    from specpipe.core.errors import InvalidArgument
+    from specpipe.engine.models import load_model
 
     assert load_model(ModelSpec("tiny"), "cpu", "bfloat16").dtype == torch.bfloat16
     with pytest.raises(InvalidArgument, match="unknown dtype 'half'"):
@@ -197,7 +196,7 @@ def test_cli_rejects_bad_compile_flags(cli, argv, message):
 
 
 def test_forward_curve_and_bounds(model):
-    from specpipe import curve
+    from specpipe.bench import curve
 
     measured = curve.forward_curves({"a": runner.Runner(model), "b": runner.Runner(model)}, sizes=(1, 2, 5),
                                     context_len=20, repeats=1)

@@ -1,13 +1,13 @@
 """The context-window edge: a draft (chain or tree, fresh or pre-drafted) is cut to the positions the
-verifier has left (specpipe.trees.fit_nodes), so a generation runs right up to the window and never
+verifier has left (specpipe.core.trees.fit_nodes), so a generation runs right up to the window and never
 fails there. Tiny preset with a 64-token window; every output equals the verifier's own greedy one."""
 
 from __future__ import annotations
 
 import pytest
 
-from specpipe.trees import fit_nodes, first_path_nodes
-from specpipe.types import ROOT, Draft, GenerationRequest, SpeculationOptions
+from specpipe.core.trees import first_path_nodes, fit_nodes
+from specpipe.core.types import ROOT, Draft, GenerationRequest, SpeculationOptions
 from tests.golden import reference_greedy
 
 WINDOW = 64
@@ -37,8 +37,8 @@ def test_fit_nodes_keeps_a_late_first_path():
 def small_window():
     """A tiny verifier and drafter whose context window is WINDOW tokens."""
     from drafter_service.model_drafter import ModelDrafter
-    from specpipe.models import model_info, tiny_model
-    from specpipe.presets import ModelSpec
+    from specpipe.config.presets import ModelSpec
+    from specpipe.engine.models import model_info, tiny_model
     from verifier_service.verifier import ModelVerifier
 
     models = tiny_model(), tiny_model(2)
@@ -54,7 +54,7 @@ def small_window():
 def test_tree_drafts_run_up_to_the_window(small_window, tiny_tokenizer, schedule):
     from cache_service.memory import InMemoryNgramCache
     from orchestrator.generator import Generator
-    from specpipe.cli.wiring import build_drafters
+    from specpipe.app.wiring import build_drafters
 
     verifier, drafter = small_window
     max_new = WINDOW - len(PROMPT)  # the whole window

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.types import GREEDY, ProposeRequest, SamplingParams
 from tests.grpc_harness import assert_serving, shared_tiny_cluster
-from specpipe.errors import InvalidArgument
-from specpipe.types import ProposeRequest, GREEDY, SamplingParams
 
 CONTEXT = (72, 101, 108, 108, 111, 44, 32)  # "Hello, " in the tiny byte vocabulary
 VOCAB = 257
@@ -93,7 +93,7 @@ def test_release_of_an_unknown_session(drafter):
 
 
 def test_stale_epoch_is_aborted(drafter):
-    from specpipe.errors import Aborted
+    from specpipe.core.errors import Aborted
 
     sid = session()
     drafter.propose(ProposeRequest(sid, CONTEXT, 3, 1, GREEDY, epoch=3))

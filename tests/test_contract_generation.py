@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -17,12 +17,12 @@ import time
 import grpc
 import pytest
 
+from specpipe.core.errors import DeadlineExceeded, InvalidArgument
+from specpipe.core.types import GREEDY, GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.serving.clients import GenerationClient, VerifierClient, channel
+from specpipe.v1 import generation_pb2, generation_pb2_grpc
 from tests.golden import reference_greedy
 from tests.grpc_harness import assert_serving, shared_tiny_cluster, wait_until
-from specpipe.errors import DeadlineExceeded, InvalidArgument
-from specpipe.rpc.clients import GenerationClient, VerifierClient, channel
-from specpipe.types import GREEDY, GenerationRequest, SamplingParams, SpeculationOptions
-from specpipe.v1 import generation_pb2, generation_pb2_grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=42)

@@ -10,11 +10,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.grpc_harness import assert_serving, shared_tiny_cluster
-from specpipe.errors import FailedPrecondition, InvalidArgument
-from specpipe.rpc.clients import channel
-from specpipe.types import ProposeRequest, GREEDY, Draft, SamplingParams, SparseDist
+from specpipe.core.errors import FailedPrecondition, InvalidArgument
+from specpipe.core.types import GREEDY, Draft, ProposeRequest, SamplingParams, SparseDist
+from specpipe.serving.clients import channel
 from specpipe.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from tests.grpc_harness import assert_serving, shared_tiny_cluster
 
 PROMPT = (72, 101, 108, 108, 111, 44, 32)  # "Hello, " in the tiny byte vocabulary
 VOCAB = 257

@@ -1,4 +1,4 @@
-"""specpipe.cores: a forward alone takes every core of the process, overlapping forwards of the
+"""specpipe.engine.cores: a forward alone takes every core of the process, overlapping forwards of the
 verifier and the drafter leave a core to each (the packed kernel's output does not depend on its
 threads: tests/test_native.py)."""
 
@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from specpipe import cores
+from specpipe.engine import cores
 
 
 @pytest.fixture

@@ -18,13 +18,13 @@ from drafter_service.hybrid import HybridDrafter
 from drafter_service.model_drafter import ModelDrafter
 from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
-from specpipe import metrics
-from specpipe.batch_scheduler import BatchConfig
-from specpipe.batched import Segment, batched_forward
-from specpipe.kv import new_slot
-from specpipe.models import model_info, tiny_model
-from specpipe.presets import ModelSpec
-from specpipe.types import GREEDY, Draft, GenerationRequest, ProposeRequest, SamplingParams, SpeculationOptions
+from specpipe.config.presets import ModelSpec
+from specpipe.config.services import BatchConfig
+from specpipe.core.types import GREEDY, Draft, GenerationRequest, ProposeRequest, SamplingParams, SpeculationOptions
+from specpipe.engine.batched import Segment, batched_forward
+from specpipe.engine.kv import new_slot
+from specpipe.engine.models import model_info, tiny_model
+from specpipe.runtime import metrics
 from tests.golden import reference_greedy, run
 from tests.grpc_harness import shared_tiny_cluster
 
@@ -153,7 +153,7 @@ def test_one_token_steps_are_bitwise_batch_invariant(mode):
     """A drafter step is one token per proposal: alone (1 row) == among 19 mates (20 rows), bitwise."""
     model = tiny_model(2)
     if mode == "packed":
-        from specpipe import native
+        from specpipe.engine import native
 
         native.pack_linears(model, torch.float32)
     contexts = [list(range(3 + i, 20 + 3 * i)) for i in range(20)]

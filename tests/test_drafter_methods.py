@@ -9,12 +9,12 @@ import pytest
 from cache_service.memory import InMemoryNgramCache
 from drafter_service import servicer as drafter_servicer
 from orchestrator.generator import Generator
-from specpipe import metrics
-from specpipe.cli.wiring import build_drafters
-from specpipe.errors import FailedPrecondition
-from specpipe.rpc.clients import DrafterClient
-from specpipe.rpc.server import ServerConfig, serve
-from specpipe.types import ProposeRequest, GREEDY, DRAFT_SOURCES, GenerationRequest, SpeculationOptions
+from specpipe.app.wiring import build_drafters
+from specpipe.core.errors import FailedPrecondition
+from specpipe.core.types import DRAFT_SOURCES, GREEDY, GenerationRequest, ProposeRequest, SpeculationOptions
+from specpipe.runtime import metrics
+from specpipe.serving.clients import DrafterClient
+from specpipe.serving.server import ServerConfig, serve
 from tests.golden import run
 
 CONTEXT = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3]

@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator.generator import Generator
 from orchestrator.schedules import WARM_LAG
-from specpipe import metrics
-from specpipe.types import GREEDY, GenerationRequest, ProposeRequest, SpeculationOptions
+from specpipe.core.types import GREEDY, GenerationRequest, ProposeRequest, SpeculationOptions
+from specpipe.runtime import metrics
 from tests.golden import GOLDEN_PROMPTS, reference_greedy, run
 
 NEW_TOKENS = 2 * WARM_LAG + 16

@@ -11,14 +11,14 @@ import threading
 import grpc
 import pytest
 
-from specpipe import metrics
-from specpipe.failover import ReplicatedDrafter, ReplicatedVerifier, drafter_probe, verifier_probe
-from specpipe.models import model_info, tiny_model, tiny_tokenizer
-from specpipe.presets import ModelSpec
-from specpipe.replicas import ReplicaSet, ReplicaSetConfig
-from specpipe.rpc.clients import DrafterClient, GenerationClient, VerifierClient
-from specpipe.rpc.server import ServerConfig, serve
-from specpipe.types import GenerationRequest, SpeculationOptions
+from specpipe.config.presets import ModelSpec
+from specpipe.core.types import GenerationRequest, SpeculationOptions
+from specpipe.engine.models import model_info, tiny_model, tiny_tokenizer
+from specpipe.runtime import metrics
+from specpipe.serving.clients import DrafterClient, GenerationClient, VerifierClient
+from specpipe.serving.failover import ReplicatedDrafter, ReplicatedVerifier, drafter_probe, verifier_probe
+from specpipe.serving.replicas import ReplicaSet, ReplicaSetConfig
+from specpipe.serving.server import ServerConfig, serve
 from tests.golden import reference_greedy
 from tests.grpc_harness import wait_until
 
@@ -88,7 +88,7 @@ def test_a_new_client_reaches_a_replica_restarted_on_the_same_address():
     peer's failed connection, and the call would fail with "Connection refused")."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from specpipe.rpc.clients import channel
+    from specpipe.serving.clients import channel
 
     def check(chan) -> None:
         health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=5.0)

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from specpipe.errors import ResourceExhausted
-from specpipe.types import GenerationRequest, SpeculationOptions
+from specpipe.core.errors import ResourceExhausted
+from specpipe.core.types import GenerationRequest, SpeculationOptions
 from tests.golden import reference_greedy
 from tests.link_proxy import LinkProxy
 from tests.redis_harness import redis_server
@@ -54,8 +54,8 @@ def test_redis_killed_and_restarted_mid_generation(tiny_tokenizer, tiny_verifier
 def test_drafter_killed_mid_generation(reference, tiny_tokenizer, tiny_verifier, tiny_drafter):
     from drafter_service import servicer
     from orchestrator.generator import Generator
-    from specpipe.rpc.clients import DrafterClient
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.clients import DrafterClient
+    from specpipe.serving.server import ServerConfig, serve
 
     spec = SpeculationOptions(drafter="model", draft_len=4, adaptive="off")
     server = serve([servicer.service({"model": tiny_drafter})], ServerConfig(port=0, grace_s=0))
@@ -72,8 +72,8 @@ def test_ten_times_oversubscribed(tiny_tokenizer, tiny_verifier, tiny_drafter):
     from orchestrator import servicer
     from orchestrator.admission import Admission, AdmissionConfig
     from orchestrator.generator import Generator
-    from specpipe.rpc.clients import GenerationClient
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.clients import GenerationClient
+    from specpipe.serving.server import ServerConfig, serve
 
     spec = SpeculationOptions(drafter="model", draft_len=4, adaptive="off")
     long, prompt = 300, (100, 101, 102)  # 219 tokens to EOS: all 20 clients arrive while the first still runs
@@ -104,8 +104,8 @@ def test_ten_times_oversubscribed(tiny_tokenizer, tiny_verifier, tiny_drafter):
 def verifier_server(port: int = 0):
     """A verifier service on loopback over a fresh ModelVerifier of the tiny preset: a restart on the
     same port forgets every session, as a new process would."""
-    from specpipe.presets import model_specs
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.config.presets import model_specs
+    from specpipe.serving.server import ServerConfig, serve
     from verifier_service import servicer
     from verifier_service.verifier import ModelVerifier
 
@@ -114,13 +114,13 @@ def verifier_server(port: int = 0):
 
 def test_lone_verifier_killed_and_restarted_mid_generation(reference, tiny_tokenizer, tiny_drafter):
     """One verifier, stopped after round 1 and back on its port 0.5 s later with no sessions: the
-    session is re-prefilled on it from the orchestrator's context (specpipe.failover) and the stream
+    session is re-prefilled on it from the orchestrator's context (specpipe.serving.failover) and the stream
     goes on, every token exact."""
     from orchestrator.generator import Generator
-    from specpipe import metrics
-    from specpipe.failover import ReplicatedVerifier, verifier_probe
-    from specpipe.replicas import ReplicaSet, ReplicaSetConfig
-    from specpipe.rpc.clients import VerifierClient
+    from specpipe.runtime import metrics
+    from specpipe.serving.clients import VerifierClient
+    from specpipe.serving.failover import ReplicatedVerifier, verifier_probe
+    from specpipe.serving.replicas import ReplicaSet, ReplicaSetConfig
 
     spec = SpeculationOptions(drafter="model", draft_len=4, adaptive="off")
     first = verifier_server()
@@ -147,10 +147,10 @@ def test_lone_verifier_killed_and_restarted_mid_generation(reference, tiny_token
 def test_lone_verifier_gone_for_good_fails_with_unavailable(tiny_tokenizer, reference):
     """Not back within the re-prefill's wait: UNAVAILABLE, after only verified tokens."""
     from orchestrator.generator import Generator
-    from specpipe.errors import Unavailable
-    from specpipe.failover import ReplicatedVerifier, verifier_probe
-    from specpipe.replicas import ReplicaSet
-    from specpipe.rpc.clients import VerifierClient
+    from specpipe.core.errors import Unavailable
+    from specpipe.serving.clients import VerifierClient
+    from specpipe.serving.failover import ReplicatedVerifier, verifier_probe
+    from specpipe.serving.replicas import ReplicaSet
 
     spec = SpeculationOptions(drafter="none", adaptive="off")
     server = verifier_server()
@@ -170,7 +170,7 @@ def cache_service(store=None, port: int = 0):
     """`specpipe serve cache` in this process: the cache servicer over an in-memory store."""
     from cache_service import servicer
     from cache_service.memory import InMemoryNgramCache
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.server import ServerConfig, serve
 
     return serve([servicer.service(store or InMemoryNgramCache())], ServerConfig(port=port, grace_s=0))
 
@@ -203,8 +203,8 @@ def test_slow_links_to_the_drafter_and_the_cache(reference, tiny_tokenizer, tiny
     from drafter_service import servicer
     from drafter_service.ngram_drafter import NgramDrafter
     from orchestrator.generator import Generator
-    from specpipe.rpc.clients import DrafterClient
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.clients import DrafterClient
+    from specpipe.serving.server import ServerConfig, serve
 
     with contextlib.ExitStack() as stack:
         drafter_server = stack.enter_context(serve([servicer.service({"model": tiny_drafter})],
@@ -229,10 +229,10 @@ def test_partitioned_drafter_costs_only_its_timeout(reference, tiny_tokenizer, t
     answers, and the remaining rounds verify without a draft: the same output, not ~40 timeouts."""
     from drafter_service import servicer
     from orchestrator.generator import Generator
-    from specpipe.failover import ReplicatedDrafter, drafter_probe
-    from specpipe.replicas import ReplicaSet, ReplicaSetConfig
-    from specpipe.rpc.clients import DrafterClient
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.clients import DrafterClient
+    from specpipe.serving.failover import ReplicatedDrafter, drafter_probe
+    from specpipe.serving.replicas import ReplicaSet, ReplicaSetConfig
+    from specpipe.serving.server import ServerConfig, serve
 
     spec = SpeculationOptions(drafter="model", draft_len=4, adaptive="off")
     with contextlib.ExitStack() as stack:
@@ -254,12 +254,12 @@ def test_partitioned_drafter_costs_only_its_timeout(reference, tiny_tokenizer, t
 def test_partitioned_cache_service_costs_one_timeout_per_pause(reference, tiny_tokenizer, tiny_verifier):
     """The link to the cache service turns into a blackhole after round 1: the n-gram drafter's next
     lookup and the orchestrator's next write time out (0.3 s), then each skips the store for a pause
-    that doubles (specpipe.breaker), so 40 tokens cost about one timeout each, not one per round;
+    that doubles (specpipe.runtime.breaker), so 40 tokens cost about one timeout each, not one per round;
     drafts come from the context alone."""
     from cache_service.stores import open_store
     from drafter_service.ngram_drafter import NgramDrafter
     from orchestrator.generator import Generator
-    from specpipe import metrics
+    from specpipe.runtime import metrics
 
     def failures() -> dict[str, float]:
         return {call: metrics.CACHE_FAILURES.labels(call=call)._value.get()
@@ -286,7 +286,7 @@ def test_partitioned_cache_service_costs_one_timeout_per_pause(reference, tiny_t
 
 
 def test_breaker_pauses_double_and_reset():
-    from specpipe.breaker import Breaker, BreakerConfig, pause_after
+    from specpipe.runtime.breaker import Breaker, BreakerConfig, pause_after
 
     config = BreakerConfig(first_pause_s=0.5, max_pause_s=3.0)
     assert [pause_after(n, config) for n in range(6)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
@@ -313,10 +313,10 @@ def test_lone_verifier_process_sigkilled_and_restarted(reference, tiny_tokenizer
 
     from cache_service.local_redis import free_port
     from orchestrator.generator import Generator
-    from specpipe.cli.serve_cmd import READY_RE
-    from specpipe.failover import ReplicatedVerifier, verifier_probe
-    from specpipe.replicas import ReplicaSet, ReplicaSetConfig
-    from specpipe.rpc.clients import VerifierClient
+    from specpipe.app.topology import READY_RE
+    from specpipe.serving.clients import VerifierClient
+    from specpipe.serving.failover import ReplicatedVerifier, verifier_probe
+    from specpipe.serving.replicas import ReplicaSet, ReplicaSetConfig
     from tests.test_contract_generation import ROOT
 
     port = free_port()

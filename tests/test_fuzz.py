@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specpipe.limits import Limits
-from specpipe.types import SpeculationOptions
+from specpipe.config.limits import Limits
+from specpipe.core.types import SpeculationOptions
 from specpipe.v1 import cache_pb2, common_pb2, drafter_pb2, generation_pb2, verifier_pb2
 from tests.fuzz_harness import ALLOWED, call, messages
 
@@ -66,9 +66,9 @@ def fuzz_services(tiny_tokenizer):
     from drafter_service.model_drafter import ModelDrafter
     from orchestrator import servicer as generation_servicer
     from orchestrator.generator import Generator
-    from specpipe.cli.wiring import build_drafters
-    from specpipe.models import model_info, tiny_model
-    from specpipe.presets import ModelSpec
+    from specpipe.app.wiring import build_drafters
+    from specpipe.config.presets import ModelSpec
+    from specpipe.engine.models import model_info, tiny_model
     from verifier_service import servicer as verifier_servicer
     from verifier_service.verifier import ModelVerifier
 
@@ -140,8 +140,8 @@ def test_fuzz_over_grpc(fuzz_services, service, rpc):
     """The same cases (fewer) through a real server: the wire adds its own codes for nothing else."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from specpipe.rpc.clients import channel
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.clients import channel
+    from specpipe.serving.server import ServerConfig, serve
 
     module = SERVICES[service]
     requests = messages(input_class(service, rpc), overrides=OVERRIDES)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from specpipe.errors import FailedPrecondition, InvalidArgument
-from specpipe.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.core.errors import FailedPrecondition, InvalidArgument
+from specpipe.core.types import GenerationRequest, SamplingParams, SpeculationOptions
 
 PROMPT = (10, 20, 30)
 BAD = {
@@ -33,7 +33,7 @@ def test_encode_needs_exactly_one_input(tiny_generator):
 
 
 def test_verifier_rejects_unknown_session_and_stale_context(tiny_verifier):
-    from specpipe.types import GREEDY, Draft
+    from specpipe.core.types import GREEDY, Draft
 
     with pytest.raises(FailedPrecondition, match="unknown session"):
         tiny_verifier.verify("nope", 3, Draft(), GREEDY)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specpipe.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.core.types import GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy, run
 
 MAX_NEW_TOKENS = 48

@@ -4,7 +4,7 @@ the same tokens as the embedded deployment for the same seed."""
 
 import pytest
 
-from specpipe.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.core.types import GenerationRequest, SamplingParams, SpeculationOptions
 from tests.golden import GOLDEN_PROMPTS, reference_greedy, run
 from tests.grpc_harness import shared_tiny_cluster
 

@@ -13,9 +13,9 @@ from cache_service.redis_store import RedisNgramCache
 from drafter_service.hybrid import HybridDrafter
 from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
-from specpipe.presets import model_specs
-from specpipe.rpc.server import ServerConfig, serve
-from specpipe.types import ProposeRequest, GREEDY, GenerationRequest, SpeculationOptions
+from specpipe.config.presets import model_specs
+from specpipe.core.types import GREEDY, GenerationRequest, ProposeRequest, SpeculationOptions
+from specpipe.serving.server import ServerConfig, serve
 from tests.golden import GOLDEN_PROMPTS, assert_golden, golden_references, run
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 
@@ -32,7 +32,7 @@ def generator_with(cache, tokenizer, verifier, model_drafter) -> Generator:
 def distributed_generator(redis_url, verifier, model_drafter):
     """Verifier and drafter services on loopback; the drafter serves model, ngram and hybrid from Redis."""
     from drafter_service import servicer as drafter_servicer
-    from specpipe.cli.wiring import build_drafters, remote_generator
+    from specpipe.app.wiring import build_drafters, remote_generator
     from verifier_service import servicer as verifier_servicer
 
     config = ServerConfig(host="127.0.0.1", port=0, grace_s=1.0)

@@ -3,7 +3,7 @@ The default suite runs the chain on two chats; the rest (`-m slow`) takes minute
 
 import pytest
 
-from specpipe.types import GenerationRequest, SpeculationOptions
+from specpipe.core.types import GenerationRequest, SpeculationOptions
 from tests.golden import reference_greedy, run
 
 MAX_NEW_TOKENS = 40
@@ -19,9 +19,9 @@ CHATS = [
 def smollm2():
     from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
-    from specpipe import packaged
-    from specpipe.models import load_tokenizer
-    from specpipe.presets import model_specs
+    from specpipe.config.presets import model_specs
+    from specpipe.engine import packaged
+    from specpipe.engine.models import load_tokenizer
     from verifier_service.verifier import ModelVerifier
 
     packaged.prepare("smollm2-135m", progress=False)  # idempotent; .ci/run prepares it up front
@@ -36,8 +36,8 @@ def smollm2_grpc(smollm2):
     """The same verifier and drafter behind real gRPC servers on loopback, driven through clients."""
     from drafter_service import servicer as drafter_servicer
     from orchestrator.generator import Generator
-    from specpipe.rpc.clients import DrafterClient, VerifierClient
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.clients import DrafterClient, VerifierClient
+    from specpipe.serving.server import ServerConfig, serve
     from verifier_service import servicer as verifier_servicer
 
     generator, verifier = smollm2
@@ -125,7 +125,7 @@ def assert_parts_only_at_a_near_tie(eager_model, prompt_ids, eager: list[int], c
 def smollm2_compiled(smollm2):
     from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
-    from specpipe.presets import model_specs
+    from specpipe.config.presets import model_specs
     from verifier_service.verifier import ModelVerifier
 
     generator, _ = smollm2

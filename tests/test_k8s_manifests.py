@@ -80,7 +80,7 @@ def test_grace_period_covers_prestop_drain_and_margin(objects):
 
 
 def test_the_orchestrator_speculates_with_the_served_defaults(objects):
-    from specpipe.types import SERVED_DRAFTER, SpeculationOptions
+    from specpipe.core.types import SERVED_DRAFTER, SpeculationOptions
 
     config = {k: v for cm in of_kind(objects, "ConfigMap") if cm["metadata"]["name"].startswith("specpipe-config")
               for k, v in cm["data"].items()}
@@ -240,9 +240,9 @@ def test_the_tls_component_mounts_certificates_and_probes_in_plaintext(monkeypat
 
 
 def test_each_role_scales_on_its_own_exported_signal(objects):
-    from specpipe import metrics
-
     from prometheus_client.metrics import MetricWrapperBase
+
+    from specpipe.runtime import metrics
 
     exported = {m.describe()[0].name for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)}
     exported |= {"specpipe_queue_depth"}  # the verifier's batching queue (batched verification, in progress)

@@ -1,8 +1,8 @@
 """deploy/k8s/ray, offline: the KubeRay RayService renders with `kubectl kustomize`; what has a
 schema is validated against it: the embedded pod templates and the serve Service against the
 Kubernetes schemas (kubernetes-validate, strict; the RayService CRD itself is not in them), and
-serveConfigV2 against Ray Serve's own config schema (ServeDeploySchema), with each role's flags
-parsed as the deployments will parse them. Then the properties of the shape: a head without GPU or
+serveConfigV2 against Ray Serve's own config schema (ServeDeploySchema), with each role's settings
+built into the config its deployment gets. Then the properties of the shape: a head without GPU or
 replicas, a GPU worker group, the Ray version of the ray extra."""
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def test_serve_config_is_the_applications(rayservice):
     pytest.importorskip("ray", reason="the ray extra checks serveConfigV2 against Ray Serve's schema")
     from ray.serve.schema import ServeDeploySchema
 
-    from deploy.ray.app import ROLES, role_args
-    from deploy.ray.launch import load_config
+    from specpipe.rayserve.app import ROLES, role_config
+    from specpipe.rayserve.launch import load_config
 
     config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
     schema = ServeDeploySchema.model_validate(config)
@@ -60,7 +60,7 @@ def test_serve_config_is_the_applications(rayservice):
     (app,) = schema.applications
     assert app.import_path == local["applications"][0]["import_path"]
     for role in ROLES:
-        assert role_args(role, app.args[role]).role == role  # the flags the deployment will parse
+        assert role_config(role, app.args[role]).model.preset == "smollm2"  # the config each deployment gets
     names = {d.name for d in app.deployments}
     assert names == {d["name"] for d in local["applications"][0]["deployments"]}
     gpus = {d.name: d.ray_actor_options.num_gpus for d in app.deployments}

@@ -1,4 +1,4 @@
-"""Session lifecycle (specpipe.lifecycle): the client's deadline reaches every internal call, idle
+"""Session lifecycle (specpipe.runtime.lifecycle): the client's deadline reaches every internal call, idle
 sessions are swept in the verifier and the drafter, a cancelled generation releases its sessions,
 and a request without a seed gets its own (reported, and reproducible with it)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from specpipe.errors import DeadlineExceeded, FailedPrecondition
-from specpipe.lifecycle import ContextPool, call_timeout, client_time_left, deadline_scope, idle, sweep_period
-from specpipe.types import GREEDY, Draft, GenerationRequest, ProposeRequest, SamplingParams, SpeculationOptions
+from specpipe.core.errors import DeadlineExceeded, FailedPrecondition
+from specpipe.core.types import GREEDY, Draft, GenerationRequest, ProposeRequest, SamplingParams, SpeculationOptions
+from specpipe.runtime.lifecycle import ContextPool, call_timeout, client_time_left, deadline_scope, idle, sweep_period
 from tests.grpc_harness import shared_tiny_cluster, wait_until
 
 PROMPT = (10, 20, 30)
@@ -78,7 +78,7 @@ class DeadlineSpy:
 def test_a_prefill_has_the_clients_deadline_only_and_a_round_the_per_call_one(cluster):
     """A prefill's time grows with the prompt and the verifier's load: a per-call deadline shorter
     than it must not fail it (nor mark a busy verifier as down); a verify round keeps its own."""
-    from specpipe.rpc.clients import VerifierClient
+    from specpipe.serving.clients import VerifierClient
 
     with VerifierClient(cluster.verifier_server.address, timeout_s=1e-6) as hasty:
         hasty._stub.Prefill = prefill = DeadlineSpy(hasty._stub.Prefill)
@@ -103,8 +103,8 @@ def test_a_prefill_has_the_clients_deadline_only_and_a_round_the_per_call_one(cl
 
 def test_idle_sessions_are_swept_in_the_verifier_and_the_drafter():
     from drafter_service.model_drafter import ModelDrafter
-    from specpipe.models import model_info, tiny_model
-    from specpipe.presets import ModelSpec
+    from specpipe.config.presets import ModelSpec
+    from specpipe.engine.models import model_info, tiny_model
     from verifier_service.verifier import ModelVerifier
 
     model = tiny_model(1)
@@ -172,9 +172,9 @@ LONG_PROMPT = tuple(range(1, 256)) * 7  # 1785 tokens: about 900 prefill chunks 
 
 def chunky_verifier():
     """A tiny verifier that prefills in 2-token chunks, so a long prompt takes about 900 forwards."""
-    from specpipe.batch_scheduler import BatchConfig
-    from specpipe.models import model_info, tiny_model
-    from specpipe.presets import ModelSpec
+    from specpipe.config.presets import ModelSpec
+    from specpipe.config.services import BatchConfig
+    from specpipe.engine.models import model_info, tiny_model
     from verifier_service.verifier import ModelVerifier
 
     model = tiny_model(1)
@@ -190,8 +190,8 @@ def prefills_done() -> float:
 def test_a_prefill_whose_caller_left_stops_between_chunks():
     import threading
 
-    from specpipe.errors import Cancelled
-    from specpipe.lifecycle import Cancellation, cancel_scope
+    from specpipe.core.errors import Cancelled
+    from specpipe.runtime.lifecycle import Cancellation, cancel_scope
 
     verifier = chunky_verifier()
     cancellation, done = Cancellation(), prefills_done()
@@ -212,10 +212,10 @@ def test_a_generate_cancelled_during_its_prefill_frees_the_verifier_at_once():
 
     from orchestrator import servicer as generation_servicer
     from orchestrator.generator import Generator
-    from specpipe.models import tiny_tokenizer
-    from specpipe.rpc import convert
-    from specpipe.rpc.clients import VerifierClient, channel
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.engine.models import tiny_tokenizer
+    from specpipe.serving import convert
+    from specpipe.serving.clients import VerifierClient, channel
+    from specpipe.serving.server import ServerConfig, serve
     from specpipe.v1 import generation_pb2_grpc
     from verifier_service import servicer as verifier_servicer
 

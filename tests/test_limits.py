@@ -1,14 +1,21 @@
-"""Input caps (specpipe.limits): the pure checks, and the issue's reproductions refused with
+"""Input caps (specpipe.config.limits): the pure checks, and the issue's reproductions refused with
 INVALID_ARGUMENT over real gRPC and embedded alike, the servers healthy after."""
 
 from __future__ import annotations
 
 import pytest
 
-from specpipe.errors import InvalidArgument, ResourceExhausted
-from specpipe.limits import DEFAULT_LIMITS, DRAFT_NODE_BUCKETS, Limits, check_draft, check_generation, \
-    check_propose, draft_nodes_label
-from specpipe.types import Draft, GenerationRequest, ProposeRequest, SparseDist, SpeculationOptions
+from specpipe.config.limits import (
+    DEFAULT_LIMITS,
+    DRAFT_NODE_BUCKETS,
+    Limits,
+    check_draft,
+    check_generation,
+    check_propose,
+    draft_nodes_label,
+)
+from specpipe.core.errors import InvalidArgument, ResourceExhausted
+from specpipe.core.types import Draft, GenerationRequest, ProposeRequest, SparseDist, SpeculationOptions
 from tests.grpc_harness import assert_serving, shared_tiny_cluster
 
 PROMPT = (10, 20, 30)
@@ -109,7 +116,7 @@ def test_reproduction_is_invalid_argument(cluster, kwargs, message):
 
 
 def test_verifier_and_drafter_refuse_oversized_work(cluster):
-    from specpipe.types import GREEDY
+    from specpipe.core.types import GREEDY
 
     cluster.verifier_client.prefill("caps", PROMPT)
     try:
@@ -131,8 +138,8 @@ def test_verifier_and_drafter_refuse_oversized_work(cluster):
 def test_request_beyond_the_message_limit_is_refused_unread():
     from cache_service import servicer
     from cache_service.memory import InMemoryNgramCache
-    from specpipe.rpc.cache_client import CacheClient
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.cache_client import CacheClient
+    from specpipe.serving.server import ServerConfig, serve
 
     config = ServerConfig(port=0, grace_s=0.5, max_request_bytes=64 * 1024)
     with serve([servicer.service(InMemoryNgramCache())], config) as handle, CacheClient(handle.address, 10.0) as client:

@@ -6,26 +6,25 @@ table must agree with Locust's CSV and with the per-request records."""
 from __future__ import annotations
 
 import csv
-from dataclasses import replace
 import json
 import math
 import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from specpipe.errors import InvalidArgument
-from specpipe.loadshapes import (
+from specpipe.bench.loadshapes import (
     parse_levels,
     ramp_users,
     shape_users,
     spike_users,
     steps_users,
 )
-from specpipe.loadstats import (
+from specpipe.bench.loadstats import (
     OK,
     LevelSummary,
     RequestRecord,
@@ -43,6 +42,7 @@ from specpipe.loadstats import (
     within_slo,
     write_record,
 )
+from specpipe.core.errors import InvalidArgument
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,7 +215,7 @@ def test_memory_trend_flat_and_growing():
 
 
 def test_up_table_and_locust_command(tmp_path):
-    from specpipe.cli.loadtest_runs import LocustRun, locust_command, parse_up_table
+    from specpipe.bench.loadruns import LocustRun, locust_command, parse_up_table
 
     table = ("service       address          metrics  pid    core\n"
              "orchestrator  127.0.0.1:36527  43575    12064  -\n"
@@ -232,7 +232,7 @@ def test_up_table_and_locust_command(tmp_path):
 
 
 def test_report_section_and_plots(tmp_path):
-    from specpipe.loadreport import (
+    from specpipe.bench.loadreport import (
         comparison_table,
         plot,
         report_markdown,
@@ -353,8 +353,8 @@ def test_loadtest_rejects_before_starting(flags, message, capsys):
 
 
 def test_servers_compared_in_one_run_are_labelled():
+    from specpipe.bench.loadreport import comparison_table
     from specpipe.cli.loadtest_cmd import server_configs
-    from specpipe.loadreport import comparison_table
 
     both = ["none", "default"]
     assert server_configs(None, None, both) == {"": ("", both)}

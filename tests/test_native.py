@@ -1,4 +1,4 @@
-"""The packed small-M GEMM behind `--compile on` on CPU (specpipe.native): exact against a float64
+"""The packed small-M GEMM behind `--compile on` on CPU (specpipe.engine.native): exact against a float64
 reference for every row count, row block and panel tail, with fp32 and bf16 weights; batch
 invariant bit for bit; threads change nothing; a packed model gives the eager model's logits; no
 compiler is a clear error."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specpipe import native
-from specpipe.models import tiny_model
+from specpipe.engine import native
+from specpipe.engine.models import tiny_model
 
 
 @pytest.fixture(autouse=True)
@@ -89,8 +89,8 @@ def test_bad_input_is_refused():
 
 def test_no_compiler_is_a_clear_error(tmp_path):
     """A fresh home has no cached build, and CC names no compiler: FAILED_PRECONDITION, said plainly."""
-    code = ("from specpipe import native\n"
-            "from specpipe.errors import FailedPrecondition\n"
+    code = ("from specpipe.engine import native\n"
+            "from specpipe.core.errors import FailedPrecondition\n"
             "try:\n    native.build()\nexcept FailedPrecondition as err:\n    print(err)\n")
     env = {**os.environ, "SPECPIPE_HOME": str(tmp_path), "CC": "no-such-cc"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)

@@ -1,4 +1,4 @@
-"""The n-gram semantics (specpipe.ngram) on literal tiny cases: updates, LRU per prefix, the prefix
+"""The n-gram semantics (specpipe.core.ngram) on literal tiny cases: updates, LRU per prefix, the prefix
 bound of the global table, the verifier's branches, and the Multi-Level N-gram lookup (ANPD
 Algorithm 2: longest suffix first, fall back to shorter; tables in priority order, with sources)."""
 
@@ -8,12 +8,12 @@ import random
 
 import pytest
 
-from specpipe.ngram import (
+from specpipe.core.ngram import (
     NgramConfig,
+    after_chain,
     apply_branches,
     apply_updates,
     branch_updates,
-    after_chain,
     context_lookup,
     mln_lookup,
     ngram_updates,
@@ -21,7 +21,7 @@ from specpipe.ngram import (
     record_all,
     verifier_branches,
 )
-from specpipe.types import Draft
+from specpipe.core.types import Draft
 
 
 @pytest.mark.parametrize("tokens, start, max_n, expected", [

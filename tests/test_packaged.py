@@ -1,4 +1,4 @@
-"""specpipe.packaged without the real models: GGUF chunk joining and its checks on small fake parts,
+"""specpipe.engine.packaged without the real models: GGUF chunk joining and its checks on small fake parts,
 the not-prepared error, and the `specpipe models` parser."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from specpipe import packaged
 from specpipe.cli import models_cmd
-from specpipe.errors import FailedPrecondition, InvalidArgument
-from specpipe.packaged import PackagedModel
+from specpipe.core.errors import FailedPrecondition, InvalidArgument
+from specpipe.engine import packaged
+from specpipe.engine.packaged import PackagedModel
 
 PART_BYTES = {1: b"GGUF-head-", 2: b"middle-", 3: b"tail"}
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specpipe.errors import InvalidArgument
-from specpipe.prompts import Prompt, load_prompts_file, load_suite
+from specpipe.bench.prompts import Prompt, load_prompts_file, load_suite
+from specpipe.core.errors import InvalidArgument
 
 
 @pytest.mark.parametrize("suite, size, first_id", [
@@ -42,7 +42,7 @@ def test_mtbench_keeps_the_first_turn_and_category():
 
 
 def test_mtbench_takes_its_categories_in_turn_and_has_second_turns():
-    from specpipe.prompts import second_turn
+    from specpipe.bench.prompts import second_turn
 
     prompts = load_suite("mtbench", limit=16)
     assert [p.category for p in prompts[:8]] == ["writing", "roleplay", "reasoning", "math", "coding", "extraction",

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from specpipe.models import tiny_model, tiny_tokenizer
+from specpipe.engine.models import tiny_model, tiny_tokenizer
 from tests.golden import reference_greedy
 
 pytest.importorskip("ray", reason="the ray extra runs the Ray Serve tests")

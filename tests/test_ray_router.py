@@ -1,12 +1,12 @@
 """Session affinity of the Ray deployment: the request router's ranking of replicas
-(deploy/ray/router.py), a pure function. Failover itself is specpipe.failover's (tests/test_failover.py),
+(specpipe/rayserve/router.py), a pure function. Failover itself is specpipe.serving.failover's (tests/test_failover.py),
 and on Ray tests/test_ray_serve.py kills a verifier replica mid-session."""
 
 from __future__ import annotations
 
 import pytest
 
-router = pytest.importorskip("deploy.ray.router", reason="the ray extra runs the Ray router tests")
+router = pytest.importorskip("specpipe.rayserve.router", reason="the ray extra runs the Ray router tests")
 
 CASES = {  # pinned, candidates, sessions, queue_len, strict -> ranked
     "pinned, strict": ("b", ["a", "b", "c"], {"b": 5}, {}, True, ["b"]),

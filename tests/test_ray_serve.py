@@ -12,17 +12,17 @@ import threading
 
 import pytest
 
-from specpipe import errors
-from specpipe.models import tiny_model, tiny_tokenizer
-from specpipe.rpc.clients import GenerationClient
-from specpipe.types import SpeculationOptions
+from specpipe.core import errors
+from specpipe.core.types import SpeculationOptions
+from specpipe.engine.models import tiny_model, tiny_tokenizer
+from specpipe.serving.clients import GenerationClient
 from tests.golden import GOLDEN_PROMPTS, reference_greedy
 
 ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]') runs the Ray Serve tests")
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 MAX_NEW_TOKENS = 32
-FLAGS = "--preset tiny --threads 1"
+SETTINGS = {"preset": "tiny", "threads": 1}
 BRANCH = {drafter: SpeculationOptions(drafter=drafter, draft_len=4, schedule="branch", adaptive="off")
           for drafter in ("model", "ngram")}
 
@@ -35,13 +35,13 @@ def free_port() -> int:
 
 def tiny_config(verifier_replicas: int) -> dict:
     """deploy/ray/serve.yaml on free ports, fixed replica counts, small CPU shares."""
-    from deploy.ray import launch
+    from specpipe.rayserve import launch
 
     config = launch.load_config()
     config["http_options"]["port"] = free_port()
     config["grpc_options"]["port"] = free_port()
     app = config["applications"][0]
-    app["args"] = {"verifier": FLAGS, "drafter": FLAGS, "orchestrator": f"{FLAGS} --rpc-timeout 60"}
+    app["args"] = {"verifier": SETTINGS, "drafter": SETTINGS, "orchestrator": {**SETTINGS, "rpc_timeout": 60}}
     for deployment in app["deployments"]:
         deployment.pop("autoscaling_config")
         deployment["num_replicas"] = verifier_replicas if deployment["name"] == "Verifier" else 1
@@ -52,10 +52,10 @@ def tiny_config(verifier_replicas: int) -> dict:
 @pytest.fixture(scope="module")
 def app():
     """The application on a fresh local Ray (2 CPUs), shut down after the module."""
-    from deploy.ray import launch
+    from specpipe.rayserve import launch
 
     config = tiny_config(verifier_replicas=2)
-    # Ray's workers import deploy.ray and specpipe from this checkout, whatever is installed
+    # Ray's workers import specpipe from this checkout, whatever is installed
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}})
     try:

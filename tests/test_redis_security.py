@@ -7,8 +7,8 @@ import pytest
 
 from cache_service import local_redis
 from cache_service.local_redis import RedisTls
-from specpipe.errors import SpecpipeError
-from specpipe.pki import make_pki
+from specpipe.core.errors import SpecpipeError
+from specpipe.serving.pki import make_pki
 
 if local_redis.find_binary() is None:
     pytest.skip(local_redis.NOT_FOUND, allow_module_level=True)
@@ -79,7 +79,7 @@ def test_the_password_is_on_no_command_line(tmp_path):
     import pathlib
     from urllib.parse import unquote, urlsplit
 
-    from specpipe.rpc.clients import GenerationClient
+    from specpipe.serving.clients import GenerationClient
     from tests.test_contract_generation import specpipe_up
 
     with specpipe_up(tmp_path, "--cache", "redis") as (proc, lines):

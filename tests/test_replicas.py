@@ -1,12 +1,12 @@
-"""Which replica (specpipe.replicas): target parsing, DNS re-resolution, least-loaded ranking, and the
+"""Which replica (specpipe.serving.replicas): target parsing, DNS re-resolution, least-loaded ranking, and the
 ReplicaSet's view of real servers (health, load, failures)."""
 
 import socket
 
 import pytest
 
-from specpipe.errors import InvalidArgument
-from specpipe.replicas import Probe, ReplicaSet, ReplicaSetConfig, _Replica, parse_target, rank, resolve
+from specpipe.core.errors import InvalidArgument
+from specpipe.serving.replicas import Probe, ReplicaSet, ReplicaSetConfig, _Replica, parse_target, rank, resolve
 
 
 @pytest.mark.parametrize("target, expected", [
@@ -64,7 +64,7 @@ class FakeClient:
 
 def test_replica_set_follows_dns_and_probes(monkeypatch):
     answers = {"svc:7": ("10.0.0.1:7", "10.0.0.2:7")}
-    monkeypatch.setattr("specpipe.replicas.resolve", lambda name: answers[name])
+    monkeypatch.setattr("specpipe.serving.replicas.resolve", lambda name: answers[name])
     probes = {"10.0.0.1:7": Probe(True, 3.0), "10.0.0.2:7": Probe(True, 1.0), "10.0.0.3:7": Probe(True, 0.0)}
     config = ReplicaSetConfig(refresh_s=3600, resolve_s=0)  # refreshed by hand below
     with ReplicaSet("dns:///svc:7", FakeClient, lambda c: probes[c.address], config) as replicas:
@@ -91,7 +91,7 @@ def test_replica_set_follows_dns_and_probes(monkeypatch):
 
 def test_failed_lookup_keeps_known_replicas(monkeypatch):
     answers = {"svc:7": ("10.0.0.1:7",)}
-    monkeypatch.setattr("specpipe.replicas.resolve", lambda name: answers[name])
+    monkeypatch.setattr("specpipe.serving.replicas.resolve", lambda name: answers[name])
     config = ReplicaSetConfig(refresh_s=3600, resolve_s=0)
     with ReplicaSet("dns:///svc:7", FakeClient, lambda c: Probe(True), config) as replicas:
         answers["svc:7"] = ()
@@ -100,8 +100,8 @@ def test_failed_lookup_keeps_known_replicas(monkeypatch):
 
 
 def test_dns_target_resolves_localhost_to_a_real_server():
-    from specpipe.failover import verifier_probe
-    from specpipe.rpc.clients import VerifierClient
+    from specpipe.serving.clients import VerifierClient
+    from specpipe.serving.failover import verifier_probe
     from tests.grpc_harness import shared_tiny_cluster
 
     port = shared_tiny_cluster().verifier_server.port

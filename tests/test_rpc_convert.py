@@ -1,4 +1,4 @@
-"""Round trips between the value types and the wire messages (specpipe.rpc.convert)."""
+"""Round trips between the value types and the wire messages (specpipe.serving.convert)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import struct
 
 import pytest
 
-from specpipe.errors import InvalidArgument
-from specpipe.rpc import convert
-from specpipe.types import (
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.types import (
     EMPTY_DRAFT,
     GREEDY,
     Draft,
@@ -20,6 +19,7 @@ from specpipe.types import (
     SpeculationOptions,
     VerifyResult,
 )
+from specpipe.serving import convert
 from specpipe.v1 import common_pb2, generation_pb2
 
 

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from specpipe.errors import InvalidArgument
-from specpipe.sampling import check_sampling, rejection_sample_chain, sample, truncate, uniform, warp
-from specpipe.types import SamplingParams, SparseDist
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.sampling import check_sampling, rejection_sample_chain, sample, truncate, uniform, warp
+from specpipe.core.types import SamplingParams, SparseDist
 
 
 def test_uniform_is_a_pure_function_of_seed_position_stream():

@@ -4,9 +4,9 @@ own (warped) distribution. top_k=4 keeps the effective vocabulary tiny so a chi-
 import pytest
 import torch
 
-from specpipe import runner
-from specpipe.sampling import warp
-from specpipe.types import ProposeRequest, SamplingParams
+from specpipe.core.sampling import warp
+from specpipe.core.types import ProposeRequest, SamplingParams
+from specpipe.engine import runner
 from tests.test_sampling import CHI2_999, _chi_square
 
 CONTEXT = [72, 101, 108, 108, 111, 44, 32]

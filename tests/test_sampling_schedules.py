@@ -12,9 +12,9 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from specpipe import runner
-from specpipe.sampling import warp
-from specpipe.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.core.sampling import warp
+from specpipe.core.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.engine import runner
 
 CONTEXT = (72, 101, 108, 108, 111, 44, 32)
 TOKENS = 3       # the joint law of the first 3 output tokens

@@ -1,4 +1,4 @@
-"""Tenant isolation (specpipe.tenancy): one tenant's outputs never draft for another, in the memory
+"""Tenant isolation (specpipe.core.tenancy): one tenant's outputs never draft for another, in the memory
 and the Redis store, embedded and over gRPC; finished outputs feed no global table by default."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import contextlib
 import grpc
 import pytest
 
-from specpipe.errors import InvalidArgument
-from specpipe.tenancy import TENANT_METADATA, tenant_from_metadata
-from specpipe.types import GenerationRequest, ProposeRequest, SpeculationOptions
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.tenancy import TENANT_METADATA, tenant_from_metadata
+from specpipe.core.types import GenerationRequest, ProposeRequest, SpeculationOptions
 from tests.redis_harness import redis_url  # noqa: F401  (fixture)
 
 NGRAM = SpeculationOptions(drafter="ngram", draft_len=4, adaptive="off")
@@ -84,8 +84,8 @@ def test_tenant_metadata_over_grpc_reaches_the_store(tiny_tokenizer, tiny_verifi
     from drafter_service.ngram_drafter import NgramDrafter
     from orchestrator import servicer
     from orchestrator.generator import Generator
-    from specpipe.rpc.clients import GenerationClient
-    from specpipe.rpc.server import ServerConfig, serve
+    from specpipe.serving.clients import GenerationClient
+    from specpipe.serving.server import ServerConfig, serve
 
     store = InMemoryNgramCache()
     drafter = NgramDrafter(store, tiny_verifier.info())

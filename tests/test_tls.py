@@ -1,5 +1,5 @@
-"""TLS, mutual TLS and the bearer token (specpipe.rpc.security) on real servers over loopback, with
-certificates from specpipe.pki (what `specpipe up --tls` uses); reflection off unless asked for."""
+"""TLS, mutual TLS and the bearer token (specpipe.serving.security) on real servers over loopback, with
+certificates from specpipe.serving.pki (what `specpipe up --tls` uses); reflection off unless asked for."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import contextlib
 import grpc
 import pytest
 
-from specpipe.errors import SpecpipeError, Unauthenticated, Unavailable
-from specpipe.pki import make_pki
-from specpipe.rpc.security import Tls, read_token
-from specpipe.rpc.server import ServerConfig, serve
-from specpipe.types import GREEDY, Draft
+from specpipe.core.errors import SpecpipeError, Unauthenticated, Unavailable
+from specpipe.core.types import GREEDY, Draft
+from specpipe.serving.pki import make_pki
+from specpipe.serving.security import Tls, read_token
+from specpipe.serving.server import ServerConfig, serve
 
 PROMPT = (10, 20, 30)
 
@@ -29,7 +29,7 @@ def pkis(tmp_path_factory):
 
 
 def test_mutual_tls_between_services(pkis, tiny_verifier):
-    from specpipe.rpc.clients import VerifierClient
+    from specpipe.serving.clients import VerifierClient
     from verifier_service import servicer
 
     ours, theirs = pkis
@@ -53,7 +53,7 @@ def test_mutual_tls_between_services(pkis, tiny_verifier):
 
 def test_public_api_over_tls_with_a_bearer_token(pkis, tmp_path, tiny_generator):
     from orchestrator import servicer
-    from specpipe.rpc.clients import GenerationClient
+    from specpipe.serving.clients import GenerationClient
 
     ours, _ = pkis
     token_file = tmp_path / "token"
@@ -77,7 +77,7 @@ def test_public_api_over_tls_with_a_bearer_token(pkis, tmp_path, tiny_generator)
 def test_reflection_is_off_unless_asked_for(tiny_verifier):
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    from specpipe.rpc.clients import channel
+    from specpipe.serving.clients import channel
     from verifier_service import servicer
 
     for enabled, expected in ((False, grpc.StatusCode.UNIMPLEMENTED), (True, None)):
@@ -94,7 +94,7 @@ def test_reflection_is_off_unless_asked_for(tiny_verifier):
 
 
 def test_tls_flags_must_come_in_pairs(tmp_path):
-    from specpipe.errors import InvalidArgument
+    from specpipe.core.errors import InvalidArgument
 
     with pytest.raises(InvalidArgument, match="together"):
         Tls.from_files(str(tmp_path / "a.pem"), None, None)
@@ -107,7 +107,7 @@ def test_tls_flags_must_come_in_pairs(tmp_path):
 def test_specpipe_up_tls_serves_only_over_tls(tmp_path):
     """`specpipe up --tls --cache redis`: mutual TLS between the services, rediss:// with a password,
     and the public port answers a TLS client with the generated client certificate, not plaintext."""
-    from specpipe.rpc.clients import GenerationClient
+    from specpipe.serving.clients import GenerationClient
     from tests.test_contract_generation import specpipe_up
 
     with specpipe_up(tmp_path, "--tls", "--cache", "redis") as (proc, lines):
@@ -162,8 +162,8 @@ def test_specpipe_generate_addr_with_tls_and_a_token(secured_orchestrator, capsy
 
 def test_specpipe_loadtest_addr_with_tls_and_a_token(secured_orchestrator, tmp_path):
     """Locust users (deploy/locust/locustfile.py) with the CA, the client certificate and the token."""
+    from specpipe.bench.loadstats import read_records
     from specpipe.cli import security_args
-    from specpipe.loadstats import read_records
     from tests.test_loadtest import assert_rounds_counted, loadtest
 
     address, flags = secured_orchestrator
@@ -181,7 +181,7 @@ def test_specpipe_loadtest_addr_with_tls_and_a_token(secured_orchestrator, tmp_p
 def test_a_plaintext_health_port_beside_a_tls_server(pkis, tiny_verifier):
     """--health-port: Kubernetes' gRPC probes speak no TLS, so the health service alone is served in
     plaintext on its own port, with the same statuses (drain included); nothing else is reachable there."""
-    from specpipe.rpc.clients import VerifierClient
+    from specpipe.serving.clients import VerifierClient
     from verifier_service import servicer
 
     ours, _ = pkis
@@ -201,9 +201,9 @@ def test_a_plaintext_health_port_beside_a_tls_server(pkis, tiny_verifier):
 
 def test_replicas_of_a_dns_name_are_checked_against_the_name(pkis, tiny_verifier):
     """The orchestrator dials the replicas of dns:///name:port by IP; their certificates must carry
-    the name (specpipe.cli.wiring.peer_tls), here "localhost" for a server dialled as 127.0.0.1."""
-    from specpipe.cli.wiring import peer_tls
-    from specpipe.rpc.clients import VerifierClient
+    the name (specpipe.app.wiring.peer_tls), here "localhost" for a server dialled as 127.0.0.1."""
+    from specpipe.app.wiring import peer_tls
+    from specpipe.serving.clients import VerifierClient
     from verifier_service import servicer
 
     ours, _ = pkis

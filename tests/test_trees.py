@@ -1,5 +1,5 @@
-from specpipe.trees import common_prefix, attach, first_path, merge_drafts, subtree, tried_children
-from specpipe.types import Draft
+from specpipe.core.trees import attach, common_prefix, first_path, merge_drafts, subtree, tried_children
+from specpipe.core.types import Draft
 
 
 def test_merge_shares_prefixes_and_keeps_order():

@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from specpipe.models import tiny_model
-from specpipe.rpc.clients import GenerationClient, VerifierClient
-from specpipe.types import SpeculationOptions
+from specpipe.core.types import SpeculationOptions
+from specpipe.engine.models import tiny_model
+from specpipe.serving.clients import GenerationClient, VerifierClient
 from tests.golden import GOLDEN_PROMPTS, reference_greedy
 from tests.test_contract_generation import specpipe_up
 

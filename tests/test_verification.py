@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from specpipe import runner
-from specpipe.errors import InvalidArgument
-from specpipe.verification import (
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.verification import (
     ancestor_mask,
     check_tree,
     depths,
@@ -13,6 +12,7 @@ from specpipe.verification import (
     tree_position_ids,
     verify_greedy,
 )
+from specpipe.engine import runner
 
 # (tokens, parents, target argmax after root and after each node, accepted nodes, correction)
 GREEDY_CASES = {

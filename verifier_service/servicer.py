@@ -1,10 +1,10 @@
-"""gRPC servicer of the Verifier service: proto <-> specpipe.protocols.Verifier, nothing else."""
+"""gRPC servicer of the Verifier service: proto <-> specpipe.core.protocols.Verifier, nothing else."""
 
 from __future__ import annotations
 
-from specpipe.protocols import Verifier
-from specpipe.rpc import convert
-from specpipe.rpc.server import Service, rpc_method, service_name
+from specpipe.core.protocols import Verifier
+from specpipe.serving import convert
+from specpipe.serving.server import Service, rpc_method, service_name
 from specpipe.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 

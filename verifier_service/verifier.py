@@ -7,7 +7,7 @@ accepted path only, and appends accepted tokens + correction to the context.
 Llama / Qwen2 models in eager or packed mode run batched (docs/batching.md): one scheduler thread
 owns the model and runs the pending rounds and prefill chunks of all sessions as one forward, a lone
 session being a batch of one (the same code). Other architectures, and the graphs mode, run one
-session's forward at a time through specpipe.runner.
+session's forward at a time through specpipe.engine.runner.
 """
 
 from __future__ import annotations
@@ -22,24 +22,26 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specpipe import cores, metrics, runner
-from specpipe.batch_scheduler import BatchConfig, Step, Work, one_step, serving_scheduler
-from specpipe.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from specpipe.kv import SlotKV, new_slot
-from specpipe.lifecycle import Sweeper, current_cancellation, evict_idle, sweep_period
-from specpipe.limits import DEFAULT_LIMITS, Limits, check_draft, check_prefill, draft_nodes_label
-from specpipe.models import load_model, model_info
-from specpipe.presets import ModelSpec
-from specpipe.replicas import VerifierLoad
-from specpipe.sampling import check_sampling, rejection_sample_chain, warp
-from specpipe.types import Draft, ModelInfo, SamplingParams, VerifyResult
-from specpipe.verification import (
+from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_draft, check_prefill, draft_nodes_label
+from specpipe.config.presets import ModelSpec
+from specpipe.config.services import BatchConfig
+from specpipe.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from specpipe.core.sampling import check_sampling, rejection_sample_chain, warp
+from specpipe.core.types import Draft, ModelInfo, SamplingParams, VerifyResult
+from specpipe.core.verification import (
     check_token_ids,
     check_tree,
     tree_allowed,
     tree_position_ids,
     verify_greedy,
 )
+from specpipe.engine import cores, runner
+from specpipe.engine.kv import SlotKV, new_slot
+from specpipe.engine.models import load_model, model_info
+from specpipe.engine.scheduler import Step, Work, one_step, serving_scheduler
+from specpipe.runtime import metrics
+from specpipe.runtime.lifecycle import Sweeper, current_cancellation, evict_idle, sweep_period
+from specpipe.serving.replicas import VerifierLoad
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +229,7 @@ class ModelVerifier:
 
     def serving_load(self) -> VerifierLoad:
         """Open sessions and queued work (the batch queue's depth; unbatched: 1 while a forward runs),
-        for least-loaded routing of new sessions (specpipe.replicas)."""
+        for least-loaded routing of new sessions (specpipe.serving.replicas)."""
         with self._sessions_lock:
             open_sessions = len(self._sessions)
         queued = self._scheduler.depth if self._scheduler is not None else int(self._forward_lock.locked())

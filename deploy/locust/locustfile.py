@@ -6,7 +6,7 @@
 Each generation fires one Locust request event per measure: `ttft` (call -> first chunk), `itl`
 (one per token of every later chunk: the chunk's gap split over its tokens) and `e2e` (the whole
 stream; its response length is the tokens received). A failed call is one `e2e` failure named by
-its gRPC status. With --records every call also becomes a JSON line (specpipe.loadstats), from which
+its gRPC status. With --records every call also becomes a JSON line (specpipe.bench.loadstats), from which
 `specpipe loadtest` computes tokens/s, percentiles and goodput per user level. Add shapes.py
 (`-f deploy/locust/locustfile.py,deploy/locust/shapes.py --shape steps`) for the load shapes."""
 
@@ -17,7 +17,6 @@ import grpc.experimental.gevent as grpc_gevent
 grpc_gevent.init_gevent()  # locust patched the stdlib when it loaded; grpc must be patched before any channel
 
 import itertools
-import os
 import random
 import time
 from collections import Counter
@@ -27,12 +26,13 @@ import gevent
 from locust import User, constant, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from specpipe import types
-from specpipe.errors import SpecpipeError
-from specpipe.loadstats import OK, RequestRecord, itl_per_token, write_record
-from specpipe.prompts import Prompt, load_suite
-from specpipe.rpc.clients import GenerationClient
-from specpipe.rpc.security import Tls, read_token
+from specpipe.bench.loadstats import OK, RequestRecord, itl_per_token, write_record
+from specpipe.bench.prompts import Prompt, load_suite
+from specpipe.config.env import environment
+from specpipe.core import types
+from specpipe.core.errors import SpecpipeError
+from specpipe.serving.clients import GenerationClient
+from specpipe.serving.security import Tls, read_token
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
 
@@ -42,7 +42,7 @@ def _add_options(parser) -> None:
     parser.add_argument("--suite", default="mix", help="prompts: humaneval, mtbench, gsm8k, random, noise or mix "
                         "(code, chat and math in turn) (default: %(default)s)")
     parser.add_argument("--prompt-limit", type=int, default=20, help="prompts taken from each suite (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=int(os.environ.get("SPECPIPE_MAX_NEW_TOKENS", "64")),
+    parser.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or 64,
                         help="tokens per generation (default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
     parser.add_argument("--deadline-s", type=float, default=120.0, help="client deadline of every call (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")

@@ -1,13 +1,13 @@
 """Load shapes for locustfile.py (`-f deploy/locust/locustfile.py,deploy/locust/shapes.py`):
 --shape steps holds each of --levels users for --hold-s seconds; ramp goes from 1 user to the largest
 level, spike holds the smallest and bursts to the largest in the middle third, both over
-len(levels) * hold-s. The arithmetic is specpipe.loadshapes."""
+len(levels) * hold-s. The arithmetic is specpipe.bench.loadshapes."""
 
 from __future__ import annotations
 
 from locust import LoadTestShape, events
 
-from specpipe.loadshapes import SHAPES, parse_levels, shape_users
+from specpipe.bench.loadshapes import SHAPES, parse_levels, shape_users
 
 
 @events.init_command_line_parser.add_listener

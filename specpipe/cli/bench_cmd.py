@@ -9,9 +9,12 @@ import os
 import platform
 from dataclasses import replace
 
+from specpipe.app.wiring import forward_mode
+from specpipe.bench.methods import Method, parse_baselines, parse_methods
 from specpipe.cli import options
-from specpipe.cli.bench_methods import Method, parse_baselines, parse_methods
-from specpipe.errors import InvalidArgument
+from specpipe.config.services import model_config
+from specpipe.core.errors import InvalidArgument
+from specpipe.engine.cores import set_threads
 
 SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise")
 
@@ -23,7 +26,7 @@ def register(subparsers) -> None:
         description="Run verifier-only transformers greedy generate() and speculative decoding on the same "
         "prompts in one run; report tokens/s, speed-up, tokens per verify call, and whether every output "
         "is identical to the baseline. Pinned to one CPU core per service that runs at once (the default); "
-        "embedded, the verifier and the drafter share the process's cores (specpipe.cores).",
+        "embedded, the verifier and the drafter share the process's cores (specpipe.engine.cores).",
     )
     parser.add_argument("--suite", choices=SUITES, default="humaneval",
                         help="prompt suite; random: made-up words to continue (the models copy them, so drafts "
@@ -114,18 +117,22 @@ def pipeline_cores(args: argparse.Namespace, methods: list, cores: list[int]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from specpipe.bench import benchmark, specpipe_method
-    from specpipe.cli.bench_runs import (
-        bench_prompts, embedded_generators, grpc_generators, own_generator, transformers_runs,
+    from specpipe.bench.measure import benchmark, specpipe_method
+    from specpipe.bench.report import detail_table, markdown_table, sweep_table, to_json
+    from specpipe.bench.runs import (
+        bench_prompts,
+        embedded_generators,
+        grpc_generators,
+        own_generator,
+        transformers_runs,
     )
-    from specpipe.report import detail_table, markdown_table, sweep_table, to_json
 
     if args.forward_curve:
         return run_forward_curve(args)
     if args.report:
         return run_report(args)
     methods = parse_methods(args)
-    compiled = options.forward_mode(args) != "eager"
+    compiled = forward_mode(model_config(vars(args))) != "eager"
     none = next((m for m in methods if m.drafter == "none"), None)
     if compiled and none is None:  # the compiled verifier alone: the compiled methods' baseline and yardstick
         none = Method("none", "sequential", args.predictor)
@@ -182,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     import pathlib
 
-    from specpipe.report import replace_section, report
+    from specpipe.bench.report import replace_section, report
 
     for path in args.report:
         if not os.path.isfile(path):
@@ -201,11 +208,10 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_forward_curve(args: argparse.Namespace) -> int:
-    from specpipe import curve
-    from specpipe.cli.bench_runs import pin
-    from specpipe.models import load_model
-    from specpipe.presets import model_specs
-    from specpipe.runner import Runner
+    from specpipe.bench import curve
+    from specpipe.bench.runs import pin
+    from specpipe.engine.models import load_model
+    from specpipe.engine.runner import Runner
 
     try:
         acceptances = [float(a) for a in args.acceptance.split(",") if a]
@@ -215,13 +221,14 @@ def run_forward_curve(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--acceptance takes rates in [0, 1], got {args.acceptance!r}")
     if args.pin:
         pin(1)
-    options.set_threads(args.threads or 1)
-    modes = ("eager", options.forward_mode(args)) if options.forward_mode(args) != "eager" else ("eager",)
+    set_threads(args.threads or 1)
+    model = model_config(vars(args))
+    modes = ("eager", forward_mode(model)) if forward_mode(model) != "eager" else ("eager",)
     curves: dict[str, dict[int, float]] = {}
-    for role, spec in zip(("verifier", "drafter"), model_specs(args.preset, args.verifier, args.draft_model)):
+    for role, spec in zip(("verifier", "drafter"), model.specs()):
         runners = {}
         for mode in modes:  # a model each: packed changes its model in place
-            runners[f"{role} {mode}"] = Runner(load_model(spec, args.device, options.model_dtype(args)), mode)
+            runners[f"{role} {mode}"] = Runner(load_model(spec, model.device, model.torch_dtype), mode)
             runners[f"{role} {mode}"].warm_up(progress=True)
         curves.update(curve.forward_curves(runners, desc=f"T(k) {role}"))
         del runners

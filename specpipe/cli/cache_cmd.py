@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 from typing import Iterator, Sequence
 
-from specpipe.errors import InvalidArgument
-from specpipe.presets import DEFAULT_PRESET, PRESETS
-from specpipe.tenancy import check_tenant
+from specpipe.config.env import environment
+from specpipe.config.presets import DEFAULT_PRESET, PRESETS
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.tenancy import check_tenant
 
 CHUNK_TOKENS = 4096  # tokens per update_global call (one Redis round trip, a bounded Lua run)
 
@@ -27,10 +27,10 @@ def register(subparsers) -> None:
                               "store, tokenized with the verifier's tokenizer. A .jsonl file holds one document "
                               "per line (its \"text\" field, else its string fields); any other file is one document.")
     seed.add_argument("files", nargs="+", metavar="FILE", help=".txt, .md, .py, any text (one document) or .jsonl")
-    seed.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE"), metavar="URL",
+    seed.add_argument("--cache", default=environment().cache, metavar="URL",
                       help="the shared store: redis://[:password@]host:port/db, rediss://... or grpc://host:port "
                       "(env SPECPIPE_CACHE; memory is refused: the seed would die with this process)")
-    seed.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", DEFAULT_PRESET), choices=sorted(PRESETS),
+    seed.add_argument("--preset", default=environment().preset or DEFAULT_PRESET, choices=sorted(PRESETS),
                       help="whose verifier's tokenizer to use (default: %(default)s; env SPECPIPE_PRESET)")
     seed.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
     seed.add_argument("--tenant", default="", metavar="ID",
@@ -47,9 +47,9 @@ def run_seed(args: argparse.Namespace) -> int:
 
     from cache_service.redis_store import redacted
     from cache_service.stores import open_store
-    from specpipe.models import load_tokenizer
-    from specpipe.ngram import NgramConfig
-    from specpipe.presets import model_specs
+    from specpipe.config.presets import model_specs
+    from specpipe.core.ngram import NgramConfig
+    from specpipe.engine.models import load_tokenizer
 
     check_tenant(args.tenant)
     if not args.cache:

@@ -34,30 +34,31 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specpipe.types import GenerationRequest
+    from specpipe.config.services import generator_config, speculation
+    from specpipe.core.types import GenerationRequest
 
     messages = None if args.raw else [("user", args.prompt)]
     prompt = args.prompt if args.raw else None
     if args.addr:
-        from specpipe.rpc.clients import GenerationClient
+        from specpipe.serving.clients import GenerationClient
 
         tls, token = security_args.client_security(args)
         client = GenerationClient(args.addr, tls=tls, auth_token=token)
         chunks = client.generate(
             prompt=prompt, messages=messages, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
-            sampling=options.sampling_params(args), speculation=options.speculation_options(args),
-            tenant=args.tenant,
+            sampling=options.sampling_params(args), speculation=speculation(vars(args)), tenant=args.tenant,
         )
     else:
-        from specpipe.cli.wiring import embedded_generator
+        from specpipe.app.wiring import embedded_generator
 
-        generator = embedded_generator(args)
+        config = generator_config(vars(args))
+        generator = embedded_generator(config)
         request = GenerationRequest(
             prompt_ids=generator.encode(prompt=prompt, messages=messages),
             max_new_tokens=args.max_new_tokens,
             stop=tuple(args.stop),
             sampling=options.sampling_params(args),
-            speculation=options.speculation_options(args),
+            speculation=config.speculation,
             tenant=args.tenant,
         )
         chunks = generator.generate(request)

@@ -17,12 +17,13 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from specpipe import loadstats
+from specpipe.bench import loadstats
+from specpipe.bench.loadshapes import SHAPES, parse_levels
 from specpipe.cli import security_args
-from specpipe.errors import InvalidArgument
-from specpipe.loadshapes import SHAPES, parse_levels
-from specpipe.presets import PRESETS
-from specpipe.types import DRAFTER_KINDS
+from specpipe.config.env import environment
+from specpipe.config.presets import PRESETS
+from specpipe.core.errors import FailedPrecondition, InvalidArgument
+from specpipe.core.types import DRAFTER_KINDS
 
 SERVER_DEFAULT = "default"  # a --drafter value: the server's own default speculation
 SUITES = ("mix", "humaneval", "mtbench", "gsm8k", "random", "noise")  # mix: the first three in turn
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
                                    description=__doc__.split("\n\n")[0])
     target = parser.add_argument_group("target")
     target.add_argument("--addr", default=None, help="HOST:PORT of an orchestrator (default: start `specpipe up`)")
-    target.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", "tiny"), choices=sorted(PRESETS),
+    target.add_argument("--preset", default=environment().preset or "tiny", choices=sorted(PRESETS),
                         help="without --addr: the model pair of the `specpipe up` started (default: %(default)s)")
     target.add_argument("--up-args", action="append", default=None, metavar="[LABEL=]FLAGS",
                         help="without --addr: more `specpipe up` flags, e.g. \"--pin\". Repeat it to compare "
@@ -52,7 +53,7 @@ def register(subparsers) -> None:
     work = parser.add_argument_group("requests (flags of deploy/locust/locustfile.py)")
     work.add_argument("--suite", default="mix", choices=SUITES, help="mix: code, chat and math in turn (default: %(default)s)")
     work.add_argument("--prompt-limit", type=int, default=20, help="prompts per suite (default: %(default)s)")
-    work.add_argument("--max-new-tokens", type=int, default=int(os.environ.get("SPECPIPE_MAX_NEW_TOKENS", "64")),
+    work.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or 64,
                       help="(default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
     work.add_argument("--deadline-s", type=float, default=120.0, help="client deadline per call (default: %(default)s)")
     work.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
@@ -128,7 +129,7 @@ def check_drafters(drafters: list[str], given: str) -> None:
 
 def client_flags(args: argparse.Namespace, up_args: str, up_dir: Path) -> tuple[str, ...]:
     """The Locust user's TLS and token flags: the client's, or with `up --tls` the client
-    certificate that up issues (specpipe.cli.up_security)."""
+    certificate that up issues (specpipe.app.up_security)."""
     security = security_args.locust_flags(vars(args))
     if args.addr is None and "--tls" in shlex.split(up_args) and not security:
         tls_dir = up_dir / "tls"
@@ -149,8 +150,12 @@ def workload_flags(args: argparse.Namespace, drafter: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specpipe.cli import loadtest_runs
+    import importlib.util
 
+    from specpipe.bench import loadruns as loadtest_runs
+
+    if importlib.util.find_spec("locust") is None:
+        raise FailedPrecondition("specpipe loadtest drives Locust: pip install 'specpipe[load]'")
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
     check_drafters(drafters, args.drafter)
     if args.from_run:
@@ -254,7 +259,7 @@ def _from_run(args: argparse.Namespace, out_dir: Path) -> int:
 
 
 def _print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
-    from specpipe.loadreport import run_label
+    from specpipe.bench.loadreport import run_label
 
     for label, levels in runs.items():
         print(f"\n{run_label(label)}\n{loadstats.markdown_table(levels, slo)}")
@@ -268,7 +273,7 @@ def _print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
 
 
 def _write_report(args: argparse.Namespace, runs: dict) -> None:
-    from specpipe import loadreport
+    from specpipe.bench import loadreport
 
     path = Path(args.report)
     images = loadreport.plot(runs, path.parent / "load", path.stem)
@@ -281,8 +286,8 @@ def _write_report(args: argparse.Namespace, runs: dict) -> None:
 
 
 def _check_report(path: Path) -> None:
-    from specpipe import loadreport
-    from specpipe.report import markers
+    from specpipe.bench import loadreport
+    from specpipe.bench.report import markers
 
     begin, end = markers(loadreport.SECTION)
     if not path.is_file() or begin not in (text := path.read_text()) or end not in text:

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from specpipe import __version__
-from specpipe.errors import SpecpipeError
+from specpipe.core.errors import SpecpipeError
 
 COMMANDS = ("models_cmd", "generate_cmd", "serve_cmd", "up_cmd", "bench_cmd", "cache_cmd", "loadtest_cmd", "serve_ray_cmd")
 

@@ -5,12 +5,12 @@ packaged model they load first when it is missing (`prepare_missing`), unless to
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from specpipe.errors import FailedPrecondition, InvalidArgument
-from specpipe.presets import PRESETS, model_specs
+from specpipe.config.env import environment
+from specpipe.config.presets import PRESETS, model_specs
+from specpipe.core.errors import FailedPrecondition, InvalidArgument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,9 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from specpipe import packaged
+    from specpipe.engine import packaged
 
-    preset = args.preset or os.environ.get("SPECPIPE_PRESET") or _default_preset()
+    preset = args.preset or environment().preset or _default_preset()
     if preset not in PRESETS:
         raise InvalidArgument(f"unknown preset {preset!r} (from SPECPIPE_PRESET); choose from {', '.join(PRESETS)}")
     names = [name for name, model in packaged.PACKAGED.items() if args.all or model.preset == preset]
@@ -60,7 +60,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from specpipe import packaged
+    from specpipe.engine import packaged
 
     print(f"packaged models under {packaged.home()}:")
     rows = [("MODEL", "PRESET", "PREPARED", "SIZE", "PATH")]
@@ -78,7 +78,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def _default_preset() -> str:
-    from specpipe.presets import DEFAULT_PRESET
+    from specpipe.config.presets import DEFAULT_PRESET
 
     return DEFAULT_PRESET
 
@@ -113,9 +113,9 @@ def roles_to_load(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def models_to_prepare(args: argparse.Namespace) -> list[str]:
-    """Packaged model names (specpipe.packaged) the command will load, prepared or not; a role given
+    """Packaged model names (specpipe.engine.packaged) the command will load, prepared or not; a role given
     by a path or model id (--verifier / --draft-model) needs none."""
-    from specpipe import packaged
+    from specpipe.engine import packaged
 
     roles = roles_to_load(args)
     if not roles:
@@ -129,7 +129,7 @@ def models_to_prepare(args: argparse.Namespace) -> list[str]:
 def prepare_missing(args: argparse.Namespace) -> None:
     """Before a command runs: prepare each packaged model it will load that is not prepared yet, with
     progress on stderr, or with --no-prepare refuse, naming the command that prepares it."""
-    from specpipe import packaged
+    from specpipe.engine import packaged
 
     missing = [name for name in models_to_prepare(args) if not packaged.is_prepared(name)]
     if not missing:

@@ -1,60 +1,57 @@
-"""Flags shared by several commands, and the frozen configs built from them."""
+"""Flags shared by several commands. Their names are the keys of specpipe.config.services' builders,
+and their defaults the configs' (and the SPECPIPE_* environment's, specpipe.config.env)."""
 
 from __future__ import annotations
 
 import argparse
-import functools
-import logging
-import os
 
 from specpipe.cli.models_cmd import add_prepare_arg
-from specpipe.errors import InvalidArgument
-from specpipe.presets import DEFAULT_PRESET, PRESETS
-from specpipe.types import (
-    ADAPTIVE, ALL_HYPOTHESES, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES, SERVED_DRAFTER, SamplingParams,
+from specpipe.config.env import environment
+from specpipe.config.presets import DEFAULT_PRESET, PRESETS
+from specpipe.config.services import COMPILE, DRAFT_WEIGHTS, DTYPES, BatchConfig, ModelConfig
+from specpipe.core.types import (
+    ADAPTIVE,
+    ALL_HYPOTHESES,
+    DRAFTER_KINDS,
+    PREDICTORS,
+    SCHEDULES,
+    SERVED_DRAFTER,
+    SamplingParams,
     SpeculationOptions,
 )
 
-log = logging.getLogger(__name__)
-
-DEFAULT = SpeculationOptions()  # the product's defaults, defined once (specpipe.types)
+DEFAULT = SpeculationOptions()  # the product's defaults, defined once (specpipe.core.types)
+MODEL = ModelConfig()
+BATCH = BatchConfig()
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
-    group.add_argument("--preset", default=os.environ.get("SPECPIPE_PRESET", DEFAULT_PRESET), choices=sorted(PRESETS),
+    group.add_argument("--preset", default=environment().preset or DEFAULT_PRESET, choices=sorted(PRESETS),
                        help="model pair (default: %(default)s; env SPECPIPE_PRESET)")
     group.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
     group.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
-    group.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
+    group.add_argument("--device", default=MODEL.device, help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
     add_dtype_arg(group)
-    group.add_argument("--threads", type=int, default=0, help="torch threads per process (default: all cores)")
+    group.add_argument("--threads", type=int, default=MODEL.threads, help="torch threads per process (default: all cores)")
     add_compile_arg(group)
     add_prepare_arg(group)
 
 
 def add_dtype_arg(parser) -> None:
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+    parser.add_argument("--dtype", default=MODEL.dtype, choices=DTYPES,
                         help="the models' weights and activations; auto: bfloat16 on a GPU, float32 on a CPU (where "
                         "bf16 is no faster) (default: %(default)s)")
 
 
-def model_dtype(args: argparse.Namespace) -> str:
-    """--dtype for --device: float32 or bfloat16."""
-    setting = getattr(args, "dtype", "auto")
-    if setting != "auto":
-        return setting
-    return "float32" if args.device.split(":")[0] == "cpu" else "bfloat16"
-
-
 def add_compile_arg(parser) -> None:
-    parser.add_argument("--compile", default="auto", choices=("auto", "off", "on"),
+    parser.add_argument("--compile", default=MODEL.compile, choices=COMPILE,
                         help="fast forward passes, chosen by --device. CPU: every linear layer runs a small-M GEMM "
                         "kernel built for this CPU with the C compiler (once, cached) over weights packed at load; "
                         "CUDA: CUDA graphs over bucketed shapes (batched and one-session forwards), captured at "
                         "start-up (seconds). auto: the CPU kernel when a C compiler is there, else eager; the "
                         "graphs on CUDA; on: always (an error without a compiler); off: eager (default: %(default)s)")
-    parser.add_argument("--draft-weights", default="auto", choices=("auto", "fp32", "bf16"),
+    parser.add_argument("--draft-weights", default=MODEL.draft_weights, choices=DRAFT_WEIGHTS,
                         help="the weights of the drafter's packed linear layers (CPU kernel only): bf16 streams "
                         "half the bytes per token, with fp32 arithmetic; it changes what the drafter proposes, never "
                         "what is emitted (the verifier stays fp32). auto: bf16 when the CPU kernel runs, else fp32 "
@@ -63,40 +60,6 @@ def add_compile_arg(parser) -> None:
                         help="on: the verifier (and the model drafter) run the work of all their sessions as one "
                         "forward (docs/batching.md); off: one session per forward, as before batching (to compare) "
                         "(default: %(default)s)")
-
-
-def forward_mode(args: argparse.Namespace) -> str:
-    """specpipe.runner's forward mode for --compile and --device: eager, packed (CPU) or graphs (CUDA)."""
-    setting, cpu = getattr(args, "compile", "off"), args.device.split(":")[0] == "cpu"
-    if setting == "off":
-        return "eager"
-    if not cpu:
-        return "graphs"
-    return _cpu_auto_mode() if setting == "auto" else "packed"
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_auto_mode() -> str:
-    """--compile auto on a CPU: packed where the kernel can be built and cached, else eager (said once)."""
-    from specpipe import native
-
-    reason = native.unavailable()
-    if reason is None:
-        return "packed"
-    log.warning(f"--compile auto runs eager forwards: the packed GEMM kernel cannot be built here ({reason})")
-    return "eager"
-
-
-def drafter_forward(args: argparse.Namespace) -> dict:
-    """The model drafter's forward options (ModelDrafter keywords) from --compile, --device and
-    --draft-weights."""
-    mode, weights = forward_mode(args), getattr(args, "draft_weights", "fp32")
-    if weights == "auto":
-        weights = "bf16" if mode == "packed" else "fp32"
-    if weights != "fp32" and mode != "packed":
-        raise InvalidArgument(f"--draft-weights {weights} packs the drafter's weights: it needs the CPU kernel "
-                              "(--compile on, or auto with a C compiler) and a CPU --device")
-    return {"mode": mode, "weights": weights, "batching": getattr(args, "batching", "on") == "on"}
 
 
 def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = DEFAULT.drafter) -> None:
@@ -108,7 +71,7 @@ def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = 
                        help="draft source: the small model, the n-gram store, both merged into one tree, or none "
                        f"(the verifier alone); where a drafter service drafts on a core or host of its own, "
                        f"{SERVED_DRAFTER} is the default (default: {default})")
-    group.add_argument("--cache", default=os.environ.get("SPECPIPE_CACHE", "memory"), metavar="URL",
+    group.add_argument("--cache", default=environment().cache or "memory", metavar="URL",
                        help="n-gram store: memory (this process), redis (`specpipe up` only: starts a local "
                        "redis-server), redis://[:password@]host:port/db, rediss://... (TLS) or grpc://host:port "
                        "(a cache service); all but memory are shared by every replica (default: %(default)s; "
@@ -159,9 +122,8 @@ def hypotheses_arg(value: str) -> int:
     return m
 
 
-def speculation_flags(args: argparse.Namespace) -> tuple[str, ...]:
-    """The speculation flags of args, to pass on to another specpipe command."""
-    spec = speculation_options(args)
+def speculation_flags(spec: SpeculationOptions) -> tuple[str, ...]:
+    """The flags of spec, to pass on to another specpipe command."""
     hypotheses = "all" if spec.hypotheses == ALL_HYPOTHESES else str(spec.hypotheses)
     return ("--drafter", spec.drafter, "--draft-len", str(spec.draft_len), "--width", str(spec.width),
             "--schedule", spec.schedule, "--predictor", spec.predictor, "--hypotheses", hypotheses,
@@ -174,30 +136,8 @@ def add_hop_delay_arg(parser: argparse.ArgumentParser) -> None:
                         "to measure how well a schedule hides network latency on loopback (default: off)")
 
 
-def speculation_options(args: argparse.Namespace, drafter_service: bool = False) -> SpeculationOptions:
-    """--draft-len alone fixes the depth; --adaptive alone, or neither, chooses it up to a cap. A
-    --drafter left to the command (None, `serve orchestrator`): SERVED_DRAFTER where a drafter service
-    drafts (drafter_service, as on Ray, or --drafter-addr given), else the embedded default."""
-    adaptive = args.adaptive or ("off" if args.draft_len is not None else DEFAULT.adaptive)
-    draft_len = args.draft_len or (DEFAULT.draft_len if adaptive == "on" else FIXED_DRAFT_LEN)
-    served = drafter_service or bool(getattr(args, "drafter_addr", None))
-    drafter = args.drafter or (SERVED_DRAFTER if served else DEFAULT.drafter)
-    return SpeculationOptions(drafter=drafter, draft_len=draft_len, width=args.width,
-                              schedule=args.schedule, predictor=args.predictor, hypotheses=args.hypotheses,
-                              adaptive=adaptive)
-
-
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-
-
-def set_threads(threads: int) -> None:
-    """torch threads; 0: one per core this process may use (after any pinning)."""
-    import torch
-
-    if threads <= 0:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(threads)
 
 
 HEALTH_THREADS = 4  # server threads kept free of admitted work: health and reflection never wait
@@ -213,39 +153,22 @@ def add_admission_args(parser: argparse.ArgumentParser, role: str) -> None:
                        help="requests waiting for the model (orchestrator: generations waiting for a slot); beyond: "
                        "RESOURCE_EXHAUSTED (default: %(default)s)")
     if role == "verifier":
-        group.add_argument("--max-batch-tokens", type=int, default=512,
+        group.add_argument("--max-batch-tokens", type=int, default=BATCH.max_batch_tokens,
                            help="tokens per batched verifier forward, all sessions together (default: %(default)s)")
-        group.add_argument("--prefill-chunk", type=int, default=256,
+        group.add_argument("--prefill-chunk", type=int, default=BATCH.prefill_chunk,
                            help="prompt tokens a prefill feeds per forward, so a long prompt never stalls other "
                            "sessions' rounds for more than one chunk (default: %(default)s)")
-        group.add_argument("--prefill-stall", type=float, default=1.5, metavar="X",
+        group.add_argument("--prefill-stall", type=float, default=BATCH.prefill_stall, metavar="X",
                            help="while other sessions decode, prompt chunks are cut so a forward takes at most X "
                            "times as long as their rounds alone (steered by the measured forward times), keeping their "
                            "inter-token latency while a long prompt is admitted; a higher X admits the prompt "
                            "sooner; 0 = chunks of --prefill-chunk (default: %(default)s)")
-        group.add_argument("--gather-grace", type=float, default=0.5, metavar="SHARE",
+        group.add_argument("--gather-grace", type=float, default=BATCH.gather_grace, metavar="SHARE",
                            help="while sessions decode, a forward first waits up to this share of its predicted "
                            "time (2-50 ms) for their rounds that are not in yet and are due back (their round "
                            "ended within the longest of recent turnarounds), so they share one forward "
                            "instead of splitting into groups that each pay one; a lone session never waits; 0 = "
                            "dispatch at once (default: %(default)s)")
-
-
-def verifier_options(args: argparse.Namespace) -> dict:
-    """ModelVerifier keywords from the admission and batching flags (defaults where a command has none)."""
-    from specpipe.batch_scheduler import BatchConfig
-
-    defaults = BatchConfig()
-    try:
-        batch = BatchConfig(getattr(args, "max_batch_tokens", defaults.max_batch_tokens),
-                            getattr(args, "prefill_chunk", defaults.prefill_chunk),
-                            getattr(args, "max_queue", defaults.max_queue),
-                            getattr(args, "prefill_stall", defaults.prefill_stall),
-                            getattr(args, "gather_grace", defaults.gather_grace))
-    except ValueError as err:
-        raise InvalidArgument(str(err)) from None
-    return {"max_sessions": getattr(args, "max_sessions", 64), "batch": batch,
-            "batching": getattr(args, "batching", "on") == "on"}
 
 
 def worker_threads(args: argparse.Namespace) -> int:

@@ -1,17 +1,17 @@
-"""Flags of the hardening settings (docs/security.md): input caps, one flag per specpipe.limits.Limits
+"""Flags of the hardening settings (docs/security.md): input caps, one flag per specpipe.config.limits.Limits
 field (--limit-prompt-tokens for max_prompt_tokens, ...), the session TTL of the verifier and the
 drafter, the global table's learning, and TLS / mTLS, reflection and the bearer token."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import fields, replace
 from typing import Mapping
 
-from specpipe.errors import InvalidArgument
-from specpipe.limits import DEFAULT_LIMITS, Limits
-from specpipe.rpc.security import Tls, read_token
+from specpipe.config.env import environment
+from specpipe.config.limits import DEFAULT_LIMITS, Limits
+from specpipe.config.services import tls_files
+from specpipe.serving.security import Tls, read_token
 
 HELP = {
     "max_prompt_tokens": "prompt tokens of a generation or a prefill",
@@ -41,27 +41,10 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
                            metavar="N", help=f"{HELP[f.name]} (default: %(default)s)")
 
 
-def limits(args: argparse.Namespace) -> Limits:
-    """The caps the flags give (the defaults for a command without them)."""
-    values = {f.name: getattr(args, f"limit_{f.name}", getattr(DEFAULT_LIMITS, f.name)) for f in fields(Limits)}
-    try:
-        return Limits(**values)
-    except ValueError as err:
-        raise InvalidArgument(str(err)) from None
-
-
 def add_session_ttl_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-ttl", type=float, default=600.0, metavar="S",
                         help="a session idle this long is evicted by a background sweeper, its KV cache freed "
                         "(clients that went away without releasing) (default: %(default)s)")
-
-
-def session_ttl_s(args: argparse.Namespace) -> float:
-    """--session-ttl (600 s for a command without it)."""
-    ttl = getattr(args, "session_ttl", 600.0)
-    if ttl <= 0:
-        raise InvalidArgument(f"--session-ttl must be > 0, got {ttl}")
-    return ttl
 
 
 def add_learn_global_arg(parser: argparse.ArgumentParser) -> None:
@@ -71,22 +54,41 @@ def add_learn_global_arg(parser: argparse.ArgumentParser) -> None:
                         "(default: %(default)s; docs/security.md)")
 
 
+TLS_HELP = {  # flag -> (server side, client side): what the file is to a service, and to a client of the public API
+    "--tls-cert": ("this service's certificate: served over TLS, and presented to peers for mutual TLS "
+                   "(env SPECPIPE_TLS_CERT; default: plaintext)",
+                   "client certificate to present (mutual TLS) (env SPECPIPE_TLS_CERT)"),
+    "--tls-key": ("the private key of --tls-cert (env SPECPIPE_TLS_KEY)",) * 2,
+    "--tls-ca": ("CA that peers' certificates must chain to; a server given one requires client certificates "
+                 "(mutual TLS) (env SPECPIPE_TLS_CA)",
+                 "connect over TLS, trusting the server's certificate if it chains to this CA (env SPECPIPE_TLS_CA; "
+                 "default: plaintext)"),
+    "--auth-token-file": ("require 'authorization: Bearer <the file's token>' on the Generation API; UNAUTHENTICATED "
+                          "otherwise (env SPECPIPE_AUTH_TOKEN_FILE; default: no token)",
+                          "send 'authorization: Bearer <the file's token>' (env SPECPIPE_AUTH_TOKEN_FILE)"),
+}
+
+
+def _add_tls_flags(group, client: bool) -> None:
+    """--tls-cert, --tls-key, --tls-ca, with the help of a server or of a client of the public API."""
+    env = environment()
+    defaults = {"--tls-cert": env.tls_cert, "--tls-key": env.tls_key, "--tls-ca": env.tls_ca}
+    for flag in ("--tls-ca", "--tls-cert", "--tls-key") if client else ("--tls-cert", "--tls-key", "--tls-ca"):
+        group.add_argument(flag, default=defaults[flag], metavar="PEM", help=TLS_HELP[flag][client])
+
+
+def _add_token_flag(group, client: bool) -> None:
+    group.add_argument("--auth-token-file", default=environment().auth_token_file, metavar="FILE",
+                       help=TLS_HELP["--auth-token-file"][client])
+
+
 def add_tls_args(parser: argparse.ArgumentParser, role: str) -> None:
     """TLS of the server (and of its calls to peers), reflection, and the public API's token."""
     group = parser.add_argument_group("transport security (docs/security.md)")
-    group.add_argument("--tls-cert", default=os.environ.get("SPECPIPE_TLS_CERT"), metavar="PEM",
-                       help="this service's certificate: served over TLS, and presented to peers for mutual TLS "
-                       "(env SPECPIPE_TLS_CERT; default: plaintext)")
-    group.add_argument("--tls-key", default=os.environ.get("SPECPIPE_TLS_KEY"), metavar="PEM",
-                       help="the private key of --tls-cert (env SPECPIPE_TLS_KEY)")
-    group.add_argument("--tls-ca", default=os.environ.get("SPECPIPE_TLS_CA"), metavar="PEM",
-                       help="CA that peers' certificates must chain to; a server given one requires client "
-                       "certificates (mutual TLS) (env SPECPIPE_TLS_CA)")
+    _add_tls_flags(group, client=False)
     group.add_argument("--reflection", action="store_true", help="serve gRPC reflection (default: off)")
     if role == "orchestrator":
-        group.add_argument("--auth-token-file", default=os.environ.get("SPECPIPE_AUTH_TOKEN_FILE"), metavar="FILE",
-                           help="require 'authorization: Bearer <the file's token>' on the Generation API; "
-                           "UNAUTHENTICATED otherwise (env SPECPIPE_AUTH_TOKEN_FILE; default: no token)")
+        _add_token_flag(group, client=False)
 
 
 CLIENT_FLAGS = ("tls_ca", "tls_cert", "tls_key", "auth_token_file")  # the dests of add_client_tls_args
@@ -96,15 +98,8 @@ def add_client_tls_args(parser: argparse.ArgumentParser, applies: str = "") -> N
     """What a client of the public API brings (docs/security.md): the CA to check the orchestrator's
     certificate by, a client certificate where one is asked for, and the bearer token."""
     group = parser.add_argument_group(f"transport security{applies} (docs/security.md)")
-    group.add_argument("--tls-ca", default=os.environ.get("SPECPIPE_TLS_CA"), metavar="PEM",
-                       help="connect over TLS, trusting the server's certificate if it chains to this CA "
-                       "(env SPECPIPE_TLS_CA; default: plaintext)")
-    group.add_argument("--tls-cert", default=os.environ.get("SPECPIPE_TLS_CERT"), metavar="PEM",
-                       help="client certificate to present (mutual TLS) (env SPECPIPE_TLS_CERT)")
-    group.add_argument("--tls-key", default=os.environ.get("SPECPIPE_TLS_KEY"), metavar="PEM",
-                       help="the private key of --tls-cert (env SPECPIPE_TLS_KEY)")
-    group.add_argument("--auth-token-file", default=os.environ.get("SPECPIPE_AUTH_TOKEN_FILE"), metavar="FILE",
-                       help="send 'authorization: Bearer <the file's token>' (env SPECPIPE_AUTH_TOKEN_FILE)")
+    _add_tls_flags(group, client=True)
+    _add_token_flag(group, client=True)
 
 
 def client_security(args: argparse.Namespace) -> tuple[Tls | None, str | None]:
@@ -122,8 +117,7 @@ def locust_flags(files: Mapping[str, str | None]) -> tuple[str, ...]:
 
 
 def tls(args: argparse.Namespace) -> Tls | None:
-    return Tls.from_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None),
-                          getattr(args, "tls_ca", None))
+    return Tls.of(tls_files(vars(args)))
 
 
 def server_tls(args: argparse.Namespace, role: str) -> Tls | None:
@@ -131,8 +125,3 @@ def server_tls(args: argparse.Namespace, role: str) -> Tls | None:
     certificate (its clients bring a bearer token), its --tls-ca is for its own calls to peers."""
     files = tls(args)
     return replace(files, client_certs=role != "orchestrator") if files is not None else None
-
-
-def tls_flags(cert: str, key: str, ca: str) -> tuple[str, ...]:
-    """The flags that give a child process its TLS files (specpipe up --tls)."""
-    return ("--tls-cert", cert, "--tls-key", key, "--tls-ca", ca)

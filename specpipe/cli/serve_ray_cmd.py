@@ -1,19 +1,17 @@
-"""`specpipe serve-ray [--config deploy/ray/serve.yaml]`: the Ray Serve application (deploy/ray) on a
-local Ray (or --address, a running cluster), until SIGTERM / SIGINT. Needs the ray extra and a
-checkout (deploy/ray is not part of the installed package). Prints one line once it is RUNNING:
+"""`specpipe serve-ray [--config deploy/ray/serve.yaml]`: the Ray Serve application
+(specpipe.rayserve) on a local Ray (or --address, a running cluster), until SIGTERM / SIGINT. Needs
+the ray extra. Prints one line once it is RUNNING:
     specpipe serve-ray: listening on 127.0.0.1:9000 (Serve gRPC proxy, applications: specpipe)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
-from specpipe.errors import FailedPrecondition
+from specpipe.core.errors import FailedPrecondition
 
 
 def register(subparsers) -> None:
@@ -22,7 +20,8 @@ def register(subparsers) -> None:
         description="Run the Ray Serve application of a Serve config (deploy/ray/serve.yaml: deployments, "
         "autoscaling, resources, each role's flags) on a local Ray, the public Generation API on Serve's "
         "gRPC proxy. Stops (and shuts Ray down) on SIGTERM / SIGINT.")
-    parser.add_argument("--config", default=None, help="Serve config (default: deploy/ray/serve.yaml of this checkout)")
+    parser.add_argument("--config", default=None,
+                        help="Serve config (default: deploy/ray/serve.yaml under the working directory)")
     parser.add_argument("--address", default=None, help="a running Ray cluster (default: start a local Ray)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     parser.add_argument("--num-gpus", type=int, default=None, help="GPUs of the local Ray (default: all)")
@@ -30,28 +29,29 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def checkout_root() -> Path:
-    """The checkout holding deploy/ray: the working directory, else the one specpipe runs from."""
-    import specpipe
+DEFAULT_CONFIG = Path("deploy") / "ray" / "serve.yaml"
 
-    for root in (Path.cwd(), Path(specpipe.__file__).resolve().parents[1]):
-        if (root / "deploy" / "ray" / "app.py").is_file():
-            return root
-    raise FailedPrecondition("serve-ray runs from a specpipe checkout (deploy/ray); run it from the repository root")
+
+def config_path(given: str | None) -> Path:
+    """--config, else deploy/ray/serve.yaml under the working directory (a checkout's)."""
+    if given:
+        return Path(given)
+    if not DEFAULT_CONFIG.is_file():
+        raise FailedPrecondition(f"no {DEFAULT_CONFIG} here: give --config (a Serve config such as the "
+                                 "repository's deploy/ray/serve.yaml)")
+    return DEFAULT_CONFIG
 
 
 def run(args: argparse.Namespace) -> int:
-    root = checkout_root()
-    sys.path.insert(0, str(root))  # deploy.ray here, and in every Ray worker this Ray starts
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    path = config_path(args.config)
     try:
         import ray
         from ray import serve
     except ImportError:
         raise FailedPrecondition("serve-ray needs Ray Serve: pip install -e '.[ray]'") from None
-    from deploy.ray import launch
+    from specpipe.rayserve import launch
 
-    config = launch.load_config(args.config or root / "deploy" / "ray" / "serve.yaml")
+    config = launch.load_config(path)
     if args.grpc_port is not None:
         config.setdefault("grpc_options", {})["port"] = args.grpc_port
     resources = {} if args.address else {"num_cpus": args.num_cpus, "num_gpus": args.num_gpus}

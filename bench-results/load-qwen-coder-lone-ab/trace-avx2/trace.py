@@ -3,8 +3,8 @@ one after another, every chunk's RoundStats written as a JSON line.
 Usage: python3 trace.py HOST:PORT OUT.jsonl N (../run.sh runs it with TRACE=1)."""
 import json, random, sys, time
 from dataclasses import asdict
-from specpipe.prompts import load_suite
-from specpipe.rpc.clients import GenerationClient
+from specpipe.bench.prompts import load_suite
+from specpipe.serving.clients import GenerationClient
 
 addr, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 prompts = [p for s in ("humaneval", "mtbench", "gsm8k") for p in load_suite(s, limit=20)]

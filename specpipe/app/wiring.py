@@ -1,0 +1,201 @@
+"""The composition root: which implementation each role gets (the in-process object or a gRPC client
+over replicas) is decided here only, from typed configs (specpipe.config.services)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import replace
+
+from specpipe.config.limits import DEFAULT_LIMITS
+from specpipe.config.services import (
+    DrafterConfig,
+    GeneratorConfig,
+    ModelConfig,
+    OrchestratorConfig,
+    TlsFiles,
+    VerifierConfig,
+)
+from specpipe.core.errors import InvalidArgument, SpecpipeError
+from specpipe.engine.models import load_tokenizer
+from specpipe.serving.security import Tls
+
+log = logging.getLogger(__name__)
+
+
+def forward_mode(model: ModelConfig) -> str:
+    """specpipe.engine.runner's forward mode: eager, packed (CPU) or graphs (CUDA)."""
+    if model.compile == "off":
+        return "eager"
+    if not model.on_cpu:
+        return "graphs"
+    return _cpu_auto_mode() if model.compile == "auto" else "packed"
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_auto_mode() -> str:
+    """compile auto on a CPU: packed where the kernel can be built and cached, else eager (said once)."""
+    from specpipe.engine import native
+
+    reason = native.unavailable()
+    if reason is None:
+        return "packed"
+    log.warning(f"--compile auto runs eager forwards: the packed GEMM kernel cannot be built here ({reason})")
+    return "eager"
+
+
+def drafter_forward(model: ModelConfig) -> dict:
+    """The model drafter's forward options (ModelDrafter keywords)."""
+    mode, weights = forward_mode(model), model.draft_weights
+    if weights == "auto":
+        weights = "bf16" if mode == "packed" else "fp32"
+    if weights != "fp32" and mode != "packed":
+        raise InvalidArgument(f"--draft-weights {weights} packs the drafter's weights: it needs the CPU kernel "
+                              "(--compile on, or auto with a C compiler) and a CPU --device")
+    return {"mode": mode, "weights": weights, "batching": model.batching}
+
+
+def ngram_cache(url: str, tls: TlsFiles | Tls | None = None):
+    """The n-gram store named by --cache: memory (this process), redis://... (shared) or grpc://...
+    (tls: of the channel to a cache service)."""
+    from cache_service.stores import open_store
+
+    return open_store(url, tls=Tls.of(tls) if isinstance(tls, TlsFiles) else tls)
+
+
+def build_drafters(kinds, store, model_drafter, info) -> dict:
+    """The drafters of kinds over one n-gram store and one model drafter (either may be None when
+    no kind needs it); hybrid = model + n-gram."""
+    from drafter_service.hybrid import HybridDrafter
+    from drafter_service.ngram_drafter import NgramDrafter
+
+    kinds = set(kinds)
+    drafters = {}
+    if kinds & {"model", "hybrid"}:
+        drafters["model"] = model_drafter
+    if kinds & {"ngram", "hybrid"}:
+        drafters["ngram"] = NgramDrafter(store, info)
+    if "hybrid" in kinds:
+        drafters["hybrid"] = HybridDrafter(model_drafter, drafters["ngram"])
+    return drafters
+
+
+def load_verifier(config: VerifierConfig):
+    """The ModelVerifier of the config: its model, admission, batching, caps and session TTL."""
+    from verifier_service.verifier import ModelVerifier
+
+    model = config.model
+    return ModelVerifier.load(model.specs()[0], model.device, model.torch_dtype, mode=forward_mode(model),
+                              max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
+                              limits=config.limits, session_ttl_s=config.session_ttl_s)
+
+
+def drafter_methods(config: DrafterConfig) -> dict:
+    """What a drafter service serves: the small model alone, or, given an n-gram store (cache), the
+    model, ngram and hybrid draft methods over it."""
+    from drafter_service.model_drafter import ModelDrafter
+
+    model = config.model
+    drafter = ModelDrafter.load(model.specs()[1], model.device, model.torch_dtype, **drafter_forward(model),
+                                session_ttl_s=config.session_ttl_s)
+    if not config.cache:
+        return {"model": drafter}
+    return build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter, drafter.info())
+
+
+def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] | None = None, store=None):
+    """Everything in this process: the verifier, the n-gram store (config.cache, or store) and the
+    drafters that drafter_kinds (default: the one the speculation names) need; the small model is
+    loaded only for the model and hybrid drafters."""
+    from drafter_service.model_drafter import ModelDrafter
+    from orchestrator.generator import Generator
+    from specpipe.engine.cores import set_threads
+
+    model = config.model
+    forward = drafter_forward(model)  # a bad combination fails before anything changes, drafter model or not
+    set_threads(model.threads)
+    kinds = set(drafter_kinds or (config.speculation.drafter,))
+    verifier_spec, drafter_spec = model.specs()
+    verifier = load_verifier(config.verifier)
+    uses_store = bool(kinds & {"ngram", "hybrid"})
+    if uses_store and store is None:
+        store = ngram_cache(config.cache)
+    drafter = None
+    if kinds & {"model", "hybrid"}:
+        drafter = ModelDrafter.load(drafter_spec, model.device, model.torch_dtype, **forward)
+    drafters = build_drafters(kinds, store, drafter, verifier.info())
+    return Generator(load_tokenizer(verifier_spec), verifier, drafters, config.speculation,
+                     store if uses_store else None, limits=config.verifier.limits)  # the store is fed only if drafted from
+
+
+def orchestrator_generator(config: OrchestratorConfig):
+    """The orchestrator of a distributed deployment (specpipe serve orchestrator)."""
+    config.check_peers()
+    return remote_generator(config.model.specs()[0], config.verifier_addr, config.drafter_addr, config.speculation,
+                            cache_url=config.cache, rpc_timeout_s=config.rpc_timeout_s,
+                            connect_timeout_s=config.connect_timeout_s, hop_delay_ms=config.hop_delay_ms,
+                            limits=config.limits, learn_global=config.learn_global, tls=Tls.of(config.tls))
+
+
+def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
+                     cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
+                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS, learn_global: bool = False, tls=None):
+    """The orchestrator of a distributed deployment: verifier and drafter replicas behind gRPC clients.
+    verifier_addr / drafter_addr: host:port, a comma list, or dns:///name:port re-resolved as replicas
+    come and go (specpipe.serving.replicas); each session is pinned to the least-loaded verifier replica and
+    moved with its context when that replica is lost (specpipe.serving.failover). Each draft method the
+    drafter service serves (ModelInfo.methods) goes through it; the n-gram and hybrid methods it does
+    not serve run here, over the n-gram store cache_url, which this orchestrator feeds with every
+    confirmed token (a drafter service drafting n-grams must use the same store). Waits up to
+    connect_timeout_s for a verifier replica (it may still be loading its model).
+    hop_delay_ms: latency added to each direction of every call to the verifier and the drafter."""
+    from specpipe.serving.clients import DrafterClient, VerifierClient
+    from specpipe.serving.failover import (
+        ReplicatedDrafter,
+        ReplicatedVerifier,
+        drafter_probe,
+        first_answer,
+        verifier_probe,
+    )
+    from specpipe.serving.replicas import ReplicaSet
+
+    verifier_tls = peer_tls(tls, verifier_addr)
+    verifiers = ReplicaSet(verifier_addr, lambda a: VerifierClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
+                                                                   tls=verifier_tls), verifier_probe)
+    verifiers.wait_ready(connect_timeout_s)
+    verifier = ReplicatedVerifier(verifiers)
+    store = ngram_cache(cache_url, tls)
+    served: dict = {}
+    if drafter_addr is not None:
+        drafter_tls = peer_tls(tls, drafter_addr)
+        drafters = ReplicaSet(drafter_addr, lambda a: DrafterClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
+                                                                    tls=drafter_tls), drafter_probe)
+        methods = ("model",)
+        try:
+            methods = first_answer(drafters, "info").methods or methods
+        except SpecpipeError as err:  # not up yet: assume the small model alone
+            log.warning("drafter service unreachable at start", extra={"error": str(err)})
+        served = {method: ReplicatedDrafter(drafters, method) for method in methods}
+    return served_generator(tokenizer_spec, verifier, served, defaults, store, limits, learn_global)
+
+
+def peer_tls(tls, target: str):
+    """The TLS of the channels to target's replicas: those of a DNS name (dns:///name:port) are dialled
+    by IP, so their certificates are checked against the name (a headless Service's, in Kubernetes)."""
+    from specpipe.serving.replicas import parse_target
+
+    name = parse_target(target)[1]
+    return replace(tls, server_name=name.rpartition(":")[0]) if tls is not None and name else tls
+
+
+def served_generator(tokenizer_spec, verifier, served: dict, defaults, store, limits=DEFAULT_LIMITS,
+                     learn_global: bool = False):
+    """The orchestrator over a verifier and the draft methods a drafter service serves (method ->
+    Drafter): the n-gram and hybrid methods it does not serve run here, over store, which the
+    generator feeds with every confirmed token. Also what the Ray Serve orchestrator runs (deploy/ray)."""
+    from orchestrator.generator import Generator
+
+    local = build_drafters(("ngram", "hybrid") if "model" in served else ("ngram",), store, served.get("model"),
+                           verifier.info())
+    return Generator(load_tokenizer(tokenizer_spec), verifier, {**local, **served}, defaults, store, limits=limits,
+                     learn_global=learn_global)

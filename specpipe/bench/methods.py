@@ -1,0 +1,109 @@
+"""`specpipe bench` methods: what --methods, --drafters, --sweep and --baselines name."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+
+from specpipe.app.wiring import forward_mode
+from specpipe.bench.measure import MethodSpec
+from specpipe.config.services import model_config, speculation
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.types import ADAPTIVE_DRAFT_LEN, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES
+
+
+@dataclass(frozen=True)
+class Method:
+    drafter: str
+    schedule: str
+    predictor: str
+    hop_delay_ms: float = 0.0
+    draft_len: int | None = None  # None: --draft-len
+    adaptive: str | None = None   # None: --adaptive
+
+    def resolve(self, args: argparse.Namespace) -> MethodSpec:
+        """The concrete settings: what the method leaves out comes from the flags."""
+        spec = speculation(vars(args))
+        adaptive = self.adaptive or ("off" if self.draft_len else spec.adaptive)  # /K alone: a fixed K
+        draft_len = self.draft_len or args.draft_len or (ADAPTIVE_DRAFT_LEN if adaptive == "on" else FIXED_DRAFT_LEN)
+        return MethodSpec(self.drafter, self.schedule, self.predictor, draft_len, spec.width,
+                          spec.hypotheses, adaptive, self.hop_delay_ms,
+                          forward_mode(model_config(vars(args))) != "eager")
+
+
+def parse_methods(args: argparse.Namespace) -> list[Method]:
+    """--methods, or --drafters with --schedule / --predictor."""
+    if not args.methods:
+        kinds = args.drafters.split(",") if args.drafters else [args.drafter]
+        methods = [Method(kind, args.schedule, args.predictor, args.hop_delay_ms) for kind in check_kinds(kinds)]
+    else:
+        methods = [parse_method(item, args) for item in args.methods.split(",")]
+    if args.transport == "embedded" and any(m.hop_delay_ms for m in methods):
+        raise InvalidArgument("a hop delay delays gRPC calls: use it with --transport grpc")
+    return sweep(methods, parse_sweep(args.sweep)) if args.sweep else methods
+
+
+def parse_sweep(value: str) -> list[int]:
+    try:
+        ks = sorted({int(k) for k in value.split(",") if k.strip()})
+    except ValueError:
+        ks = []
+    if not ks or ks[0] < 1:
+        raise InvalidArgument(f"--sweep takes draft lengths >= 1, e.g. 1,2,4,8; got {value!r}")
+    return ks
+
+
+def sweep(methods: list[Method], ks: list[int]) -> list[Method]:
+    """Each method at every fixed k, then adaptive with the largest k as its cap; a method whose name
+    sets /K or +adaptive, and the verifier alone, run as named."""
+    out = []
+    for method in methods:
+        if method.drafter == "none" or method.draft_len or method.adaptive:
+            out.append(method)
+            continue
+        out += [replace(method, draft_len=k, adaptive="off") for k in ks]
+        out.append(replace(method, draft_len=ks[-1], adaptive="on"))
+    return out
+
+
+METHOD_SYNTAX = "DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]"
+
+
+def parse_method(item: str, args: argparse.Namespace) -> Method:
+    """DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]: K is the draft length (adaptive: its
+    cap); what is left out comes from the flags."""
+    spec, _, hop = item.partition("@")
+    spec, plus, adaptive = spec.partition("+")
+    spec, slash, k = spec.partition("/")
+    parts = spec.split(":")
+    if len(parts) > 3 or (plus and adaptive != "adaptive") or (slash and not (k.isdigit() and int(k) >= 1)):
+        raise InvalidArgument(f"bad method {item!r}: expected {METHOD_SYNTAX}")
+    drafter, schedule, predictor = parts + [args.schedule, args.predictor][len(parts) - 1:]
+    check_kinds([drafter])
+    if schedule not in SCHEDULES or predictor not in PREDICTORS:
+        raise InvalidArgument(f"bad method {item!r}: schedule is one of {', '.join(SCHEDULES)}, predictor one of "
+                              f"{', '.join(PREDICTORS)}")
+    try:
+        hop_ms = float(hop) if hop else args.hop_delay_ms
+    except ValueError:
+        raise InvalidArgument(f"bad method {item!r}: @HOP_MS must be a number of milliseconds") from None
+    return Method(drafter, schedule, predictor, hop_ms, draft_len=int(k) if slash else None,
+                  adaptive="on" if plus else None)
+
+
+def check_kinds(kinds: list[str]) -> list[str]:
+    unknown = [k for k in kinds if k not in DRAFTER_KINDS]
+    if unknown:
+        raise InvalidArgument(f"unknown drafters {unknown}; choose from {', '.join(DRAFTER_KINDS)}")
+    return kinds
+
+
+BASELINES = ("generate", "generate-threads", "assisted", "prompt-lookup")
+
+
+def parse_baselines(value: str) -> list[str]:
+    names = [b for b in value.split(",") if b]
+    unknown = [b for b in names if b not in BASELINES]
+    if unknown:
+        raise InvalidArgument(f"unknown baselines {unknown}; choose from {', '.join(BASELINES)}")
+    return ["generate", *[b for b in BASELINES[1:] if b in names]]

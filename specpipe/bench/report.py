@@ -1,0 +1,298 @@
+"""Bench results as Markdown tables and PNG plots, from a run or from its JSON files, and the
+README's results section regenerated from them (`specpipe bench --report`), so the README never
+drifts from a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+from specpipe.bench.measure import BASELINE, MethodSpec, MethodSummary, PromptRun
+from specpipe.core.types import SpeculationOptions
+
+
+def markers(section: str | None = None) -> tuple[str, str]:
+    """The README's begin and end markers of a generated results section (None: the main one)."""
+    name = "bench-report" if section is None else f"bench-report:{section}"
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def to_json(summaries: list[MethodSummary], meta: dict) -> dict:
+    return {"meta": meta, "methods": [asdict(s) for s in summaries]}
+
+
+def from_json(data: dict) -> list[MethodSummary]:
+    summaries = []
+    for m in data["methods"]:
+        runs = [PromptRun(**{**r, "token_ids": tuple(r["token_ids"]), "round_drafted": tuple(r.get("round_drafted", ())),
+                             "round_accepted": tuple(r.get("round_accepted", ()))}) for r in m["runs"]]
+        fields = {k: v for k, v in m.items() if k in MethodSummary.__dataclass_fields__}
+        fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
+        fields["spec"] = MethodSpec(**fields["spec"]) if fields.get("spec") else None
+        summaries.append(MethodSummary(**{**fields, "runs": runs}))
+    return summaries
+
+
+def percent(value: float, shown: bool = True) -> str:
+    return f"{value:.0%}" if shown else "-"
+
+
+def markdown_table(summaries: list[MethodSummary]) -> str:
+    compiled = next((s.reference for s in summaries if s.speedup_reference is not None), None)
+    extra = f" speed-up over {compiled} |" if compiled else ""
+    lines = [
+        "| method | tokens/s | speed-up |" + extra + " tokens per verify (DE) | acceptance | hit rate | draft hidden "
+        "| verifier idle | identical to |",
+        "| --- | ---: | ---: |" + (" ---: |" if compiled else "") + " ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for s in summaries:
+        branch = any(r.predicted for r in s.runs)
+        drafts = any(r.drafted for r in s.runs)
+        over = (f" {s.speedup_reference:.2f}x |" if s.speedup_reference is not None else " - |") if compiled else ""
+        de = f"{s.tokens_per_round:.2f}" if s.tokens_per_round else "-"
+        lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {s.speedup:.2f}x |{over} {de} | "
+                     f"{percent(s.acceptance, drafts)} | {percent(s.hit_rate, branch)} | "
+                     f"{percent(s.hidden_share, branch)} | "
+                     f"{percent(s.idle_share, drafts or any(r.idle_ms for r in s.runs))} | "
+                     f"{s.reference}: {s.identical}/{s.prompts} |")
+    return "\n".join(lines)
+
+
+def detail_table(summaries: list[MethodSummary]) -> str:
+    """Per speculative method: acceptance by draft position, the wall time split, and the bound."""
+    lines = ["| method | acceptance by position 1, 2, 3, ... | verify | draft (not hidden) | other | "
+             "bound | share of bound |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for s in summaries:
+        if not s.bound:
+            continue
+        by_position = ", ".join(f"{a:.2f}" for a in s.acceptance_by_position[:8])
+        lines.append(f"| {s.method} | {by_position} | {s.verify_share:.0%} | {s.draft_share:.0%} | "
+                     f"{s.other_share:.0%} | {s.bound:.2f}x | {s.bound_share:.0%} |")
+    return "\n".join(lines)
+
+
+def category_table(summaries: list[MethodSummary], categories: dict[str, str]) -> str:
+    """Per prompt category: the baseline's tokens/s against the headline method's (report.headline)."""
+    from specpipe.bench.measure import throughput
+
+    best, baseline = headline(summaries)[0], summaries[0]
+    if best is None or not categories:
+        return ""
+    lines = [f"| category | prompts | {baseline.method} tokens/s | {best.method} tokens/s | speed-up | acceptance |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for category in dict.fromkeys(categories.values()):
+        ours = [r for r in best.runs if categories.get(r.prompt_id) == category]
+        theirs = [r for r in baseline.runs if categories.get(r.prompt_id) == category]
+        drafted = sum(r.drafted for r in ours)
+        acceptance = sum(r.accepted for r in ours) / drafted if drafted else 0.0
+        lines.append(f"| {category} | {len(ours)} | {throughput(theirs):.2f} | {throughput(ours):.2f} | "
+                     f"{throughput(ours) / throughput(theirs):.2f}x | {acceptance:.0%} |")
+    return "\n".join(lines)
+
+
+def sweep_table(summaries: list[MethodSummary]) -> str:
+    """Each adaptive method against the best of the same method at a fixed draft length, in tokens/s;
+    empty when the run has no such pair."""
+    lines = ["| method | best fixed k | its tokens/s | adaptive tokens/s | adaptive / best fixed |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    specpipe = [s for s in summaries if s.spec is not None and s.spec.drafter != "none"]
+    for adaptive in (s for s in specpipe if s.spec.adaptive == "on"):
+        fixed = [s for s in specpipe if s.spec.adaptive == "off" and s.spec.setting() == adaptive.spec.setting()]
+        if fixed:
+            best = max(fixed, key=lambda s: s.tokens_per_s)
+            lines.append(f"| {adaptive.method} | {best.spec.draft_len} | {best.tokens_per_s:.2f} | "
+                         f"{adaptive.tokens_per_s:.2f} | {adaptive.tokens_per_s / best.tokens_per_s:.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def best_specpipe(summaries: list[MethodSummary]) -> MethodSummary | None:
+    ours = [s for s in summaries if s.method.startswith("specpipe ") and s.bound]
+    return max(ours, key=lambda s: s.tokens_per_s, default=None)
+
+
+def is_default(spec: MethodSpec | None) -> bool:
+    """Whether a method ran the product's default configuration: default speculation options, the
+    compiled forward (`--compile auto` on a host with a C compiler), no added hop delay."""
+    return spec is not None and spec.speculation() == SpeculationOptions() and spec.compiled and not spec.hop_delay_ms
+
+
+def headline(summaries: list[MethodSummary]) -> tuple[MethodSummary | None, str]:
+    """The summary row's method and its label: the default configuration, else the fastest (labelled)."""
+    default = next((s for s in summaries if is_default(s.spec)), None)
+    if default is not None:
+        return default, "default configuration"
+    best = best_specpipe(summaries)
+    count = sum(s.method.startswith("specpipe ") and bool(s.bound) for s in summaries)
+    return best, f"fastest of {count} configurations: {best.method}" if best else ""
+
+
+def best_match(summaries: list[MethodSummary], prefix: str) -> MethodSummary | None:
+    """The fastest method whose name starts with prefix (prompt lookup runs at several settings)."""
+    return max((s for s in summaries if s.method.startswith(prefix)), key=lambda s: s.tokens_per_s, default=None)
+
+
+def spread(values: Sequence[float]) -> str:
+    """median (min-max) of per-prompt speed-ups."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return f"{median:.2f}x ({ordered[0]:.2f}-{ordered[-1]:.2f})"
+
+
+SUMMARY_COLUMNS = {  # column -> its heading: the results' summary table
+    "label": "specpipe", "tokens_per_s": "tokens/s", "over_eager": "over generate(), 1 core, eager",
+    "over_fair": "over generate(), same cores and weights", "per_prompt": "per prompt: median (min-max)",
+    "over_assisted": "over assisted", "over_lookup": "over prompt lookup (best setting)", "bound": "bound (computed)",
+    "share": "share of bound",
+}
+HEADLINE_COLUMNS = ("tokens_per_s", "over_fair", "per_prompt", "over_lookup", "over_assisted", "over_eager")  # the README's
+
+
+def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
+    """A suite's summary row: specpipe's default configuration (or, in runs without it, the labelled
+    fastest) against every baseline of its run, with the per-prompt spread over generate() on equal footing."""
+    from specpipe.bench.measure import per_prompt_speedups
+
+    ours, label = headline(summaries)
+    if ours is None:
+        return None
+
+    def over(other: MethodSummary | None) -> str:
+        return f"{ours.tokens_per_s / other.tokens_per_s:.2f}x" if other and other.tokens_per_s else "-"
+
+    fair = best_match(summaries, BASELINE + ", ")
+    return {"label": label, "tokens_per_s": f"{ours.tokens_per_s:.2f}", "over_eager": over(summaries[0]),
+            "over_fair": over(fair), "per_prompt": spread(per_prompt_speedups(ours.runs, fair.runs)) if fair else "-",
+            "over_assisted": over(best_match(summaries, "transformers assisted")),
+            "over_lookup": over(best_match(summaries, "transformers prompt lookup")),
+            "bound": f"{ours.bound:.2f}x", "share": f"{ours.bound_share:.0%}"}
+
+
+def summary_table(results: dict[str, list[MethodSummary]], metas: dict[str, dict] | None = None,
+                  columns=tuple(SUMMARY_COLUMNS), first: str = "suite (prompts)") -> str:
+    """One row a suite (summary_cells), in columns; first names each row: its suite, or with
+    first="suite (prompts), preset" its preset too."""
+    lines = [f"| {first} | " + " | ".join(SUMMARY_COLUMNS[c] for c in columns) + " |",
+             "| --- |" + "".join(" --- |" if c == "label" else " ---: |" for c in columns)]
+    for suite, summaries in results.items():
+        cells = summary_cells(summaries)
+        if cells is None:
+            continue
+        meta = (metas or {}).get(suite, {})
+        name = f"{meta.get('suite', suite)} ({meta.get('limit', len(summaries[0].runs))})"
+        if "preset" in first:
+            name += f", {meta.get('preset')}"
+        lines.append(f"| {name} | " + " | ".join(cells[c] for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, list[MethodSummary]], directory: Path) -> list[Path]:
+    """speed-up by suite and method; tokens per round of the headline method; time split."""
+    from specpipe.bench.plots import pyplot
+
+    plt = pyplot()
+
+    directory.mkdir(parents=True, exist_ok=True)
+    suites = list(results)
+    methods = list(dict.fromkeys(s.method for summaries in results.values() for s in summaries if s.method != BASELINE))
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(1, len(methods))
+    colors = plt.get_cmap("tab20")
+    for i, method in enumerate(methods):
+        values = [next((s.speedup for s in results[suite] if s.method == method), 0.0) for suite in suites]
+        ax.bar([x + i * width for x in range(len(suites))], values, width, label=method, color=colors(i % colors.N))
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(suites))], suites)
+    ax.set_ylabel("speed-up over verifier-only generate()")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    paths.append(directory / "speedup.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(suites), figsize=(3.5 * len(suites), 3), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        best = headline(results[suite])[0]
+        if best is None:
+            continue
+        emitted = [a + 1 for r in best.runs for a in r.round_accepted]
+        ax.hist(emitted, bins=range(1, max(emitted, default=1) + 2), align="left", rwidth=0.8)
+        ax.set_title(f"{suite}: {best.method.removeprefix('specpipe ')}", fontsize=7)
+        ax.set_xlabel("tokens per round")
+    fig.tight_layout()
+    paths.append(directory / "tokens-per-round.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    rows = [(suite, s) for suite in suites for s in results[suite] if s.bound]
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.2))
+    labels = [f"{suite}: {s.method.removeprefix('specpipe ')}" for suite, s in rows]
+    left = [0.0] * len(rows)
+    for part, color in (("verify_share", "tab:blue"), ("draft_share", "tab:orange"), ("other_share", "tab:gray")):
+        values = [getattr(s, part) for _, s in rows]
+        ax.barh(labels, values, left=left, color=color, label=part.removesuffix("_share"))
+        left = [a + b for a, b in zip(left, values)]
+    ax.set_xlabel("share of wall time")
+    ax.tick_params(axis="y", labelsize=6)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    paths.append(directory / "time-split.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def load(paths: Sequence[str]) -> tuple[dict[str, list[MethodSummary]], dict[str, dict]]:
+    results, metas = {}, {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        suite = str(data["meta"].get("suite", Path(path).stem))
+        results[suite], metas[suite] = from_json(data), data["meta"]
+    return results, metas
+
+
+def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
+    """The Markdown of the results section for the JSON files at paths, with plots in plot_dir."""
+    results, metas = load(paths)
+    images = plot(results, plot_dir)
+    meta = next(iter(metas.values()))
+    presets: dict[str, list[str]] = {}
+    for suite, suite_meta in metas.items():
+        presets.setdefault(str(suite_meta.get("preset")), []).append(suite)
+    preset = f"preset `{meta.get('preset')}`" if len(presets) == 1 else \
+        "presets " + ", ".join(f"`{name}` ({', '.join(suites)})" for name, suites in presets.items())
+    lines = [f"Generated by `specpipe bench --report` from {', '.join(f'`{p}`' for p in paths)}: {preset}, "
+             f"up to {meta.get('max_new_tokens')} new "
+             f"tokens, `--compile {meta.get('compile', 'off')}`, transport {meta.get('transport')}, "
+             f"{meta.get('machine')} ({meta.get('cpu_count')} cores; {', '.join(meta.get('vector_extensions', []))}).",
+             "", summary_table(results, metas), ""]
+    lines += [f"![{image.stem}]({Path(os.path.relpath(image, relative_to)).as_posix()})" for image in images]
+    for suite, summaries in results.items():
+        turns = metas[suite].get("turns", 1)
+        lines += ["", f"**{suite}** ({metas[suite].get('limit')} prompts{f', {turns} turns each' if turns > 1 else ''})",
+                  "", markdown_table(summaries), "", detail_table(summaries)]
+        swept = sweep_table(summaries)
+        if swept:
+            lines += ["", swept]
+        by_category = category_table(summaries, metas[suite].get("categories", {}))
+        if by_category:
+            lines += ["", by_category]
+    return "\n".join(lines)
+
+
+def replace_section(readme: str, body: str, section: str | None = None) -> str:
+    """readme with the text between the section's markers replaced by body."""
+    begin, end = markers(section)
+    if begin not in readme or end not in readme:
+        raise ValueError(f"the README has no {begin} ... {end} section to replace")
+    head, rest = readme.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"

@@ -1,0 +1,115 @@
+"""Input caps: how much one request may ask of a service (pure checks, InvalidArgument beyond).
+
+Every size a client chooses is bounded before any work, in the in-process implementations, so the
+embedded default and the gRPC services refuse the same requests with the same message. Without
+caps a client could ask for a million-token draft, a 10,000-wide tree or a megabyte stop string
+and hold a model busy until its deadline (issue 20). docs/security.md lists the flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.types import ALL_HYPOTHESES, Draft, GenerationRequest, ProposeRequest
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_tokens: int = 8192         # prompt tokens of a generation / prefill
+    max_new_tokens: int = 4096            # output tokens of a generation
+    max_draft_len: int = 64               # k, the draft depth a client or an orchestrator may ask for
+    max_width: int = 16                   # tree width at the first levels
+    max_hypotheses: int = 16              # branch schedule pre-drafts per round (-1 = every outcome of <= k + 1)
+    max_stops: int = 16                   # stop strings per generation
+    max_stop_chars: int = 256             # characters of one stop string
+    max_draft_nodes: int = 512            # nodes of one verified draft tree
+    max_q_entries: int = 1024             # entries of one node's sparse q
+    max_id_chars: int = 128               # a request id
+    max_session_id_chars: int = 512       # a session id (the orchestrator's: tenant/request id-suffix)
+    max_prompt_chars: int = 1 << 20       # characters of a text prompt (before tokenising)
+    max_request_bytes: int = 8 << 20      # one gRPC request message (the server's receive limit)
+
+    def __post_init__(self):
+        bad = [name for name, value in vars(self).items() if value < 1]
+        if bad:
+            raise ValueError(f"limits must be >= 1: {', '.join(bad)}")
+
+    @property
+    def max_context_tokens(self) -> int:
+        """Tokens a session's context may hold: a whole prompt plus a whole output."""
+        return self.max_prompt_tokens + self.max_new_tokens
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def at_most(value: int, cap: int, what: str) -> None:
+    if value > cap:
+        raise InvalidArgument(f"{what} is {value}; this server allows at most {cap}")
+
+
+def check_id(value: str, what: str, limits: Limits) -> None:
+    cap = limits.max_session_id_chars if what == "session_id" else limits.max_id_chars
+    at_most(len(value), cap, f"{what} length")
+
+
+def check_generation(request: GenerationRequest, limits: Limits) -> None:
+    """The sizes of a generation request: before the prompt is scanned or anything is opened."""
+    spec = request.speculation
+    check_id(request.request_id, "request_id", limits)
+    at_most(len(request.prompt_ids), limits.max_prompt_tokens, "prompt tokens")
+    at_most(request.max_new_tokens, limits.max_new_tokens, "max_new_tokens")
+    at_most(spec.draft_len, limits.max_draft_len, "draft_len")
+    at_most(spec.width, limits.max_width, "width")
+    if spec.hypotheses != ALL_HYPOTHESES:
+        at_most(spec.hypotheses, limits.max_hypotheses, "hypotheses")
+    check_stops(request.stop, limits)
+
+
+def check_stops(stop: Sequence[str], limits: Limits) -> None:
+    at_most(len(stop), limits.max_stops, "the number of stop strings")
+    longest = max((len(s) for s in stop), default=0)
+    at_most(longest, limits.max_stop_chars, "the longest stop string's length")
+
+
+def check_prompt_text(text: str, limits: Limits) -> None:
+    at_most(len(text), limits.max_prompt_chars, "prompt characters")
+
+
+def check_prefill(session_id: str, prompt_ids: Sequence[int], limits: Limits) -> None:
+    check_id(session_id, "session_id", limits)
+    at_most(len(prompt_ids), limits.max_prompt_tokens, "prompt tokens")
+
+
+def check_draft(draft: Draft, limits: Limits) -> None:
+    """A draft sent for verification: its nodes and its q entries (before the tree is scanned)."""
+    at_most(len(draft.tokens), limits.max_draft_nodes, "draft nodes")
+    at_most(len(draft.parents), limits.max_draft_nodes, "draft parents")
+    if draft.q is not None:
+        at_most(len(draft.q), limits.max_draft_nodes, "draft q distributions")
+        widest = max((max(len(d.token_ids), len(d.probs)) for d in draft.q), default=0)
+        at_most(widest, limits.max_q_entries, "entries of a draft node's q")
+
+
+def check_propose(request: ProposeRequest, limits: Limits) -> None:
+    check_id(request.session_id, "session_id", limits)
+    at_most(len(request.context), limits.max_context_tokens, "context tokens")
+    at_most(request.draft_len, limits.max_draft_len, "draft_len")
+    at_most(request.width, limits.max_width, "width")
+
+
+def check_lookup(session_id: str, context_suffix: Sequence[int], limits: Limits) -> None:
+    """An n-gram store lookup (the store clips k and width to its own NgramConfig)."""
+    check_id(session_id, "session_id", limits)
+    at_most(len(context_suffix), limits.max_context_tokens, "context_suffix tokens")
+
+
+DRAFT_NODE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def draft_nodes_label(nodes: int) -> str:
+    """A metric label from a fixed set: the smallest bucket >= nodes ("le_N"), or "gt_256"."""
+    bucket = next((b for b in DRAFT_NODE_BUCKETS if nodes <= b), None)
+    return f"le_{bucket}" if bucket is not None else f"gt_{DRAFT_NODE_BUCKETS[-1]}"

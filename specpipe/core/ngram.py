@@ -1,0 +1,264 @@
+"""The n-gram store's semantics, once: table updates and the Multi-Level N-gram lookup. Both backends
+of cache_service (in-memory, Redis Lua) implement exactly these functions; the contract tests compare
+them against this module on random token streams.
+
+A table maps a prefix of n-1 tokens (n = 2..max_n, all levels in one dict: the level of a prefix is
+len(prefix) + 1) to its continuations, most recently seen first, at most `max_continuations` of them:
+an LRU queue per prefix (Self-Draft, "context cache"). Lookup follows ANPD Algorithm 2 (Multi-Level
+N-gram): try the longest suffix (n = max_n) first and fall back to shorter ones; chain K steps as in
+ANPD Algorithm 1 (each step queries the context plus the tokens drafted so far).
+
+Three sources, looked up in this order: the session's context (its prompt and confirmed tokens,
+searched where the drafter has it: context_lookup, as vLLM's n-gram proposer does, so the store
+needs no update per round), then the store's tables (TABLES): the session's verifier table (the
+verifier's argmax after draft nodes it did not accept: n-grams the verifier would have continued
+with, the Self-Draft idea at zero extra forward passes; verifier_branches) and the global (corpus)
+table shared by all sessions, bounded in prefixes (max_global_prefixes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.trees import attach, first_path_nodes
+from specpipe.core.types import ROOT, Draft
+
+Prefix = tuple[int, ...]
+Table = dict[Prefix, list[int]]  # prefix [n-1] -> continuations, most recent first
+
+MAX_TOKEN_ID = 2**31 - 1  # token ids are int32 on the wire (protos/specpipe/v1)
+SUFFIX_TOKENS = 16  # context tokens callers send with a lookup or before an update; stores keep their own N-1 (N <= 17)
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    max_n: int = 5                # N: the longest n-gram (ANPD: N = 5)
+    max_continuations: int = 4    # LRU bound per prefix (Self-Draft)
+    session_ttl_s: float = 3600.0  # a session's tables expire this long after its last update
+    max_draft_len: int = 64       # lookups clip k to this (a repeating context would chain forever)
+    use_global: bool = True       # lookups fall back to the global (corpus) table
+    max_global_prefixes: int = 1 << 20  # the global table stops adding prefixes at this many (known ones still learn)
+
+    def __post_init__(self):
+        if (self.max_n < 2 or self.max_continuations < 1 or self.session_ttl_s <= 0 or self.max_draft_len < 0
+                or self.max_global_prefixes < 1):
+            raise ValueError(f"bad NgramConfig: {self}")
+
+
+TABLES = ("verifier", "global")  # the store's tables, in lookup priority; names are draft sources (DRAFT_SOURCES)
+
+
+@dataclass(frozen=True)
+class NgramDraft:
+    draft: Draft                # deterministic (q = None)
+    levels: tuple[int, ...]     # [num_nodes] the n of the n-gram that produced each node
+    sources: tuple[str, ...]    # [num_nodes] the table (TABLES) that produced each node
+
+
+EMPTY_NGRAM_DRAFT = NgramDraft(Draft(), (), ())
+
+
+def ngram_updates(tokens: Sequence[int], start: int, max_n: int) -> list[tuple[Prefix, int]]:
+    """The (prefix, next) pairs that appending tokens[start:] adds: every new token with each prefix
+    of length 1..max_n-1 ending right before it (ANPD "Update"), in token order, short prefixes first."""
+    updates = []
+    for i in range(max(start, 1), len(tokens)):
+        for m in range(1, min(max_n - 1, i) + 1):
+            updates.append((tuple(tokens[i - m:i]), tokens[i]))
+    return updates
+
+
+def record(table: Table, prefix: Prefix, next_token: int, max_continuations: int) -> None:
+    """Move next_token to the front of prefix's continuations, keeping at most max_continuations."""
+    continuations = table.get(prefix)
+    if continuations is None:
+        table[prefix] = [next_token]
+        return
+    if next_token in continuations:
+        continuations.remove(next_token)
+    continuations.insert(0, next_token)
+    del continuations[max_continuations:]
+
+
+def record_all(table: Table, updates: Sequence[tuple[Prefix, int]], max_continuations: int,
+               max_prefixes: int | None = None) -> int:
+    """record() every (prefix, next) pair; a prefix new to a table that already holds max_prefixes
+    prefixes is skipped (None = unbounded). Returns the number of pairs recorded."""
+    recorded = 0
+    for prefix, next_token in updates:
+        if max_prefixes is not None and prefix not in table and len(table) >= max_prefixes:
+            continue
+        record(table, prefix, next_token, max_continuations)
+        recorded += 1
+    return recorded
+
+
+def apply_updates(table: Table, tokens: Sequence[int], start: int, config: NgramConfig,
+                  max_prefixes: int | None = None) -> int:
+    """Record tokens[start:] in table; returns the number of (prefix, next) pairs recorded."""
+    return record_all(table, ngram_updates(tokens, start, config.max_n), config.max_continuations, max_prefixes)
+
+
+def branch_updates(branches: Sequence[Sequence[int]], max_n: int) -> list[tuple[Prefix, int]]:
+    """The (prefix, next) pairs of record_branches: each branch's last token after each of its last
+    1..max_n-1 tokens before it (ngram_updates of the branch with start = its last token)."""
+    return [update for branch in branches for update in ngram_updates(branch, len(branch) - 1, max_n)]
+
+
+def apply_branches(table: Table, branches: Sequence[Sequence[int]], config: NgramConfig) -> int:
+    """Record branches (verifier_branches) in a session's verifier table; returns pairs recorded."""
+    return record_all(table, branch_updates(branches, config.max_n), config.max_continuations)
+
+
+def verifier_branches(context_tail: Sequence[int], draft: Draft, accepted_nodes: Sequence[int],
+                      node_argmax: Sequence[int], max_n: int = 5) -> list[tuple[int, ...]]:
+    """The verifier's free n-grams of one round: for every draft node i off the accepted path, the
+    tokens up to and including i (context_tail, ending with the root, then the path root -> i) followed
+    by the verifier's argmax after i, node_argmax[i + 1]; each branch is its last max_n tokens.
+
+    node_argmax: [num_nodes + 1], the argmax after the root (index 0) and after each node (VerifyResult).
+    Accepted nodes (and the root) are skipped: their argmax is the next confirmed token, which the
+    context table records anyway. Branches come in node order."""
+    keep = max_n - 1
+    root_tail = tuple(context_tail[max(0, len(context_tail) - keep):])
+    tails: list[tuple[int, ...]] = []  # [num_nodes] the last max_n-1 tokens up to and including node i
+    for token, parent in zip(draft.tokens, draft.parents):
+        tails.append(((root_tail if parent == ROOT else tails[parent]) + (token,))[-keep:])
+    accepted = set(accepted_nodes)
+    return [tails[i] + (node_argmax[i + 1],) for i in range(len(draft.tokens)) if i not in accepted]
+
+
+def longest_match(tables: Sequence[Table], suffix: Sequence[int], max_n: int) -> tuple[list[int], int, int] | None:
+    """(continuations, n, table index) of the first hit: tables in order, and within a table n = max_n
+    down to 2 (ANPD Algorithm 2). So a session's own 2-gram beats a global 5-gram: context drafts are
+    worth more than corpus drafts (Self-Draft ablation)."""
+    for index, table in enumerate(tables):
+        for n in range(min(max_n, len(suffix) + 1), 1, -1):
+            continuations = table.get(tuple(suffix[len(suffix) - (n - 1):]))
+            if continuations:
+                return continuations, n, index
+    return None
+
+
+def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: int, max_n: int = 5,
+               sources_of: Sequence[str] = TABLES) -> NgramDraft:
+    """Draft up to k tokens after context: a greedy chain of the most recent continuation of the
+    longest matching suffix, plus at the first step up to width-1 other continuations of that same
+    prefix as leaves. Node layout as drafter_service/model_drafter.py: each chain node is followed by
+    its sibling alternatives; parents[i] < i, ROOT = the last context token.
+
+    tables: in the order of sources (default TABLES: verifier, global); pass an empty table for a
+    missing one so that the positions, hence the sources, stay right."""
+    if len(tables) > len(sources_of):
+        raise ValueError(f"at most {len(sources_of)} tables ({', '.join(sources_of)}), got {len(tables)}")
+    suffix = list(context[max(0, len(context) - (max_n - 1)):])
+    tokens: list[int] = []
+    parents: list[int] = []
+    levels: list[int] = []
+    sources: list[str] = []
+    parent = ROOT
+    for depth in range(k):
+        match = longest_match(tables, suffix, max_n)
+        if match is None:
+            break
+        continuations, n, index = match
+        branch = continuations[:width] if depth == 0 else continuations[:1]
+        chain_parent = parent
+        for position, token in enumerate(branch):
+            tokens.append(token)
+            parents.append(chain_parent)
+            levels.append(n)
+            sources.append(sources_of[index])
+            if position == 0:
+                parent = len(tokens) - 1
+        suffix = (suffix + [branch[0]])[-(max_n - 1):]
+    return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(sources))
+
+
+def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
+                  max_continuations: int) -> tuple[list[int], int] | None:
+    """What the context table of `context` (apply_updates of all of it) answers for suffix, computed
+    from the tokens themselves: (continuations, most recent first, of the longest n-1 last tokens of
+    suffix seen in context followed by a token; n), n = max_n..2; None when not even the last token
+    was. context: [num_tokens] int64."""
+    if not suffix or len(context) < 2:
+        return None
+    ends = np.flatnonzero(context[:-1] == suffix[-1]) + 1  # [hits] the index of the token after each hit
+    if ends.size == 0:
+        return None
+    matched = np.ones(ends.size, dtype=np.int64)  # suffix tokens matched before each end
+    alive = np.ones(ends.size, dtype=bool)
+    for m in range(2, min(max_n - 1, len(suffix)) + 1):
+        alive &= ends - m >= 0
+        alive[alive] = context[ends[alive] - m] == suffix[-m]
+        matched[alive] = m
+    longest = int(matched.max())
+    continuations = context[ends[matched == longest]][::-1].tolist()  # most recent first
+    return list(dict.fromkeys(continuations))[:max_continuations], longest + 1
+
+
+def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, max_continuations: int = 4) -> NgramDraft:
+    """mln_lookup over the session's context alone, as if its context table held every token of it:
+    a chain of up to k tokens (each step matching the context plus the tokens drafted so far against
+    the context) and, at the first step, up to width-1 other continuations as leaves."""
+    tokens = np.asarray(context, dtype=np.int64)
+    suffix = list(context[max(0, len(context) - (max_n - 1)):])
+    draft: list[tuple[int, int, int]] = []  # (token, parent, n)
+    parent = ROOT
+    for depth in range(k):
+        match = context_match(tokens, suffix, max_n, max_continuations)
+        if match is None:
+            break
+        continuations, n = match
+        chain_parent = parent
+        for position, token in enumerate(continuations[:width] if depth == 0 else continuations[:1]):
+            draft.append((token, chain_parent, n))
+            if position == 0:
+                parent = len(draft) - 1
+        suffix = (suffix + [continuations[0]])[-(max_n - 1):]
+    return NgramDraft(Draft(tuple(t for t, _, _ in draft), tuple(p for _, p, _ in draft)),
+                      tuple(n for _, _, n in draft), ("context",) * len(draft))
+
+
+def after_chain(first: NgramDraft, second: NgramDraft) -> NgramDraft:
+    """second's nodes after the last node of first's main chain (first_path)."""
+    chain = first_path_nodes(first.draft)
+    return NgramDraft(attach(first.draft, second.draft, chain[-1] if chain else ROOT),
+                      first.levels + second.levels, first.sources + second.sources)
+
+
+# --- validation shared by every implementation (same errors embedded and over gRPC) ---------------
+
+def check_session_id(session_id: str) -> None:
+    if not session_id:
+        raise InvalidArgument("session_id must not be empty")
+
+
+def check_tokens(tokens: Sequence[int], what: str) -> None:
+    for token in tokens:
+        if not 0 <= token <= MAX_TOKEN_ID:
+            raise InvalidArgument(f"{what}: token id {token} is outside [0, {MAX_TOKEN_ID}]")
+
+
+def check_lookup(session_id: str, context_suffix: Sequence[int], k: int, width: int) -> None:
+    check_session_id(session_id)
+    if k < 0 or width < 1:
+        raise InvalidArgument(f"k must be >= 0 and width >= 1, got k={k} and width={width}")
+    check_tokens(context_suffix, "context_suffix")
+
+
+def check_update(tokens: Sequence[int], start: int) -> None:
+    if not 0 <= start <= len(tokens):
+        raise InvalidArgument(f"start must be in [0, {len(tokens)}], got {start}")
+    check_tokens(tokens, "tokens")
+
+
+def check_branches(branches: Sequence[Sequence[int]]) -> None:
+    for i, branch in enumerate(branches):
+        if len(branch) < 2:
+            raise InvalidArgument(f"branches[{i}] has {len(branch)} tokens; a branch needs at least 2")
+        check_tokens(branch, f"branches[{i}]")

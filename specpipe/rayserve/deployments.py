@@ -1,0 +1,167 @@
+"""The three Ray Serve deployments, each a thin shell over the in-process class the gRPC services
+serve: the verifier (ModelVerifier), the drafter (ModelDrafter, and the n-gram and hybrid drafters
+given a store) and the orchestrator (Generator behind the public GenerationServicer). Each is built
+from its role's config (specpipe.config.services), by the functions `specpipe serve ROLE` uses.
+
+The orchestrator is the application's ingress: Serve's gRPC proxy calls its Generate with the
+GenerateRequest message and streams back the GenerateChunk messages it yields; Check answers the
+standard grpc.health.v1 health check, so the same clients and probes work as against `specpipe up`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import AsyncIterator, Iterator
+
+from grpc_health.v1 import health_pb2
+from ray import serve
+
+from specpipe.config.services import DrafterConfig, OrchestratorConfig, VerifierConfig
+from specpipe.rayserve.handles import HandleDrafter, HandleVerifier, serve_replicas
+
+_END = object()
+
+
+def _replica_id() -> str:
+    """This replica's actor name (SERVE_REPLICA::app#deployment#id)."""
+    return serve.get_replica_context().replica_id.to_full_id_str()
+
+
+@serve.deployment(name="Verifier")
+class VerifierDeployment:
+    def __init__(self, config: VerifierConfig):
+        from specpipe.app.wiring import load_verifier
+        from specpipe.engine.cores import set_threads
+
+        set_threads(config.model.threads)
+        self._verifier = load_verifier(config)
+
+    def info(self):
+        return self._verifier.info()
+
+    def prefill(self, session_id: str, prompt_ids: tuple[int, ...]) -> tuple[int, str]:
+        """The context length, and this replica's id (where the session's KV now lives)."""
+        return self._verifier.prefill(session_id, prompt_ids), _replica_id()
+
+    def verify(self, session_id, context_len, draft, sampling):
+        return self._verifier.verify(session_id, context_len, draft, sampling)
+
+    def release(self, session_id: str) -> bool:
+        return self._verifier.release(session_id)
+
+
+@serve.deployment(name="Drafter")
+class DrafterDeployment:
+    """One or more draft methods, chosen per call like the Drafter gRPC service's."""
+
+    def __init__(self, config: DrafterConfig):
+        from drafter_service.servicer import DraftMethods
+        from specpipe.app.wiring import drafter_methods
+        from specpipe.engine.cores import set_threads
+
+        set_threads(config.model.threads)
+        self._methods = DraftMethods(drafter_methods(config))
+
+    def info(self):
+        return self._methods.info()
+
+    def propose(self, request, method: str = ""):
+        return self._methods.drafter(method).propose(request)
+
+    def release(self, session_id: str) -> bool:
+        return self._methods.release(session_id)
+
+
+class ServeContext:
+    """The grpc.ServicerContext calls the Generation servicer makes, over Serve's RayServegRPCContext.
+    abort() sets the status before raising: Serve's proxy then sends that status, not INTERNAL."""
+
+    def __init__(self, grpc_context, timeout_s: float | None):
+        self._context = grpc_context
+        self._deadline = time.monotonic() + timeout_s if timeout_s else None
+        self._stopped = threading.Event()
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def is_active(self) -> bool:
+        return not self._stopped.is_set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def code(self):
+        return self._context.code() if self._context is not None else None
+
+    def abort(self, code, details: str):
+        if self._context is not None:
+            self._context.set_code(code)
+            self._context.set_details(details)
+        raise RpcAborted(f"{code.name}: {details}")
+
+
+class RpcAborted(Exception):
+    """The RPC ended with the status set on its context."""
+
+
+async def stream_in_thread(chunks: Iterator, context: ServeContext) -> AsyncIterator:
+    """Run a blocking generator in a thread of its own and yield what it yields. When the client
+    goes away (Serve cancels this), the servicer sees is_active() False at its next round and ends,
+    which releases the generation's sessions."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def pump() -> None:
+        try:
+            for item in chunks:
+                loop.call_soon_threadsafe(queue.put_nowait, (item, None))
+            loop.call_soon_threadsafe(queue.put_nowait, (_END, None))
+        except BaseException as err:  # re-raised on the event loop, with the status set on the context
+            loop.call_soon_threadsafe(queue.put_nowait, (_END, err))
+
+    threading.Thread(target=pump, name="specpipe-generate", daemon=True).start()
+    try:
+        while True:
+            item, err = await queue.get()
+            if item is _END:
+                if err is not None:
+                    raise err
+                return
+            yield item
+    finally:
+        context.stop()
+
+
+@serve.deployment(name="Orchestrator")
+class OrchestratorDeployment:
+    async def __init__(self, verifier, drafter, config: OrchestratorConfig):
+        from orchestrator.admission import Admission, AdmissionConfig
+        from orchestrator.servicer import GenerationServicer
+        from specpipe.app.wiring import ngram_cache, served_generator
+        from specpipe.engine.cores import set_threads
+
+        set_threads(config.model.threads)
+        self._timeout_s = config.rpc_timeout_s
+        drafter_info = await drafter.info.remote()  # the model infos, once: calls block only in threads
+        self._verifier = HandleVerifier(verifier, await verifier.info.remote(), self._timeout_s)
+        served = {method: HandleDrafter(drafter, method, drafter_info, self._timeout_s)
+                  for method in drafter_info.methods}
+        generator = served_generator(config.model.specs()[0], serve_replicas(self._verifier), served,
+                                     config.speculation, ngram_cache(config.cache, config.tls), config.limits,
+                                     config.learn_global)
+        self._servicer = GenerationServicer(generator, Admission(AdmissionConfig(config.max_sessions, config.max_queue)))
+
+    async def Generate(self, request, grpc_context=None) -> AsyncIterator:
+        context = ServeContext(grpc_context, self._timeout_s)
+        async for chunk in stream_in_thread(self._servicer.Generate(request, context), context):
+            yield chunk
+
+    def Check(self, request, grpc_context=None):
+        """grpc.health.v1 Check: this replica is constructed, so its peers answered."""
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+    def placements(self) -> list:
+        """Where the recent verifier sessions of this replica lived (HandleVerifier.placements)."""
+        return self._verifier.placements()
