@@ -36,7 +36,8 @@ class Generation:
     def emit(self, result: VerifyResult, decode: Callable[[list[int]], str], eos: Sequence[int]) -> tuple[list[int], str]:
         """Take a round's verified tokens: the ones emitted (up to the first finish) and the new text
         that is safe to stream."""
-        count, self.finish = first_finish(result.emitted, len(self.output), self.request.max_new_tokens, eos)
+        count, self.finish = first_finish(result.emitted, len(self.output), self.request.max_new_tokens, eos,
+                                          self.request.min_new_tokens)
         text, new_tokens, stopped = cut_at_stop(decode, self.output, list(result.emitted[:count]),
                                                 self.request.stop, len(self.sent_text))
         self.finish = FINISH_STOP if stopped else self.finish

@@ -127,6 +127,8 @@ class Generator:
         check_sampling(request.sampling)
         if request.max_new_tokens <= 0:
             raise InvalidArgument(f"max_new_tokens must be > 0, got {request.max_new_tokens}")
+        if not 0 <= request.min_new_tokens <= request.max_new_tokens:
+            raise InvalidArgument(f"min_new_tokens must be in [0, max_new_tokens], got {request.min_new_tokens}")
         total = len(request.prompt_ids) + request.max_new_tokens
         if total > self.info.max_context:
             raise InvalidArgument(

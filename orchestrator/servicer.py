@@ -5,11 +5,13 @@ closing the generation releases its verifier and drafter sessions."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 from orchestrator.admission import Admission
 from orchestrator.generator import Generator
 from specpipe.core.tenancy import tenant_from_metadata
+from specpipe.core.types import GenerationChunk
 from specpipe.runtime import metrics
 from specpipe.runtime.lifecycle import client_time_left, deadline_scope
 from specpipe.serving import convert
@@ -35,21 +37,27 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         generation = replace(generation, tenant=tenant_from_metadata(metadata))
         prompt_ids = self._generator.encode(**source.encode_kwargs())
         chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
-        last = start
         try:
-            for i, chunk in enumerate(chunks):
+            for chunk in observe_latency(chunks, start):
                 if not context.is_active():  # client cancelled or deadline passed
                     return
-                now = time.perf_counter()
-                if i == 0:
-                    metrics.TTFT_MS.observe((now - last) * 1e3)
-                else:  # a chunk of n tokens: n gaps of the round's time / n each
-                    for _ in chunk.token_ids:
-                        metrics.INTER_TOKEN_MS.observe((now - last) * 1e3 / len(chunk.token_ids))
-                last = now
                 yield convert.chunk_to_proto(chunk)
         finally:
             chunks.close()
+
+
+def observe_latency(chunks: Iterator[GenerationChunk], start: float) -> Iterator[GenerationChunk]:
+    """The chunks, with the time to first token and the inter-token latency observed (both APIs)."""
+    last = start
+    for i, chunk in enumerate(chunks):
+        now = time.perf_counter()
+        if i == 0:
+            metrics.TTFT_MS.observe((now - last) * 1e3)
+        else:  # a chunk of n tokens: n gaps of the round's time / n each
+            for _ in chunk.token_ids:
+                metrics.INTER_TOKEN_MS.observe((now - last) * 1e3 / len(chunk.token_ids))
+        last = now
+        yield chunk
 
 
 def service(generator: Generator, admission: Admission | None = None) -> Service:

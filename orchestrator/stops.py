@@ -30,11 +30,14 @@ def streamable(text: str, stop: Sequence[str]) -> str:
 
 
 def first_finish(
-    new_tokens: Sequence[int], produced: int, max_new_tokens: int, eos_token_ids: Sequence[int]
+    new_tokens: Sequence[int], produced: int, max_new_tokens: int, eos_token_ids: Sequence[int],
+    min_new_tokens: int = 0,
 ) -> tuple[int, str]:
-    """How many of a round's new tokens to emit and why the generation ends ("" if it goes on)."""
+    """How many of a round's new tokens to emit and why the generation ends ("" if it goes on). An EOS
+    among the first min_new_tokens outputs is emitted like any token and does not end it (the model's
+    own tokens all the same: nothing is masked)."""
     for i, token in enumerate(new_tokens):
-        if token in eos_token_ids:
+        if token in eos_token_ids and produced + i >= min_new_tokens:
             return i + 1, FINISH_EOS
         if produced + i + 1 >= max_new_tokens:
             return i + 1, FINISH_LENGTH

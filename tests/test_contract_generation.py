@@ -224,6 +224,13 @@ def test_specpipe_up_serves_and_stops_on_sigint(tmp_path):
             assert_serving(client, "specpipe.v1.Generation")
             chunks = list(client.generate(prompt="hello", max_new_tokens=6))
         assert sum(len(c.token_ids) for c in chunks) == 6 and chunks[-1].finish_reason == "length"
+        # the OpenAI-compatible API, on by default: the same text as the gRPC API
+        (url,) = [line.split()[-3].removesuffix("/v1") for line in lines if line.startswith("OpenAI-compatible API:")]
+        import httpx
+
+        answer = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 6,
+                                                           "temperature": 0}, timeout=60).json()
+        assert answer["choices"][0]["text"] == "".join(c.text for c in chunks)
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0, proc.stderr.read()

@@ -115,8 +115,9 @@ def test_the_image_builds_and_its_three_roles_serve(image, tmp_path):
 
     prepared = run(*specpipe("models", "prepare", "--preset", "tiny", models_mode="rw"))
     assert prepared.returncode == 0, prepared.stderr
-    ports = {role: free_port() for role in ("verifier", "drafter", "orchestrator")}
-    peers = ["--verifier-addr", f"127.0.0.1:{ports['verifier']}", "--drafter-addr", f"127.0.0.1:{ports['drafter']}"]
+    ports = {role: free_port() for role in ("verifier", "drafter", "orchestrator", "http")}
+    peers = ["--verifier-addr", f"127.0.0.1:{ports['verifier']}", "--drafter-addr", f"127.0.0.1:{ports['drafter']}",
+             "--http-port", str(ports["http"])]
     servers = {}
     try:
         for role in ("verifier", "drafter", "orchestrator"):
@@ -142,6 +143,12 @@ def test_the_image_builds_and_its_three_roles_serve(image, tmp_path):
         speculative, alone = generate(), generate("--drafter", "none")
         assert speculative["token_ids"] == alone["token_ids"] and len(alone["token_ids"]) == 24
         assert speculative["stats"]["rounds"] < alone["stats"]["rounds"]  # the hybrid drafter's drafts were accepted
+        import httpx  # the OpenAI-compatible API of the same orchestrator: the same text
+
+        answer = httpx.post(f"http://127.0.0.1:{ports['http']}/v1/chat/completions", timeout=120, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "def fibonacci(n):"}], "max_tokens": 24,
+            "temperature": 0}).json()
+        assert answer["choices"][0]["message"]["content"] == alone["text"]
     finally:
         for server in servers.values():
             os.killpg(server.pid, signal.SIGTERM)

@@ -220,9 +220,10 @@ def test_up_table_and_locust_command(tmp_path):
     table = ("service       address          metrics  pid    core\n"
              "orchestrator  127.0.0.1:36527  43575    12064  -\n"
              "verifier      127.0.0.1:32861  34199    11809  -\n"
+             "OpenAI-compatible API: http://127.0.0.1:41000/v1 (curl http://127.0.0.1:41000/v1/models)\n"
              "specpipe up: ready (preset tiny); logs in /tmp/x; Ctrl-C stops all services\n")
     assert parse_up_table(table) == ({"orchestrator": "127.0.0.1:36527", "verifier": "127.0.0.1:32861"},
-                                     {"orchestrator": 12064, "verifier": 11809})
+                                     {"orchestrator": 12064, "verifier": 11809}, "http://127.0.0.1:41000")
     constant = locust_command(LocustRun("h:1", tmp_path, "constant", 4, 20.0, "1,2", 5.0, ("--suite", "gsm8k")))
     assert constant[constant.index("-u") + 1] == "4" and constant[constant.index("-t") + 1] == "20s"
     assert "shapes.py" not in constant[constant.index("-f") + 1] and constant[-2:] == ["--suite", "gsm8k"]
@@ -292,6 +293,20 @@ def test_smoke_tiny_4_users(tmp_path):
     assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"] and 0 <= level["itl_p50_ms"] <= level["itl_p99_ms"]
     assert_rounds_counted(records)
     assert level["tokens_per_round"] == sum(r.tokens for r in records) / sum(r.rounds for r in records)
+
+
+@pytest.mark.slow  # `specpipe up` and Locust: 30 s
+def test_smoke_tiny_through_the_openai_api(tmp_path):
+    """The same harness over the OpenAI-compatible API: server-sent events, tokens from the usage of
+    every event, the same records and statistics (round statistics are the gRPC API's alone)."""
+    proc, summary = loadtest(tmp_path, "--api", "openai", "--preset", "tiny", "--shape", "constant", "--users", "2",
+                             "--run-time", "6", "--max-new-tokens", "32", "--prompt-limit", "5")
+    assert proc.returncode == 0, proc.stderr
+    records = read_records(tmp_path / "requests.jsonl")
+    (level,) = summary["runs"]["default"]
+    assert level["requests"] == len(records) > 0 and level["errors"] == {}
+    assert all(r.status == OK and 0 < r.tokens <= 32 and len(r.itl_ms) < r.tokens and r.ttft_ms for r in records)
+    assert level["tokens"] == sum(r.tokens for r in records) and level["tokens_per_s"] > 0
 
 
 def assert_rounds_counted(records) -> None:

@@ -60,10 +60,14 @@ def app():
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}})
     try:
         launch.start(config, timeout_s=180)
+        HTTP["url"] = f"http://127.0.0.1:{config['http_options']['port']}"  # Serve's HTTP proxy
         with GenerationClient(f"127.0.0.1:{config['grpc_options']['port']}", timeout_s=120) as client:
             yield client
     finally:  # the whole local Ray goes (serve.shutdown() would first wait for a replica being replaced)
         ray.shutdown()
+
+
+HTTP: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,21 @@ def test_ray_branch_schedule_equals_verifier_greedy(app, references, drafter):
         assert tokens == expected, prompt
         accepted += sum(c.round.accepted for c in chunks)
     assert accepted > 0  # the drafts were verified, not skipped
+
+
+@pytest.mark.slow
+def test_ray_serves_the_openai_api_through_its_http_proxy(app, references):
+    """The OpenAI-compatible API on Serve's HTTP proxy: the same tokens as the gRPC proxy's."""
+    import httpx
+
+    ids, expected = next(iter(references.values()))
+    tokens, chunks = generate(app, ids, BRANCH["ngram"])
+    answer = httpx.post(f"{HTTP['url']}/v1/completions", timeout=120, json={
+        "model": "tiny", "prompt": list(ids), "max_tokens": MAX_NEW_TOKENS, "temperature": 0, "drafter": "ngram"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] == "".join(c.text for c in chunks)
+    assert answer.json()["usage"]["completion_tokens"] == len(expected)
+    assert httpx.get(f"{HTTP['url']}/v1/models").json()["data"][0]["id"] == "tiny"
 
 
 @pytest.mark.slow

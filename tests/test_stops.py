@@ -23,3 +23,6 @@ def test_first_finish():
     assert first_finish([1, 2, 3], produced=0, max_new_tokens=10, eos_token_ids=[2]) == (2, "eos")
     assert first_finish([1, 2, 3], produced=8, max_new_tokens=10, eos_token_ids=[]) == (2, "length")
     assert first_finish([1, 2, 3], produced=0, max_new_tokens=10, eos_token_ids=[9]) == (3, "")
+    # an EOS among the first min_new_tokens outputs is a token like any other; from there on it ends
+    assert first_finish([1, 2, 3], produced=0, max_new_tokens=10, eos_token_ids=[2], min_new_tokens=2) == (3, "")
+    assert first_finish([1, 2, 3], produced=0, max_new_tokens=10, eos_token_ids=[2], min_new_tokens=1) == (2, "eos")

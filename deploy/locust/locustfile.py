@@ -1,12 +1,14 @@
-"""Locust load test of specpipe's public API: the streaming Generate RPC of an orchestrator.
+"""Locust load test of specpipe's public APIs: the streaming Generate RPC of an orchestrator, or
+(--api openai) its OpenAI-compatible /v1/chat/completions with server-sent events.
 
     locust -f deploy/locust/locustfile.py --headless --host 127.0.0.1:50051 -u 4 -r 4 -t 60s \
         --csv out/locust --html out/locust.html --records out/requests.jsonl
+    locust -f deploy/locust/locustfile.py --headless --host http://127.0.0.1:8000 --api openai ...
 
 Each generation fires one Locust request event per measure: `ttft` (call -> first chunk), `itl`
 (one per token of every later chunk: the chunk's gap split over its tokens) and `e2e` (the whole
 stream; its response length is the tokens received). A failed call is one `e2e` failure named by
-its gRPC status. With --records every call also becomes a JSON line (specpipe.bench.loadstats), from which
+its gRPC status (HTTP: HTTP_<code>). With --records every call also becomes a JSON line (specpipe.bench.loadstats), from which
 `specpipe loadtest` computes tokens/s, percentiles and goodput per user level. Add shapes.py
 (`-f deploy/locust/locustfile.py,deploy/locust/shapes.py --shape steps`) for the load shapes."""
 
@@ -17,6 +19,7 @@ import grpc.experimental.gevent as grpc_gevent
 grpc_gevent.init_gevent()  # locust patched the stdlib when it loaded; grpc must be patched before any channel
 
 import itertools
+import json
 import random
 import time
 from collections import Counter
@@ -30,7 +33,7 @@ from specpipe.bench.loadstats import OK, RequestRecord, itl_per_token, write_rec
 from specpipe.bench.prompts import Prompt, load_suite
 from specpipe.config.env import environment
 from specpipe.core import types
-from specpipe.core.errors import SpecpipeError
+from specpipe.core.errors import SpecpipeError, Unavailable
 from specpipe.serving.clients import GenerationClient
 from specpipe.serving.security import Tls, read_token
 
@@ -39,6 +42,9 @@ MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser) -> None:
+    parser.add_argument("--api", default="grpc", choices=("grpc", "openai"),
+                        help="grpc: the Generate RPC at host:port; openai: /v1/chat/completions at --host's URL "
+                        "(default: %(default)s)")
     parser.add_argument("--suite", default="mix", help="prompts: humaneval, mtbench, gsm8k, random, noise or mix "
                         "(code, chat and math in turn) (default: %(default)s)")
     parser.add_argument("--prompt-limit", type=int, default=20, help="prompts taken from each suite (default: %(default)s)")
@@ -110,6 +116,7 @@ def _on_init(environment, **_kwargs) -> None:
         options = environment.parsed_options
         GenerateUser.tls = Tls.from_files(options.grpc_tls_cert, options.grpc_tls_key, options.grpc_tls_ca)
         GenerateUser.auth_token = read_token(options.grpc_auth_token_file or None)
+        GenerateUser.api = options.api
 
 
 @events.test_stop.add_listener
@@ -132,10 +139,18 @@ class GenerateUser(User):
     order: itertools.count
     tls: Tls | None = None
     auth_token: str | None = None
+    api: str = "grpc"
 
     def on_start(self) -> None:
-        self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s, tls=self.tls,
-                                       auth_token=self.auth_token)
+        if self.api == "openai":
+            self.client = OpenAIStream(self.host, self.workload, self.auth_token, self.options_ca())
+        else:
+            self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s, tls=self.tls,
+                                           auth_token=self.auth_token)
+
+    def options_ca(self) -> str | bool:
+        options = self.environment.parsed_options
+        return (options.grpc_tls_ca or True) if options is not None else True
 
     def on_stop(self) -> None:
         self.client.close()
@@ -154,12 +169,11 @@ class GenerateUser(User):
         rounds = Counter()
         last = started = time.perf_counter()
         try:
-            for chunk in self.client.generate(messages=prompt.messages, max_new_tokens=w.max_new_tokens,
-                                              sampling=sampling, speculation=w.speculation):
-                now, count = time.perf_counter(), len(chunk.token_ids)
-                if chunk.round is not None:
-                    rounds.update(rounds=1, plain_rounds=chunk.round.drafted == 0, drafted=chunk.round.drafted,
-                                  accepted=chunk.round.accepted)
+            for count, round_stats in self.events(prompt, sampling):
+                now = time.perf_counter()
+                if round_stats is not None:
+                    rounds.update(rounds=1, plain_rounds=round_stats.drafted == 0, drafted=round_stats.drafted,
+                                  accepted=round_stats.accepted)
                 if count == 0:
                     continue  # a final chunk that only carries the finish reason
                 if ttft_ms is None:
@@ -178,6 +192,77 @@ class GenerateUser(User):
         self.records.write(RequestRecord(start_s=start_s, end_s=time.time(), users=users, status=status,
                                          tokens=tokens, ttft_ms=ttft_ms, itl_ms=tuple(itls), prompt_id=prompt.id,
                                          **rounds))
+
+
+    def events(self, prompt: Prompt, sampling: types.SamplingParams):
+        """(tokens, round statistics or None) per chunk of one generation, on either API."""
+        if self.api == "openai":
+            yield from self.client.generate(prompt, sampling)
+            return
+        w = self.workload
+        for chunk in self.client.generate(messages=prompt.messages, max_new_tokens=w.max_new_tokens,
+                                          sampling=sampling, speculation=w.speculation):
+            yield len(chunk.token_ids), chunk.round
+
+
+class OpenAIStream:
+    """One user's /v1/chat/completions calls, streamed; the tokens of each event from the usage that
+    continuous_usage_stats puts in it. An error status raises SpecpipeError-like StatusError."""
+
+    def __init__(self, base_url: str, workload: Workload, token: str | None, verify):
+        import requests  # Locust's own HTTP client, gevent-friendly
+
+        self.url, self.workload = base_url.rstrip("/"), workload
+        self.http = requests.Session()
+        self.http.verify = verify
+        if token:
+            self.http.headers["Authorization"] = f"Bearer {token}"
+        models = self.http.get(f"{self.url}/v1/models", timeout=workload.deadline_s)
+        if models.status_code != 200:
+            raise HttpStatusError(models.status_code)
+        self.model = models.json()["data"][0]["id"]
+
+    def generate(self, prompt: Prompt, sampling: types.SamplingParams):
+        import requests
+
+        try:
+            yield from self._generate(prompt, sampling)
+        except requests.RequestException as err:  # no answer at all: what gRPC calls UNAVAILABLE
+            raise Unavailable(str(err)) from None
+
+    def _generate(self, prompt: Prompt, sampling: types.SamplingParams):
+        w = self.workload
+        body = {"model": self.model, "messages": [{"role": role, "content": content} for role, content in prompt.messages],
+                "max_tokens": w.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        if sampling.seed:
+            body["seed"] = sampling.seed
+        if w.speculation is not None:
+            body.update({k: v for k, v in vars(w.speculation).items() if v})
+        with self.http.post(f"{self.url}/v1/chat/completions", json=body, stream=True,
+                            timeout=self.workload.deadline_s) as answer:
+            if answer.status_code != 200:
+                raise HttpStatusError(answer.status_code)
+            seen = 0
+            for line in answer.iter_lines(decode_unicode=True):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise HttpStatusError(500)
+                tokens = (event.get("usage") or {}).get("completion_tokens", seen)
+                if event.get("choices") and tokens > seen:
+                    yield tokens - seen, None
+                seen = tokens
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class HttpStatusError(SpecpipeError):
+    def __init__(self, status: int):
+        super().__init__(f"HTTP {status}")
+        self.code = f"HTTP_{status}"
 
 
 class StatusError(Exception):

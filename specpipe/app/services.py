@@ -25,8 +25,23 @@ def cache_service(config: CacheConfig):
     return service(ngram_cache(config.cache, config.tls), config.limits)
 
 
-def orchestrator_service(config: OrchestratorConfig):
+def orchestrator_parts(config: OrchestratorConfig):
+    """(the Generator, its Admission): what the gRPC and the HTTP API of one orchestrator share."""
     from orchestrator.admission import Admission, AdmissionConfig
+
+    return orchestrator_generator(config), Admission(AdmissionConfig(config.max_sessions, config.max_queue))
+
+
+def orchestrator_service(config: OrchestratorConfig, parts=None):
     from orchestrator.servicer import service
 
-    return service(orchestrator_generator(config), Admission(AdmissionConfig(config.max_sessions, config.max_queue)))
+    return service(*(parts or orchestrator_parts(config)))
+
+
+def openai_app(parts, auth_token: str | None, max_request_bytes: int, draining=lambda: False):
+    """The OpenAI-compatible HTTP API over the same generator and admission (orchestrator.openai_api)."""
+    from orchestrator.openai_api import ApiConfig, create_app
+
+    generator, admission = parts
+    config = ApiConfig(generator.info.model_name, generator.info.max_context, auth_token, max_request_bytes)
+    return create_app(generator, admission, config, draining)

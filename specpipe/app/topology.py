@@ -27,7 +27,7 @@ HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 TAIL_LINES = 20
 READY_LINE = "specpipe serve {role}: listening on {address} (metrics port {metrics})"  # a service's, once SERVING
-READY_RE = re.compile(r"^specpipe serve (\w+): listening on (\S+):(\d+) \(metrics port (\d+|off)\)$")
+READY_RE = re.compile(r"^specpipe serve (\w+): listening on (\S+):(\d+) \(metrics port (\d+|off)\)(?: and (\S+))?$")
 LOCAL_REDIS = "redis"  # --cache redis: start a local redis-server (cache_service.local_redis)
 
 
@@ -40,6 +40,7 @@ class Child:
     core: int | None
     port: int | None = None
     metrics_port: int | None = None
+    http_url: str | None = None  # the orchestrator's OpenAI-compatible API
     reported: bool = False  # its exit was reported
 
     @property
@@ -77,7 +78,7 @@ def run_up(config: UpConfig) -> int:
         peers = ("--verifier-addr", ",".join(children[n].address for n in names["verifier"]),
                  "--drafter-addr", ",".join(children[n].address for n in names["drafter"]))
         children["orchestrator"] = start_service("orchestrator", config, cores.get("orchestrator"),
-                                                 peers + config.speculation
+                                                 peers + config.speculation + http_flags(config)
                                                  + up_security.service_flags(pki, "orchestrator"), cache=cache_url)
         wait_serving(children["orchestrator"], config.startup_timeout_s, stop, up_security.client_tls(pki))
         if stop.is_set():
@@ -170,6 +171,13 @@ def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[st
     return Child(name, proc, stdout_path, stderr_path, core)
 
 
+def http_flags(config: UpConfig) -> tuple[str, ...]:
+    """The orchestrator's --http-port: the configured one, a free one with free ports, or none."""
+    if config.http_port is None:
+        return ()
+    return ("--http-port", str(0 if config.base_port == 0 else config.http_port))
+
+
 def model_flags(model: ModelConfig) -> tuple[str, ...]:
     """The flags that give a `specpipe serve` process this model config (its threads aside)."""
     flags = ("--preset", model.preset, "--device", model.device, "--dtype", model.dtype, "--compile", model.compile,
@@ -206,6 +214,7 @@ def wait_serving(child: Child, timeout_s: float, stop: threading.Event, tls=None
             if match := READY_RE.match(line.strip()):
                 child.port = int(match.group(3))
                 child.metrics_port = None if match.group(4) == "off" else int(match.group(4))
+                child.http_url = match.group(5)
         time.sleep(0.1)
     with VerifierClient(child.address, timeout_s=1.0, tls=tls) as client:  # any client has health()
         while True:
@@ -240,6 +249,9 @@ def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redi
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    url = next((c.http_url for c in children.values() if c.http_url), None)
+    if url:
+        print(f"OpenAI-compatible API: {url}/v1 (curl {url}/v1/models)")
     print(f"specpipe up: ready (preset {config.model.preset}); logs in {config.log_dir}; Ctrl-C stops all services"
           f"{security}", flush=True)
 

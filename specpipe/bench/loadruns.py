@@ -29,14 +29,17 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def parse_up_table(text: str) -> tuple[dict[str, str], dict[str, int]]:
-    """`specpipe up`'s table (service, address, metrics, pid, core) -> (addresses, pids) by role."""
-    addresses, pids = {}, {}
+def parse_up_table(text: str) -> tuple[dict[str, str], dict[str, int], str | None]:
+    """`specpipe up`'s table (service, address, metrics, pid, core) -> (addresses, pids) by role, and
+    the URL of its OpenAI-compatible API (None: off)."""
+    addresses, pids, url = {}, {}, None
     for line in text.splitlines():
         cells = line.split()
         if len(cells) >= 4 and cells[0] in UP_ROLES:
             addresses[cells[0]], pids[cells[0]] = cells[1], int(cells[3])
-    return addresses, pids
+        if line.startswith("OpenAI-compatible API:"):
+            url = cells[2].removesuffix("/v1")
+    return addresses, pids, url
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Stack:
     proc: subprocess.Popen
     addresses: dict[str, str]
     pids: dict[str, int]
+    http_url: str | None = None  # the orchestrator's OpenAI-compatible API
 
     def stop(self) -> None:
         if self.proc.poll() is None:

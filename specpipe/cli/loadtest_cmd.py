@@ -33,7 +33,11 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("loadtest", help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
                                    description=__doc__.split("\n\n")[0])
     target = parser.add_argument_group("target")
-    target.add_argument("--addr", default=None, help="HOST:PORT of an orchestrator (default: start `specpipe up`)")
+    target.add_argument("--addr", default=None, help="HOST:PORT of an orchestrator, or with --api openai the URL "
+                        "of its HTTP API (default: start `specpipe up`)")
+    target.add_argument("--api", default="grpc", choices=("grpc", "openai"),
+                        help="the API the users call: the Generate RPC, or the OpenAI-compatible "
+                        "/v1/chat/completions with server-sent events (docs/http-api.md) (default: %(default)s)")
     target.add_argument("--preset", default=environment().preset or "tiny", choices=sorted(PRESETS),
                         help="without --addr: the model pair of the `specpipe up` started (default: %(default)s)")
     target.add_argument("--up-args", action="append", default=None, metavar="[LABEL=]FLAGS",
@@ -139,7 +143,8 @@ def client_flags(args: argparse.Namespace, up_args: str, up_dir: Path) -> tuple[
 
 
 def workload_flags(args: argparse.Namespace, drafter: str) -> tuple[str, ...]:
-    flags = ["--suite", args.suite, "--prompt-limit", str(args.prompt_limit), "--max-new-tokens", str(args.max_new_tokens),
+    flags = ["--api", args.api, "--suite", args.suite, "--prompt-limit", str(args.prompt_limit),
+             "--max-new-tokens", str(args.max_new_tokens),
              "--deadline-s", f"{args.deadline_s:g}", "--temperature", f"{args.temperature:g}", "--top-p", f"{args.top_p:g}",
              "--seed", str(args.seed), "--draft-len", str(args.draft_len), "--width", str(args.width)]
     for name, value in (("--drafter", "" if drafter == SERVER_DEFAULT else drafter), ("--schedule", args.schedule),
@@ -182,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
                 if args.memory_every > 0:
                     sampler = loadtest_runs.MemorySampler(stack.pids, args.memory_every, out_dir / "memory.jsonl")
                     sampler.start()
-            host = args.addr or stack.addresses["orchestrator"]
+            host = args.addr or (stack.http_url if args.api == "openai" else stack.addresses["orchestrator"])
+            if host is None:
+                raise FailedPrecondition("--api openai: the `specpipe up` started serves no HTTP API (--http-port -1?)")
             security = client_flags(args, up_args, out_dir / "up" / server)
             for drafter in server_drafters:
                 label = f"{server} {drafter}".strip()

@@ -51,6 +51,10 @@ def register(subparsers) -> None:
             group.add_argument("--rpc-timeout", type=float, default=60.0, metavar="S",
                                help="deadline of each verifier / drafter call in seconds; a Prefill has the client's deadline "
                                "only (its time grows with the prompt and the load) (default: %(default)s)")
+            group.add_argument("--http-port", type=int, default=None, metavar="PORT",
+                               help="also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                               "/v1/models, /health) on this port, with the same TLS files and token; 0 = a free one "
+                               "(default: off; docs/http-api.md)")
             group.add_argument("--connect-timeout", type=float, default=600.0, metavar="S",
                                help="how long to wait at start for the verifier (loading its model) "
                                "(default: %(default)s)")
@@ -103,15 +107,31 @@ def run(args: argparse.Namespace) -> int:
         config.check_peers()  # before anything heavy
     logs.configure(args.log_level, json=args.log_format == "json")
     set_threads(getattr(args, "threads", 0))
-    handle = serve([getattr(services, f"{args.role}_service")(config)], ServerConfig(
+    token = read_token(getattr(args, "auth_token_file", None))
+    http_port = getattr(args, "http_port", None)
+    if args.role == "orchestrator":
+        parts = services.orchestrator_parts(config)  # one generator and admission for both APIs
+        service = services.orchestrator_service(config, parts)
+    else:
+        service = getattr(services, f"{args.role}_service")(config)
+    handle = serve([service], ServerConfig(
         host=args.host, port=args.port, metrics_port=args.metrics_port, max_workers=options.worker_threads(args),
         max_request_bytes=config.limits.max_request_bytes, tls=security_args.server_tls(args, args.role),
-        reflection=args.reflection, auth_token=read_token(getattr(args, "auth_token_file", None)),
-        drain_timeout_s=args.drain_timeout, health_port=args.health_port,
+        reflection=args.reflection, auth_token=token, drain_timeout_s=args.drain_timeout, health_port=args.health_port,
     ))
+    http = None
+    if http_port is not None:
+        from specpipe.config.services import tls_files
+        from specpipe.serving.http import HttpServer
+
+        app = services.openai_app(parts, token, config.limits.max_request_bytes, lambda: handle.draining)
+        http = HttpServer(app, args.host, http_port, tls_files(vars(args)))
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
-    print(READY_LINE.format(role=args.role, address=handle.address, metrics=metrics), flush=True)
+    print(READY_LINE.format(role=args.role, address=handle.address, metrics=metrics)
+          + (f" and {http.url}" if http else ""), flush=True)
     handle.wait()
+    if http is not None:
+        http.stop()
     exit_now(0)
 
 

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
     parser.add_argument("--base-port", type=int, default=50051,
                         help="gRPC ports N (orchestrator), N+1 (verifier), N+2 (drafter), metrics ports "
                         f"N+{METRICS_OFFSET}..; 0 = free ports (default: %(default)s)")
+    parser.add_argument("--http-port", type=int, default=8000,
+                        help="the orchestrator's OpenAI-compatible HTTP API (docs/http-api.md); 0 = a free one, -1 = "
+                        "off; with --base-port 0 a free one (default: %(default)s)")
     parser.add_argument("--threads-per-service", type=int, default=1, help="torch threads per service (default: %(default)s)")
     parser.add_argument("--tls", action="store_true", help="generate a private CA and certificates (in the log "
                         "dir): mutual TLS between the services, TLS on the public port, rediss:// to --cache redis")
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     config = UpConfig(
-        model=model_config(vars(args)), base_port=args.base_port, threads_per_service=args.threads_per_service,
+        model=model_config(vars(args)), base_port=args.base_port, http_port=None if args.http_port < 0 else args.http_port,
+        threads_per_service=args.threads_per_service,
         pin=args.pin, startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")), log_level=args.log_level,
         speculation=options.speculation_flags(speculation(vars(args))) + ("--hop-delay-ms", str(args.hop_delay_ms)),

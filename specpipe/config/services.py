@@ -188,6 +188,7 @@ class UpConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     base_port: int = 50051           # 0 = free ports
+    http_port: int | None = 8000     # the orchestrator's OpenAI-compatible API; None: off, 0: a free one
     threads_per_service: int = 1
     pin: bool = False
     startup_timeout_s: float = 300.0

@@ -138,6 +138,7 @@ async def stream_in_thread(chunks: Iterator, context: ServeContext) -> AsyncIter
 class OrchestratorDeployment:
     async def __init__(self, verifier, drafter, config: OrchestratorConfig):
         from orchestrator.admission import Admission, AdmissionConfig
+        from orchestrator.openai_api import ApiConfig, OpenAIApi
         from orchestrator.servicer import GenerationServicer
         from specpipe.app.wiring import ngram_cache, served_generator
         from specpipe.engine.cores import set_threads
@@ -151,7 +152,14 @@ class OrchestratorDeployment:
         generator = served_generator(config.model.specs()[0], serve_replicas(self._verifier), served,
                                      config.speculation, ngram_cache(config.cache, config.tls), config.limits,
                                      config.learn_global)
-        self._servicer = GenerationServicer(generator, Admission(AdmissionConfig(config.max_sessions, config.max_queue)))
+        admission = Admission(AdmissionConfig(config.max_sessions, config.max_queue))  # one for both APIs
+        self._servicer = GenerationServicer(generator, admission)
+        self._http = OpenAIApi(generator, admission, ApiConfig(generator.info.model_name, generator.info.max_context,
+                                                               max_request_bytes=config.limits.max_request_bytes))
+
+    async def __call__(self, request):
+        """Serve's HTTP proxy: the OpenAI-compatible API (docs/http-api.md)."""
+        return await self._http.route(request)
 
     async def Generate(self, request, grpc_context=None) -> AsyncIterator:
         context = ServeContext(grpc_context, self._timeout_s)

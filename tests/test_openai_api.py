@@ -1,0 +1,243 @@
+"""The OpenAI-compatible HTTP API (orchestrator/openai_api.py, docs/http-api.md), served by uvicorn on
+loopback and driven by the official `openai` package: completions and chat, streamed and not, the
+same tokens as the gRPC API and the verifier alone (tiny preset); every refusal in the OpenAI error
+shape with its status; a client that goes away frees its sessions; HTTP and gRPC clients at once."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from orchestrator.admission import Admission, AdmissionConfig
+from orchestrator.openai_api import ApiConfig, create_app
+from specpipe.core.types import GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.serving.http import HttpServer
+from tests.golden import run
+from tests.grpc_harness import wait_until
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4, 5,"]
+TOKENS = 24
+MODEL = "tiny"
+
+
+@contextlib.contextmanager
+def api(generator, admission=None, token=None, draining=lambda: False):
+    config = ApiConfig(MODEL, generator.info.max_context, token)
+    server = HttpServer(create_app(generator, admission or Admission(), config, draining), "127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_tokenizer, tiny_verifier, tiny_drafter):
+    """The tiny verifier and drafter with every drafter kind (model, ngram, hybrid) over a memory store."""
+    from cache_service.memory import InMemoryNgramCache
+    from tests.test_golden_ngram import generator_with
+
+    return generator_with(InMemoryNgramCache(), tiny_tokenizer, tiny_verifier, tiny_drafter)
+
+
+@pytest.fixture(scope="module")
+def server(generator):
+    with api(generator) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def alone(generator, prompt_ids, **request) -> tuple[list[int], str]:
+    """The verifier alone's tokens and text for the same request (the lossless reference)."""
+    tokens, chunks = run(generator, GenerationRequest(tuple(prompt_ids), request.pop("max_new_tokens", TOKENS),
+                                                      speculation=SpeculationOptions("none"), **request))
+    return tokens, "".join(c.text for c in chunks)
+
+
+def test_models_and_health(client, server):
+    (model,) = client.models.list().data
+    assert model.id == MODEL and model.owned_by == "specpipe"
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram", "hybrid"])
+def test_completions_equal_the_verifier_alone_streamed_or_not(client, generator, drafter):
+    for prompt in PROMPTS:
+        prompt_ids = generator.encode(prompt=prompt)
+        _, expected = alone(generator, prompt_ids)
+        body = dict(model=MODEL, prompt=prompt, max_tokens=TOKENS, temperature=0, extra_body={"drafter": drafter})
+        whole = client.completions.create(**body)
+        assert whole.choices[0].text == expected and whole.choices[0].finish_reason in ("stop", "length")
+        assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(prompt_ids), TOKENS)
+        events = list(client.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+        assert "".join(e.choices[0].text for e in events if e.choices) == expected
+        assert events[-1].usage.completion_tokens == TOKENS and not events[-1].choices
+        assert [e.choices[0].finish_reason for e in events if e.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_token_id_prompts_and_the_grpc_api_give_the_same_tokens(client, generator):
+    from specpipe.serving.clients import GenerationClient
+    from specpipe.serving.server import ServerConfig, serve
+
+    from orchestrator import servicer
+
+    prompt_ids = list(generator.encode(prompt=PROMPTS[0]))
+    _, expected = alone(generator, prompt_ids)
+    answer = client.completions.create(model=MODEL, prompt=prompt_ids, max_tokens=TOKENS, temperature=0)
+    assert answer.choices[0].text == expected and answer.usage.prompt_tokens == len(prompt_ids)
+    with serve([servicer.service(generator)], ServerConfig(host="127.0.0.1", port=0)) as grpc_server, \
+            GenerationClient(grpc_server.address) as grpc_client:
+        chunks = list(grpc_client.generate(token_ids=prompt_ids, max_new_tokens=TOKENS))
+    assert "".join(c.text for c in chunks) == answer.choices[0].text
+
+
+def test_chat_streamed_and_not(client, generator):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": PROMPTS[1]}]
+    prompt_ids = generator.encode(messages=[(m["role"], m["content"]) for m in messages])
+    _, expected = alone(generator, prompt_ids)
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0)
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == expected
+    assert whole.usage.prompt_tokens == len(prompt_ids)
+    events = list(client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=TOKENS,
+                                                 temperature=0, stream=True))
+    assert events[0].choices[0].delta.role == "assistant"
+    assert "".join(e.choices[0].delta.content or "" for e in events) == expected
+    assert events[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_stop_strings_and_forced_lengths(client, generator):
+    prompt_ids = generator.encode(prompt=PROMPTS[2])
+    _, text = alone(generator, prompt_ids)
+    stop = text[5:7]  # a stop string that the answer reaches, maybe across chunks
+    whole = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=TOKENS, temperature=0, stop=[stop])
+    assert whole.choices[0].finish_reason == "stop" and whole.choices[0].text == text[:text.index(stop)]
+    streamed = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=TOKENS, temperature=0,
+                                         stop=stop, stream=True)
+    assert "".join(e.choices[0].text for e in streamed) == whole.choices[0].text
+    # what serving benchmarks send to force the answer's length: every token comes, none is changed
+    forced = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=TOKENS, temperature=0,
+                                       extra_body={"ignore_eos": True, "min_tokens": TOKENS})
+    assert forced.usage.completion_tokens == TOKENS and forced.choices[0].finish_reason == "length"
+
+
+def test_sampling_with_a_seed_is_repeatable(client):
+    """A seed fixes a sampled answer where the drafts do not depend on timing (adaptive control off),
+    as on the gRPC API (docs/http-api.md)."""
+    body = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=TOKENS, temperature=0.8, top_p=0.9, seed=11,
+                extra_body={"drafter": "model", "draft_len": 4, "adaptive": "off"})
+    assert client.completions.create(**body).choices[0].text == client.completions.create(**body).choices[0].text
+
+
+@pytest.mark.parametrize("field, value", [
+    ("n", 2), ("best_of", 3), ("logprobs", 2), ("echo", True), ("suffix", "x"), ("presence_penalty", 0.5),
+    ("frequency_penalty", 1.0), ("logit_bias", {"1": 5}), ("unknown_option", 1), ("max_tokens", 0),
+    ("temperature", 3), ("top_p", 0), ("stop", 7), ("drafter", "psychic"), ("draft_len", 10_000),
+    ("stream_options", {"include_usage": True}),
+])
+def test_what_is_not_supported_is_refused_naming_the_field(server, field, value):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 4, field: value}
+    answer = httpx.post(f"{server.url}/v1/completions", json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == field and error["type"] == "invalid_request_error" and error["message"]
+
+
+@pytest.mark.parametrize("field, value", [("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                          ("response_format", {"type": "json_object"}), ("logprobs", True)])
+def test_chat_features_it_lacks_are_refused(server, field, value):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], field: value}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == field
+
+
+def test_malformed_bodies_and_unknown_models(server):
+    answer = httpx.post(f"{server.url}/v1/completions", content=b"{not json")
+    assert answer.status_code == 400 and "JSON" in answer.json()["error"]["message"]
+    answer = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "model"
+    answer = httpx.post(f"{server.url}/v1/completions", json={"model": "gpt-4", "prompt": "hi"})
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages"
+    answer = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]})
+    assert answer.status_code == 400 and "batch" in answer.json()["error"]["message"]
+
+
+def test_a_bearer_token_is_required_when_set(generator):
+    with api(generator, token="s3cret") as server:
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        right = openai.OpenAI(base_url=f"{server.url}/v1", api_key="s3cret", max_retries=0)
+        assert right.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_a_full_server_answers_429_and_a_draining_one_503(generator):
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=0))
+    with api(generator, admission) as server, admission.slot():  # the one slot is taken
+        answer = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        assert answer.status_code == 429 and answer.headers["retry-after"] == "1"
+        assert answer.json()["error"]["type"] == "rate_limit_exceeded"
+    with api(generator, draining=lambda: True) as server:
+        answer = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        assert answer.status_code == 503 and httpx.get(f"{server.url}/health").status_code == 503
+
+
+def test_a_client_that_goes_away_frees_its_sessions(server, generator):
+    verifier = generator.verifier
+    body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 2000, "temperature": 0, "stream": True,
+            "extra": None}
+    body.pop("extra")
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
+        lines = answer.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"]
+        assert wait_until(lambda: len(verifier._sessions) == 1, 10)
+    assert wait_until(lambda: len(verifier._sessions) == 0, 30), "the session outlived its client"
+
+
+def test_http_and_grpc_clients_at_once(server, generator):
+    from specpipe.serving.clients import GenerationClient
+    from specpipe.serving.server import ServerConfig, serve
+
+    from orchestrator import servicer
+
+    expected = {p: alone(generator, generator.encode(prompt=p))[1] for p in PROMPTS}
+    got, errors = {}, []
+
+    def http(i: int, prompt: str) -> None:
+        try:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+            events = client.completions.create(model=MODEL, prompt=prompt, max_tokens=TOKENS, temperature=0,
+                                               stream=bool(i % 2))
+            got[("http", i)] = "".join(e.choices[0].text for e in events) if i % 2 else events.choices[0].text
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    def grpc(i: int, prompt: str, address: str) -> None:
+        try:
+            with GenerationClient(address) as client:
+                got[("grpc", i)] = "".join(c.text for c in client.generate(
+                    prompt=prompt, max_new_tokens=TOKENS, sampling=SamplingParams()))
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    with serve([servicer.service(generator)], ServerConfig(host="127.0.0.1", port=0)) as grpc_server:
+        threads = [threading.Thread(target=http, args=(i, PROMPTS[i % 3])) for i in range(6)]
+        threads += [threading.Thread(target=grpc, args=(i, PROMPTS[i % 3], grpc_server.address)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert not errors, errors
+    assert {key: text for key, text in got.items()} == {key: expected[PROMPTS[key[1] % 3]] for key in got}
+    assert len(got) == 12
