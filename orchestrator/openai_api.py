@@ -37,8 +37,11 @@ from specpipe.core.types import ALL_HYPOTHESES, GenerationChunk, GenerationReque
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # specpipe's finish reasons -> the API's
 SPECULATION_FIELDS = ("drafter", "draft_len", "width", "schedule", "predictor", "hypotheses", "adaptive")
+# vLLM's sampling extensions that serving benchmarks send at their neutral values (refused otherwise)
+VLLM_FIELDS = {"repetition_penalty", "min_p", "use_beam_search", "length_penalty", "skip_special_tokens",
+               "include_stop_str_in_output", "spaces_between_special_tokens", "stop_token_ids", "prompt_logprobs"}
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-                 "user", "n", "best_of", "logprobs", "ignore_eos", "min_tokens", *SPECULATION_FIELDS}
+                 "user", "n", "best_of", "logprobs", "ignore_eos", "min_tokens", *SPECULATION_FIELDS, *VLLM_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "presence_penalty", "frequency_penalty", "logit_bias"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "presence_penalty",
                                "frequency_penalty", "logit_bias", "tools", "tool_choice", "functions",
@@ -48,7 +51,11 @@ NEUTRAL = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "top
            "echo": (None, False), "suffix": (None, ""), "presence_penalty": (None, 0, 0.0),
            "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "tools": (None, []),
            "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-           "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, False, True)}
+           "response_format": (None, {"type": "text"}), "parallel_tool_calls": (None, False, True),
+           "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0), "use_beam_search": (None, False),
+           "length_penalty": (None, 1, 1.0), "skip_special_tokens": (None, True),
+           "include_stop_str_in_output": (None, False), "spaces_between_special_tokens": (None, True),
+           "stop_token_ids": (None, []), "prompt_logprobs": (None, 0)}
 RETRY_AFTER_S = 1
 DEFAULT_COMPLETION_TOKENS = 16  # the API's default for /v1/completions
 

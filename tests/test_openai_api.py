@@ -128,6 +128,32 @@ def test_stop_strings_and_forced_lengths(client, generator):
     assert forced.usage.completion_tokens == TOKENS and forced.choices[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("path, body", [
+    # vLLM's `bench serve` (openai-completions backend): its sampling extensions at their neutral values
+    ("/v1/completions", {"prompt": "hi", "temperature": 0.0, "repetition_penalty": 1.0, "max_tokens": 8,
+                         "logprobs": None, "stream": True, "stream_options": {"include_usage": True},
+                         "ignore_eos": True}),
+    # GuideLLM, AIPerf: both length fields, a null stop, min_tokens to force the length
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 8,
+                              "max_completion_tokens": 8, "stop": None, "ignore_eos": True, "min_tokens": 8,
+                              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    # LangChain's ChatOpenAI: n and content parts
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "n": 1,
+                              "temperature": 0.7, "stream": False, "max_tokens": 8}),
+])
+def test_what_serving_benchmarks_send(server, path, body):
+    answer = httpx.post(f"{server.url}{path}", json={"model": MODEL, **body}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    if not body["stream"]:
+        assert answer.json()["usage"]["completion_tokens"] <= 8
+        return
+    events = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+    assert answer.text.rstrip().endswith("data: [DONE]") and events[-1]["usage"]["completion_tokens"] == 8
+    if body.get("stream_options", {}).get("continuous_usage_stats"):  # each event says the tokens so far
+        counts = [e["usage"]["completion_tokens"] for e in events if e["choices"]]
+        assert counts == sorted(counts) and counts[-1] == 8
+
+
 def test_sampling_with_a_seed_is_repeatable(client):
     """A seed fixes a sampled answer where the drafts do not depend on timing (adaptive control off),
     as on the gRPC API (docs/http-api.md)."""
@@ -139,6 +165,7 @@ def test_sampling_with_a_seed_is_repeatable(client):
 @pytest.mark.parametrize("field, value", [
     ("n", 2), ("best_of", 3), ("logprobs", 2), ("echo", True), ("suffix", "x"), ("presence_penalty", 0.5),
     ("frequency_penalty", 1.0), ("logit_bias", {"1": 5}), ("unknown_option", 1), ("max_tokens", 0),
+    ("repetition_penalty", 1.2), ("use_beam_search", True),
     ("temperature", 3), ("top_p", 0), ("stop", 7), ("drafter", "psychic"), ("draft_len", 10_000),
     ("stream_options", {"include_usage": True}),
 ])
