@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, replace
 
 from specpipe.app.wiring import forward_mode
 from specpipe.bench.measure import MethodSpec
-from specpipe.config.services import model_config, speculation
+from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.types import ADAPTIVE_DRAFT_LEN, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES
 
@@ -21,26 +20,27 @@ class Method:
     draft_len: int | None = None  # None: --draft-len
     adaptive: str | None = None   # None: --adaptive
 
-    def resolve(self, args: argparse.Namespace) -> MethodSpec:
+    def resolve(self, config: BenchConfig) -> MethodSpec:
         """The concrete settings: what the method leaves out comes from the flags."""
-        spec = speculation(vars(args))
+        spec = config.speculation
         adaptive = self.adaptive or ("off" if self.draft_len else spec.adaptive)  # /K alone: a fixed K
-        draft_len = self.draft_len or args.draft_len or (ADAPTIVE_DRAFT_LEN if adaptive == "on" else FIXED_DRAFT_LEN)
+        draft_len = self.draft_len or config.draft_len or (ADAPTIVE_DRAFT_LEN if adaptive == "on" else FIXED_DRAFT_LEN)
         return MethodSpec(self.drafter, self.schedule, self.predictor, draft_len, spec.width,
                           spec.hypotheses, adaptive, self.hop_delay_ms,
-                          forward_mode(model_config(vars(args))) != "eager")
+                          forward_mode(config.model) != "eager")
 
 
-def parse_methods(args: argparse.Namespace) -> list[Method]:
+def parse_methods(config: BenchConfig) -> list[Method]:
     """--methods, or --drafters with --schedule / --predictor."""
-    if not args.methods:
-        kinds = args.drafters.split(",") if args.drafters else [args.drafter]
-        methods = [Method(kind, args.schedule, args.predictor, args.hop_delay_ms) for kind in check_kinds(kinds)]
+    if not config.methods:
+        kinds = config.drafters.split(",") if config.drafters else [config.speculation.drafter]
+        spec = config.speculation
+        methods = [Method(kind, spec.schedule, spec.predictor, config.hop_delay_ms) for kind in check_kinds(kinds)]
     else:
-        methods = [parse_method(item, args) for item in args.methods.split(",")]
-    if args.transport == "embedded" and any(m.hop_delay_ms for m in methods):
+        methods = [parse_method(item, config) for item in config.methods.split(",")]
+    if config.transport == "embedded" and any(m.hop_delay_ms for m in methods):
         raise InvalidArgument("a hop delay delays gRPC calls: use it with --transport grpc")
-    return sweep(methods, parse_sweep(args.sweep)) if args.sweep else methods
+    return sweep(methods, parse_sweep(config.sweep)) if config.sweep else methods
 
 
 def parse_sweep(value: str) -> list[int]:
@@ -69,7 +69,7 @@ def sweep(methods: list[Method], ks: list[int]) -> list[Method]:
 METHOD_SYNTAX = "DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]"
 
 
-def parse_method(item: str, args: argparse.Namespace) -> Method:
+def parse_method(item: str, config: BenchConfig) -> Method:
     """DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]: K is the draft length (adaptive: its
     cap); what is left out comes from the flags."""
     spec, _, hop = item.partition("@")
@@ -78,13 +78,13 @@ def parse_method(item: str, args: argparse.Namespace) -> Method:
     parts = spec.split(":")
     if len(parts) > 3 or (plus and adaptive != "adaptive") or (slash and not (k.isdigit() and int(k) >= 1)):
         raise InvalidArgument(f"bad method {item!r}: expected {METHOD_SYNTAX}")
-    drafter, schedule, predictor = parts + [args.schedule, args.predictor][len(parts) - 1:]
+    drafter, schedule, predictor = parts + [config.speculation.schedule, config.speculation.predictor][len(parts) - 1:]
     check_kinds([drafter])
     if schedule not in SCHEDULES or predictor not in PREDICTORS:
         raise InvalidArgument(f"bad method {item!r}: schedule is one of {', '.join(SCHEDULES)}, predictor one of "
                               f"{', '.join(PREDICTORS)}")
     try:
-        hop_ms = float(hop) if hop else args.hop_delay_ms
+        hop_ms = float(hop) if hop else config.hop_delay_ms
     except ValueError:
         raise InvalidArgument(f"bad method {item!r}: @HOP_MS must be a number of milliseconds") from None
     return Method(drafter, schedule, predictor, hop_ms, draft_len=int(k) if slash else None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import threading
@@ -10,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from specpipe.app.wiring import drafter_forward, forward_mode
 from specpipe.bench.methods import Method
-from specpipe.config.services import generator_config, model_config, speculation
+from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
 
 
@@ -25,26 +24,26 @@ class BaselineModels:
     drafter: object | None = None
 
 
-def transformers_runs(args: argparse.Namespace, baselines: list[str], eos, models: BaselineModels,
+def transformers_runs(config: BenchConfig, baselines: list[str], eos, models: BaselineModels,
                       cores: list[int]) -> dict:
     """The transformers methods of baselines, in this process; the first is the baseline (eager, one
     thread on one core). The others run on specpipe's weights path with a thread per core the
     pipeline uses (cores)."""
     from specpipe.bench.measure import BASELINE, transformers_method
 
-    runs = {BASELINE: transformers_method(models.eager, args.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))}
-    path, threads = forward_mode(model_config(vars(args))), lambda: all_cores(cores)
+    runs = {BASELINE: transformers_method(models.eager, config.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))}
+    path, threads = forward_mode(config.model), lambda: all_cores(cores)
     where = f"{len(cores)} threads, {path}"
     if "generate-threads" in baselines:
         runs[f"verifier-only generate(), {where}"] = transformers_method(
-            models.verifier, args.max_new_tokens, eos, threads=threads)
+            models.verifier, config.max_new_tokens, eos, threads=threads)
     if "assisted" in baselines:
         runs[f"transformers assisted generation, {where}"] = transformers_method(
-            models.verifier, args.max_new_tokens, eos, threads=threads, plain=False, assistant_model=models.drafter)
+            models.verifier, config.max_new_tokens, eos, threads=threads, plain=False, assistant_model=models.drafter)
     if "prompt-lookup" in baselines:
-        for tokens in args.prompt_lookup_tokens:
+        for tokens in config.prompt_lookup_tokens:
             runs[f"transformers prompt lookup ({tokens} tokens), {where}"] = transformers_method(
-                models.verifier, args.max_new_tokens, eos, threads=threads, plain=False,
+                models.verifier, config.max_new_tokens, eos, threads=threads, plain=False,
                 prompt_lookup_num_tokens=tokens)
     return runs
 
@@ -66,7 +65,7 @@ def all_cores(cores: list[int]):
             os.sched_setaffinity(0, pinned)
 
 
-def bench_prompts(args: argparse.Namespace, generator) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
+def bench_prompts(config: BenchConfig, generator) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
     """[(prompt id, token ids)] to benchmark, and the category of each prompt that has one. With
     --turns 2, each prompt's second turn follows: its first turn is answered once, here, by
     generator (any lossless method gives the verifier's own greedy answer)."""
@@ -75,16 +74,16 @@ def bench_prompts(args: argparse.Namespace, generator) -> tuple[list[tuple[str, 
     from specpipe.bench.prompts import load_prompts_file, load_suite, second_turn
     from specpipe.core.types import GenerationRequest
 
-    prompts = load_prompts_file(args.prompts, args.limit) if args.prompts else load_suite(args.suite, args.limit)
-    if args.turns == 2:
+    prompts = load_prompts_file(config.prompts, config.limit) if config.prompts else load_suite(config.suite, config.limit)
+    if config.turns == 2:
         firsts = [p for p in prompts if p.followup]
         if not firsts:
             raise InvalidArgument("--turns 2 needs prompts with a second turn (the mtbench suite)")
-        spec = speculation(vars(args))
+        spec = config.speculation
         if spec.drafter not in ("none", *generator.drafters):  # one this run's generator has
             spec = replace(spec, drafter=next(iter(generator.drafters), "none"))
         for prompt in tqdm(firsts, desc="answering first turns"):
-            request = GenerationRequest(generator.encode(messages=prompt.messages), args.max_new_tokens,
+            request = GenerationRequest(generator.encode(messages=prompt.messages), config.max_new_tokens,
                                         speculation=spec)
             prompts.append(second_turn(prompt, "".join(chunk.text for chunk in generator.generate(request))))
     return ([(p.id, generator.encode(messages=p.messages)) for p in prompts],
@@ -98,28 +97,28 @@ def pin(cores: int) -> None:
         os.sched_setaffinity(0, set(allowed[:cores]))
 
 
-def embedded_generators(args: argparse.Namespace, methods: list[Method], baselines: list[str]) -> tuple[dict, BaselineModels]:
+def embedded_generators(config: BenchConfig, methods: list[Method], baselines: list[str]) -> tuple[dict, BaselineModels]:
     """One in-process generator (by hop delay: 0) and the baselines' models: the generator's own
     (packed in place when compiled), and an eager copy of the verifier when they are packed. With a
     branch schedule the drafter and the verifier run at once, so the process gets a core for each."""
     from specpipe.app.wiring import embedded_generator
 
-    if args.pin:
+    if config.pin:
         pin(2 if any(m.schedule == "branch" for m in methods) else 1)
     kinds = {m.drafter for m in methods} | ({"model"} if "assisted" in baselines else set())
-    generator = embedded_generator(generator_config(vars(args)), tuple(kinds))
+    generator = embedded_generator(config.generator, tuple(kinds))
     verifier = generator.verifier.model
     drafter = generator.drafters["model"].model if "model" in generator.drafters else None
-    eager = verifier if forward_mode(model_config(vars(args))) == "eager" else _load(args, 0)
+    eager = verifier if forward_mode(config.model) == "eager" else _load(config, 0)
     return {0.0: generator}, BaselineModels(eager, verifier, drafter)
 
 
-def _load(args: argparse.Namespace, role: int, weights: str | None = None):
+def _load(config: BenchConfig, role: int, weights: str | None = None):
     """The verifier (role 0) or the drafter (1) of the model flags, eager, or packed in weights."""
     from specpipe.engine.models import load_model
 
-    config = model_config(vars(args))
-    model = load_model(config.specs()[role], config.device, config.torch_dtype)
+    model_config = config.model
+    model = load_model(model_config.specs()[role], model_config.device, model_config.torch_dtype)
     if weights is not None:
         from specpipe.engine import native
         from specpipe.engine.runner import PACKED_WEIGHTS
@@ -129,7 +128,7 @@ def _load(args: argparse.Namespace, role: int, weights: str | None = None):
 
 
 @contextlib.contextmanager
-def grpc_generators(args: argparse.Namespace, methods: list[Method], baselines: list[str]):
+def grpc_generators(config: BenchConfig, methods: list[Method], baselines: list[str]):
     """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
     core with --pin), and one orchestrator in this process per hop delay; and the baseline's model,
     which runs here, on the verifier's core."""
@@ -141,38 +140,38 @@ def grpc_generators(args: argparse.Namespace, methods: list[Method], baselines: 
     from specpipe.config.services import UpConfig
     from specpipe.engine.cores import set_threads
 
-    model = replace(model_config(vars(args)), batching=True)
-    config = UpConfig(model=model, base_port=0, threads_per_service=1, pin=args.pin,
-                      startup_timeout_s=3600.0 if forward_mode(model) == "graphs" else 600.0,
-                      log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING")
-    cores = topology.service_cores(config, ("verifier", "drafter"))
+    model = replace(config.model, batching=True)
+    up = UpConfig(model=model, base_port=0, threads_per_service=1, pin=config.pin,
+                  startup_timeout_s=3600.0 if forward_mode(model) == "graphs" else 600.0,
+                  log_dir=pathlib.Path(tempfile.mkdtemp(prefix="specpipe-bench-")), log_level="WARNING")
+    cores = topology.service_cores(up, ("verifier", "drafter"))
     children = []
     try:
         for role in ("verifier", "drafter"):
-            children.append(topology.start_service(role, config, cores.get(role), ()))
+            children.append(topology.start_service(role, up, cores.get(role), ()))
         for child in children:
-            topology.wait_serving(child, config.startup_timeout_s, threading.Event())
+            topology.wait_serving(child, up.startup_timeout_s, threading.Event())
         if "verifier" in cores:
             os.sched_setaffinity(0, {cores["verifier"]})
         set_threads(1)
         verifier_spec = model.specs()[0]
         generators = {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
-                                            speculation(vars(args)), hop_delay_ms=hop)
+                                            config.speculation, hop_delay_ms=hop)
                       for hop in sorted({m.hop_delay_ms for m in methods})}
-        yield generators, grpc_baseline_models(args, baselines)
+        yield generators, grpc_baseline_models(config, baselines)
     finally:
         topology.stop_all(children[::-1])
 
 
-def grpc_baseline_models(args: argparse.Namespace, baselines: list[str]) -> BaselineModels:
+def grpc_baseline_models(config: BenchConfig, baselines: list[str]) -> BaselineModels:
     """The baselines' models, loaded here (the services hold theirs): an eager verifier, and where
     specpipe's weights are packed, a packed copy (and a packed drafter for assisted generation)."""
-    eager = _load(args, 0)
-    packed = forward_mode(model_config(vars(args))) == "packed"
-    verifier = _load(args, 0, "fp32") if packed and len(baselines) > 1 else eager
+    eager = _load(config, 0)
+    packed = forward_mode(config.model) == "packed"
+    verifier = _load(config, 0, "fp32") if packed and len(baselines) > 1 else eager
     drafter = None
     if "assisted" in baselines:
-        drafter = _load(args, 1, drafter_forward(model_config(vars(args)))["weights"] if packed else None)
+        drafter = _load(config, 1, drafter_forward(config.model)["weights"] if packed else None)
     return BaselineModels(eager, verifier, drafter)
 
 

@@ -1,20 +1,10 @@
-"""`specpipe bench`: every method on the same prompts in one run; the forward curve; the report."""
+"""`specpipe bench`'s flags (specpipe.config.bench); what it runs: specpipe.bench.command."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
-import platform
-from dataclasses import replace
 
-from specpipe.app.wiring import forward_mode
-from specpipe.bench.methods import Method, parse_baselines, parse_methods
 from specpipe.cli import options
-from specpipe.config.services import model_config
-from specpipe.core.errors import InvalidArgument
-from specpipe.engine.cores import set_threads
 
 SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise")
 
@@ -107,156 +97,8 @@ def _token_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def pipeline_cores(args: argparse.Namespace, methods: list, cores: list[int]) -> list[int]:
-    """The cores the specpipe methods use (pinned: one per service that runs at once), which the
-    equal-footing baselines get a thread each of."""
-    if not args.pin:
-        return cores
-    services = 2 if args.transport == "grpc" or any(m.schedule == "branch" for m in methods) else 1
-    return cores[:services]
-
-
 def run(args: argparse.Namespace) -> int:
-    from specpipe.bench.measure import benchmark, specpipe_method
-    from specpipe.bench.report import detail_table, markdown_table, sweep_table, to_json
-    from specpipe.bench.runs import (
-        bench_prompts,
-        embedded_generators,
-        grpc_generators,
-        own_generator,
-        transformers_runs,
-    )
+    from specpipe.bench.command import bench
+    from specpipe.config.bench import bench_config
 
-    if args.forward_curve:
-        return run_forward_curve(args)
-    if args.report:
-        return run_report(args)
-    methods = parse_methods(args)
-    compiled = forward_mode(model_config(vars(args))) != "eager"
-    none = next((m for m in methods if m.drafter == "none"), None)
-    if compiled and none is None:  # the compiled verifier alone: the compiled methods' baseline and yardstick
-        none = Method("none", "sequential", args.predictor)
-        methods.insert(0, none)
-    if args.cache != "memory":
-        raise InvalidArgument("bench gives each method a fresh in-memory n-gram store (so no method drafts from "
-                              "outputs another learned); leave --cache at memory")
-    baselines = parse_baselines(args.baselines)
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before any pinning
-    with contextlib.ExitStack() as stack:
-        if args.transport == "embedded":
-            generators, models = embedded_generators(args, methods, baselines)
-        else:
-            generators, models = stack.enter_context(grpc_generators(args, methods, baselines))
-        any_generator = next(iter(generators.values()))
-        prompts, categories = bench_prompts(args, any_generator)
-        runs = transformers_runs(args, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(args, methods, cores))
-        specs = {method: method.resolve(args) for method in methods}
-        for spec in specs.values():
-            generator = own_generator(generators[spec.hop_delay_ms], spec.drafter)
-            runs[spec.name()] = specpipe_method(generator, args.max_new_tokens, spec.speculation())
-        reference = specs[none].name() if compiled else None
-        references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
-        by_name = {spec.name(): spec for spec in specs.values()}
-        summaries = [replace(s, spec=by_name.get(s.method)) for s in benchmark(prompts, runs, references)]
-    print(markdown_table(summaries))
-    print()
-    print(detail_table(summaries))
-    if args.sweep:
-        print()
-        print(sweep_table(summaries))
-    ok = all(s.identical == s.prompts for s in summaries if s.method != reference)
-    print("lossless check: every output is identical to the verifier-only output run the same way" if ok else
-          "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way")
-    if reference:
-        alone = next(s for s in summaries if s.method == reference)
-        print(f"compiled vs eager: the compiled verifier alone gave the eager generate() output on {alone.identical} "
-              f"of {alone.prompts} prompts" + ("" if alone.identical == alone.prompts else
-                                               " (floating-point differences changed a greedy token)"))
-    if args.json_file:
-        import torch
-
-        meta = {"preset": args.preset, "suite": args.prompts or args.suite, "limit": args.limit,
-                "max_new_tokens": args.max_new_tokens,
-                "threads": torch.get_num_threads(), "pinned": args.pin, "transport": args.transport,
-                "compile": args.compile, "draft_weights": args.draft_weights, "models": any_generator.info.model_name,
-                "cache": args.cache, "baselines": baselines, "sweep": args.sweep, "turns": args.turns,
-                "categories": categories, **machine_info()}
-        with open(args.json_file, "w") as f:
-            json.dump(to_json(summaries, meta), f, indent=1)
-    return 0 if ok else 1
-
-
-def run_report(args: argparse.Namespace) -> int:
-    import pathlib
-
-    from specpipe.bench.report import replace_section, report
-
-    for path in args.report:
-        if not os.path.isfile(path):
-            raise InvalidArgument(f"bench result {path} does not exist")
-    readme = pathlib.Path(args.readme) if args.readme else None
-    body = report(args.report, pathlib.Path(args.plot_dir), readme.parent if readme else pathlib.Path("."))
-    if readme is None:
-        print(body)
-        return 0
-    try:
-        readme.write_text(replace_section(readme.read_text(), body, args.section))
-    except ValueError as err:
-        raise InvalidArgument(f"{readme}: {err}") from None
-    print(f"{readme}: results section regenerated from {len(args.report)} bench file(s)")
-    return 0
-
-
-def run_forward_curve(args: argparse.Namespace) -> int:
-    from specpipe.bench import curve
-    from specpipe.bench.runs import pin
-    from specpipe.engine.models import load_model
-    from specpipe.engine.runner import Runner
-
-    try:
-        acceptances = [float(a) for a in args.acceptance.split(",") if a]
-    except ValueError:
-        acceptances = []
-    if not acceptances or not all(0.0 <= a <= 1.0 for a in acceptances):
-        raise InvalidArgument(f"--acceptance takes rates in [0, 1], got {args.acceptance!r}")
-    if args.pin:
-        pin(1)
-    set_threads(args.threads or 1)
-    model = model_config(vars(args))
-    modes = ("eager", forward_mode(model)) if forward_mode(model) != "eager" else ("eager",)
-    curves: dict[str, dict[int, float]] = {}
-    for role, spec in zip(("verifier", "drafter"), model.specs()):
-        runners = {}
-        for mode in modes:  # a model each: packed changes its model in place
-            runners[f"{role} {mode}"] = Runner(load_model(spec, model.device, model.torch_dtype), mode)
-            runners[f"{role} {mode}"].warm_up(progress=True)
-        curves.update(curve.forward_curves(runners, desc=f"T(k) {role}"))
-        del runners
-    print(curve.curve_markdown(curves))
-    bounds = {mode: curve.bounds_table(curves[f"verifier {mode}"], curves[f"drafter {mode}"][1], acceptances)
-              for mode in modes}
-    print()
-    print(curve.bounds_markdown(bounds))
-    if args.plot:
-        curve.plot_curves(curves, args.plot)
-    if args.json_file:
-        import torch
-
-        meta = {"preset": args.preset, "threads": torch.get_num_threads(), "pinned": args.pin, **machine_info()}
-        with open(args.json_file, "w") as f:
-            json.dump({"meta": meta, "curves": {label: {str(k): t for k, t in c.items()} for label, c in curves.items()},
-                       "bounds": bounds}, f, indent=1)
-    return 0
-
-
-def machine_info() -> dict:
-    """The CPU that the numbers come from: model name, vector extensions, cores."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            fields = {key.strip(): value for key, _, value in
-                      (line.partition(":") for line in f.read().split("\n\n")[0].splitlines())}
-        cpu = fields.get("model name", cpu).strip()
-        flags = set(fields.get("flags", "").split())
-    return {"machine": cpu, "cpu_count": os.cpu_count(),
-            "vector_extensions": [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if x in flags]}
+    return bench(bench_config(vars(args)))
