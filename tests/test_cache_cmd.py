@@ -15,7 +15,7 @@ from cache_service import servicer
 from cache_service.memory import InMemoryNgramCache
 from cache_service.redis_store import GLOBAL_KEY, RedisNgramCache, connect
 from cache_service.stores import open_store
-from specpipe.cli.cache_cmd import chunks, jsonl_text
+from specpipe.app.seed import chunks, jsonl_text
 from specpipe.cli.main import main
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.ngram import NgramConfig, apply_updates

@@ -369,7 +369,7 @@ def test_loadtest_rejects_before_starting(flags, message, capsys):
 
 def test_servers_compared_in_one_run_are_labelled():
     from specpipe.bench.loadreport import comparison_table
-    from specpipe.cli.loadtest_cmd import server_configs
+    from specpipe.bench.loadtest import server_configs
 
     both = ["none", "default"]
     assert server_configs(None, None, both) == {"": ("", both)}
@@ -391,12 +391,12 @@ def test_servers_compared_in_one_run_are_labelled():
 
 
 def test_workload_flags_leave_server_defaults_out():
-    from specpipe.cli.loadtest_cmd import workload_flags
-    from specpipe.cli.main import build_parser
+    from specpipe.bench.loadtest import workload_flags
+    from specpipe.cli.loadtest_cmd import described
 
-    args = build_parser().parse_args(["loadtest", "--suite", "gsm8k", "--temperature", "0.7", "--schedule", "branch"])
-    default = workload_flags(args, "default")
+    config = described(["--suite", "gsm8k", "--temperature", "0.7", "--schedule", "branch"])
+    default = workload_flags(config, "default")
     assert "--drafter" not in default and "--adaptive" not in default
     assert default[default.index("--schedule") + 1] == "branch" and default[default.index("--temperature") + 1] == "0.7"
-    none = workload_flags(args, "none")
+    none = workload_flags(config, "none")
     assert none[none.index("--drafter") + 1] == "none" and none[none.index("--suite") + 1] == "gsm8k"

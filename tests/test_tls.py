@@ -163,7 +163,8 @@ def test_specpipe_generate_addr_with_tls_and_a_token(secured_orchestrator, capsy
 def test_specpipe_loadtest_addr_with_tls_and_a_token(secured_orchestrator, tmp_path):
     """Locust users (deploy/locust/locustfile.py) with the CA, the client certificate and the token."""
     from specpipe.bench.loadstats import read_records
-    from specpipe.cli import security_args
+    from specpipe.bench.loadtest import locust_flags
+    from specpipe.config.services import TlsFiles
     from tests.test_loadtest import assert_rounds_counted, loadtest
 
     address, flags = secured_orchestrator
@@ -174,7 +175,7 @@ def test_specpipe_loadtest_addr_with_tls_and_a_token(secured_orchestrator, tmp_p
     (level,) = summary["runs"]["default"]
     assert level["requests"] > 0 and level["errors"] == {}
     assert_rounds_counted(read_records(tmp_path / "out" / "requests.jsonl"))
-    assert security_args.locust_flags({"tls_ca": "ca.pem", "auth_token_file": "t"}) == (
+    assert locust_flags(TlsFiles(ca="ca.pem"), "t") == (
         "--grpc-tls-ca", "ca.pem", "--grpc-auth-token-file", "t")
 
 

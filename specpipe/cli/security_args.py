@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields, replace
-from typing import Mapping
 
 from specpipe.config.env import environment
 from specpipe.config.limits import DEFAULT_LIMITS, Limits
@@ -91,9 +90,6 @@ def add_tls_args(parser: argparse.ArgumentParser, role: str) -> None:
         _add_token_flag(group, client=False)
 
 
-CLIENT_FLAGS = ("tls_ca", "tls_cert", "tls_key", "auth_token_file")  # the dests of add_client_tls_args
-
-
 def add_client_tls_args(parser: argparse.ArgumentParser, applies: str = "") -> None:
     """What a client of the public API brings (docs/security.md): the CA to check the orchestrator's
     certificate by, a client certificate where one is asked for, and the bearer token."""
@@ -105,15 +101,6 @@ def add_client_tls_args(parser: argparse.ArgumentParser, applies: str = "") -> N
 def client_security(args: argparse.Namespace) -> tuple[Tls | None, str | None]:
     """The TLS files and the bearer token of add_client_tls_args' flags."""
     return tls(args), read_token(getattr(args, "auth_token_file", None))
-
-
-LOCUST_PREFIX = "--grpc-"  # Locust has --tls-cert / --tls-key of its own (its web UI)
-
-
-def locust_flags(files: Mapping[str, str | None]) -> tuple[str, ...]:
-    """The locustfile's flags (deploy/locust/locustfile.py) for CLIENT_FLAGS dest -> value."""
-    return tuple(item for dest in CLIENT_FLAGS if files.get(dest)
-                 for item in (LOCUST_PREFIX + dest.replace("_", "-"), str(files[dest])))
 
 
 def tls(args: argparse.Namespace) -> Tls | None:

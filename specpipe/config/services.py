@@ -140,6 +140,20 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class SeedConfig:
+    """`specpipe cache seed`: text files into a shared store's global (corpus) table, tokenized with
+    the verifier's tokenizer (specpipe.app.seed)."""
+
+    files: tuple[str, ...] = ()
+    cache: str = ""                  # redis://..., rediss://... or grpc://host:port
+    preset: str = DEFAULT_PRESET
+    verifier: str | None = None      # overrides the preset's verifier (its tokenizer)
+    tenant: str = ""
+    chunk_tokens: int = 4096         # tokens per store call (one Redis round trip, a bounded Lua run)
+    timeout: float = 30.0            # seconds per store call
+
+
+@dataclass(frozen=True)
 class OrchestratorConfig:
     """The public Generation API over remote verifier and drafter replicas (on Ray: deployment handles,
     and no addresses)."""
@@ -291,6 +305,11 @@ def orchestrator_config(values: Mapping[str, Any], drafter_service: bool = False
         connect_timeout_s=values.get("connect_timeout") or 600.0, hop_delay_ms=values.get("hop_delay_ms") or 0.0,
         limits=limits_config(values), learn_global=values.get("learn_global") in ("on", True),
         tls=tls_files(values), max_sessions=values.get("max_sessions") or 64, max_queue=values.get("max_queue") or 64)
+
+
+def seed_config(values: Mapping[str, Any]) -> SeedConfig:
+    given = _given(values, SeedConfig)
+    return SeedConfig(**{**given, "files": tuple(given.get("files", ()))})
 
 
 def generator_config(values: Mapping[str, Any]) -> GeneratorConfig:

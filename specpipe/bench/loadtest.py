@@ -1,0 +1,228 @@
+"""`specpipe loadtest` (docs/load.md): Locust against the streaming Generate API or the
+OpenAI-compatible one, headless, with a table per user level: aggregate tokens/s, p50/p99 TTFT and
+inter-token latency, goodput under the SLOs, errors by status. Targets an address, or each `specpipe
+up` it starts and stops itself; with several drafters it runs the shape once per drafter against the
+same services (speculation off against on); the report writes the comparison into a Markdown file
+with plots; memory sampling watches the services' resident memory (a soak)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from specpipe.bench import loadruns, loadstats
+from specpipe.config.bench import LoadtestConfig
+from specpipe.config.services import TlsFiles
+from specpipe.core.errors import FailedPrecondition, InvalidArgument
+from specpipe.core.types import DRAFTER_KINDS
+from specpipe.serving.security import Tls, read_token
+
+SERVER_DEFAULT = "default"  # a drafter: the server's own default speculation
+SUITES = ("mix", "humaneval", "mtbench", "gsm8k", "random", "noise")  # mix: the first three in turn
+LOCUST_PREFIX = "--grpc-"  # Locust has --tls-cert / --tls-key of its own (its web UI)
+
+
+def loadtest(config: LoadtestConfig) -> int:
+    """Every server, loaded with each of its drafters; 0 when every request succeeded."""
+    check(config)
+    servers = server_configs(config.up_args, config.addr, config.drafters)
+    if config.memory_every > 0 and config.addr:
+        raise InvalidArgument("--memory-every samples the services of the `specpipe up` loadtest starts: drop --addr")
+    if config.memory_every > 0 and len(servers) > 1:
+        raise InvalidArgument("--memory-every samples one `specpipe up`: give --up-args once")
+    Tls.of(config.tls), read_token(config.auth_token_file)  # unreadable files fail now, not in every Locust user
+    slo = loadstats.parse_slo(config.slo)
+    out_dir = Path(config.out or tempfile.mkdtemp(prefix="specpipe-loadtest-")).resolve()  # Locust runs in it
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs, statuses, sampler = {}, {}, None
+    for server, (up_args, server_drafters) in servers.items():
+        stack = None
+        try:
+            if config.addr is None:
+                print(f"specpipe loadtest: starting specpipe up --preset {config.preset} {up_args}", file=sys.stderr,
+                      flush=True)
+                stack = loadruns.start_up(["--preset", config.preset, *shlex.split(up_args)],
+                                          out_dir / "up" / server, config.startup_timeout)
+                if config.memory_every > 0:
+                    sampler = loadruns.MemorySampler(stack.pids, config.memory_every, out_dir / "memory.jsonl")
+                    sampler.start()
+            host = config.addr or (stack.http_url if config.api == "openai" else stack.addresses["orchestrator"])
+            if host is None:
+                raise FailedPrecondition("--api openai: the `specpipe up` started serves no HTTP API (--http-port -1?)")
+            security = client_flags(config, up_args, out_dir / "up" / server)
+            for drafter in server_drafters:
+                label = f"{server} {drafter}".strip()
+                run_dir = out_dir / label.replace(" ", "-") if len(servers) > 1 or len(config.drafters) > 1 else out_dir
+                locust_run = loadruns.LocustRun(host, run_dir, config.shape, config.users, config.run_time,
+                                                config.levels, config.hold_s,
+                                                workload_flags(config, drafter) + security, config.deadline_s)
+                print(f"specpipe loadtest: {label or drafter}, {config.shape} load on {host}; output in {run_dir}",
+                      file=sys.stderr, flush=True)
+                statuses[label] = loadruns.run_locust(locust_run)
+                records = loadstats.read_records(locust_run.records) if locust_run.records.exists() else []
+                runs[label] = loadstats.summarize(records, slo)
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            if stack is not None:
+                stack.stop()
+    memory = {role: loadstats.memory_trend(samples, config.warmup_s) for role, samples in sampler.samples.items()} \
+        if sampler is not None else {}
+    summary = {"argv": list(config.argv), "out": str(out_dir),
+               "runs": {d: loadstats.to_json(levels, slo)["levels"] for d, levels in runs.items()},
+               "slo": loadstats.to_json([], slo)["slo"], "locust_status": statuses,
+               "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()}}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if config.report:
+        write_report(config, runs)
+    if config.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print_tables(runs, slo, memory)
+    requests = sum(s.requests for levels in runs.values() for s in levels)
+    errors = sum(sum(s.errors.values()) for levels in runs.values() for s in levels)
+    return 1 if errors or not requests or any(statuses.values()) else 0
+
+
+def from_run(config: LoadtestConfig, described: Callable[[list[str]], LoadtestConfig]) -> int:
+    """The summaries of an earlier run (config.from_run, its --out folder), from its records
+    (summary.json names its runs, in order). The run's own flags (stored in summary.json, read by
+    described) describe it in the report; config's SLOs, when given, replace its."""
+    check(config)
+    out_dir = Path(config.from_run)
+    try:
+        summary = json.loads((out_dir / "summary.json").read_text())
+        labels = list(summary["runs"])
+    except (OSError, ValueError, KeyError):
+        raise InvalidArgument(f"--from-run {out_dir}: no summary.json of a loadtest run there") from None
+    run = config
+    if summary.get("argv"):  # runs before 2026-11-25 stored no flags: the flags given now describe them
+        stored = described(summary["argv"])
+        run = replace(stored, argv=tuple(summary["argv"]), report=config.report, slo=config.slo or stored.slo)
+    slo = loadstats.parse_slo(run.slo)
+    runs = {}
+    for label in labels:
+        path = out_dir / label.replace(" ", "-") / "requests.jsonl"
+        runs[label] = loadstats.summarize(loadstats.read_records(path if path.exists() else out_dir / "requests.jsonl"),
+                                          slo)
+    if config.report:
+        write_report(run, runs)
+    print_tables(runs, slo, {})
+    return 0
+
+
+def check(config: LoadtestConfig) -> None:
+    """What fails before anything starts: Locust missing, unknown drafters, a report file without its section."""
+    if importlib.util.find_spec("locust") is None:
+        raise FailedPrecondition("specpipe loadtest drives Locust: pip install 'specpipe[load]'")
+    check_drafters(config.drafters, config.drafter)
+    if config.report:
+        check_report(Path(config.report))
+
+
+def server_configs(up_args: tuple[str, ...] | list[str], addr: str | None,
+                   drafters: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """label -> (`specpipe up` flags, drafters to load it with), from the --up-args given
+    ("[LABEL[:DRAFTER,...]=]FLAGS"); one unlabelled server when --up-args is given at most once."""
+    if addr is not None and up_args:
+        raise InvalidArgument("--up-args configures the `specpipe up` loadtest starts: drop --addr")
+    labelled = [_labelled(item, drafters) for item in up_args or [""]]
+    if len(labelled) == 1:
+        return {"": labelled[0][1:]}
+    labels = [label for label, _, _ in labelled]
+    if not all(labels) or len(set(labels)) < len(labels):
+        raise InvalidArgument(f"--up-args given several times needs a distinct LABEL=FLAGS each; got {list(up_args)}")
+    return {label: (flags, own) for label, flags, own in labelled}
+
+
+def _labelled(item: str, drafters: list[str]) -> tuple[str, str, list[str]]:
+    """"LABEL[:DRAFTER,...]=FLAGS" -> (LABEL, FLAGS, drafters); flags alone -> ("", FLAGS, drafters)."""
+    head, eq, flags = item.partition("=")
+    if not eq or not head or head.startswith("-") or " " in head:
+        return "", item, drafters
+    label, colon, own = head.partition(":")
+    own_drafters = [d for d in own.split(",") if d] if colon else drafters
+    check_drafters(own_drafters, item)
+    return label, flags, own_drafters
+
+
+def check_drafters(drafters: list[str], given: str) -> None:
+    if not drafters or set(drafters) - {SERVER_DEFAULT, *DRAFTER_KINDS}:
+        raise InvalidArgument(f"--drafter takes {', '.join((SERVER_DEFAULT, *DRAFTER_KINDS))}, comma-separated; "
+                              f"got {given!r}")
+
+
+def locust_flags(tls: TlsFiles | None, token_file: str | None) -> tuple[str, ...]:
+    """The locustfile's client security flags (deploy/locust/locustfile.py)."""
+    files = {"tls_ca": tls and tls.ca, "tls_cert": tls and tls.cert, "tls_key": tls and tls.key,
+             "auth_token_file": token_file}
+    return tuple(item for dest, value in files.items() if value
+                 for item in (LOCUST_PREFIX + dest.replace("_", "-"), str(value)))
+
+
+def client_flags(config: LoadtestConfig, up_args: str, up_dir: Path) -> tuple[str, ...]:
+    """The Locust user's TLS and token flags: the client's, or with `up --tls` the client
+    certificate that up issues (specpipe.app.up_security)."""
+    security = locust_flags(config.tls, config.auth_token_file)
+    if config.addr is None and "--tls" in shlex.split(up_args) and not security:
+        tls_dir = up_dir / "tls"
+        security = locust_flags(TlsFiles(cert=str(tls_dir / "client.pem"), key=str(tls_dir / "client.key"),
+                                         ca=str(tls_dir / "ca.pem")), None)
+    return security
+
+
+def workload_flags(config: LoadtestConfig, drafter: str) -> tuple[str, ...]:
+    flags = ["--api", config.api, "--suite", config.suite, "--prompt-limit", str(config.prompt_limit),
+             "--max-new-tokens", str(config.max_new_tokens), "--deadline-s", f"{config.deadline_s:g}",
+             "--temperature", f"{config.temperature:g}", "--top-p", f"{config.top_p:g}",
+             "--seed", str(config.seed), "--draft-len", str(config.draft_len), "--width", str(config.width)]
+    for name, value in (("--drafter", "" if drafter == SERVER_DEFAULT else drafter), ("--schedule", config.schedule),
+                        ("--adaptive", config.adaptive)):
+        if value:
+            flags += [name, value]
+    return tuple(flags)
+
+
+def print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
+    from specpipe.bench.loadreport import run_label
+
+    for label, levels in runs.items():
+        print(f"\n{run_label(label)}\n{loadstats.markdown_table(levels, slo)}")
+    if memory:
+        print("\n| service | RSS first third (MB) | last third (MB) | growth (MB) | peak (MB) | slope (MB/min) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for role, t in memory.items():
+            print(f"| {role} | - | - | - | - | too few samples |" if t is None else
+                  f"| {role} | {t.first_mb:.1f} | {t.last_mb:.1f} | {t.growth_mb:+.1f} | {t.peak_mb:.1f} | "
+                  f"{t.slope_mb_per_min:+.2f} |")
+
+
+def write_report(config: LoadtestConfig, runs: dict) -> None:
+    from specpipe.bench import loadreport
+
+    path = Path(config.report)
+    images = loadreport.plot(runs, path.parent / "load", path.stem)
+    meta = {"preset": "(--addr)" if config.addr else config.preset, "up args": " / ".join(config.up_args or ["-"]),
+            "shape": config.shape, "levels": config.levels, "hold s": f"{config.hold_s:g}", "suite": config.suite,
+            "max new tokens": config.max_new_tokens, "temperature": f"{config.temperature:g}",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
+    command = "specpipe loadtest " + shlex.join(config.argv)
+    loadreport.write_report(path, loadreport.report_markdown(runs, loadstats.parse_slo(config.slo), meta, images,
+                                                             path.parent, command))
+
+
+def check_report(path: Path) -> None:
+    from specpipe.bench import loadreport
+    from specpipe.bench.report import markers
+
+    begin, end = markers(loadreport.SECTION)
+    if not path.is_file() or begin not in (text := path.read_text()) or end not in text:
+        raise InvalidArgument(f"--report {path}: needs a Markdown file with a {begin} ... {end} section")
