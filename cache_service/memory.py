@@ -1,6 +1,6 @@
 """In-memory n-gram store: the embedded default. Same semantics as the Redis backend (the contract
 tests run one suite over both): per session a verifier table with a TTL, refreshed by each update,
-and a global table bounded in prefixes."""
+and per tenant a learned store (specpipe.core.learned), bounded in tokens (LRU), with a TTL."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from specpipe.core import ngram
+from specpipe.core import learned, ngram
+from specpipe.core.learned import LearnedStore
 from specpipe.core.ngram import NgramConfig, NgramDraft, Table
 from specpipe.core.tenancy import check_tenant
 
@@ -20,6 +21,12 @@ class _Session:
     expires_at: float = 0.0  # clock() seconds
 
 
+@dataclass
+class _Tenant:
+    store: LearnedStore = field(default_factory=LearnedStore)
+    expires_at: float = 0.0
+
+
 class InMemoryNgramCache:
     """specpipe.core.protocols.NgramCache in this process; thread-safe (one lock, lookups are microseconds)."""
 
@@ -28,7 +35,7 @@ class InMemoryNgramCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[str, _Session] = {}
-        self._global: dict[str, Table] = {}  # tenant -> its global table
+        self._tenants: dict[str, _Tenant] = {}  # tenant -> its learned store
         self._next_sweep = 0.0
 
     def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,
@@ -36,12 +43,15 @@ class InMemoryNgramCache:
         ngram.check_lookup(session_id, context_suffix, k, width)
         check_tenant(tenant)
         k = min(k, self.config.max_draft_len)
+        suffix = list(context_suffix)
         with self._lock:
             session = self._live(session_id) or _Session()
-            tables = [session.verifier]  # TABLES order
-            if self.config.use_global:
-                tables.append(self._global.get(tenant, {}))
-            return ngram.mln_lookup(tables, list(context_suffix), k, width, self.config.max_n)
+            found = ngram.mln_lookup([session.verifier], suffix, k, width, self.config.max_n)
+            owner = self._tenant(tenant) if self.config.use_global else None
+            if owner is None:
+                return found
+            return ngram.better(found, ngram.learned_draft(learned.lookup(owner.store, suffix, k, width,
+                                                                          self.config.learned)))
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
         ngram.check_session_id(session_id)
@@ -56,8 +66,10 @@ class InMemoryNgramCache:
         ngram.check_tokens(tokens, "tokens")
         check_tenant(tenant)
         with self._lock:
-            table = self._global.setdefault(tenant, {})
-            return ngram.apply_updates(table, list(tokens), 0, self.config, self.config.max_global_prefixes)
+            self._sweep(self._clock())
+            owner = self._tenant(tenant) or self._tenants.setdefault(tenant, _Tenant())
+            owner.expires_at = self._clock() + self.config.learned.ttl_s
+            return learned.learn(owner.store, tokens, self.config.learned)
 
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)
@@ -77,18 +89,27 @@ class InMemoryNgramCache:
         session.expires_at = now + self.config.session_ttl_s
         return session
 
+    def _tenant(self, tenant: str) -> _Tenant | None:
+        """The tenant's learned store unless it expired."""
+        return self._unexpired(self._tenants, tenant)
+
     def _live(self, session_id: str) -> _Session | None:
-        """The session unless it expired (an expired one is dropped, as Redis drops the key)."""
-        session = self._sessions.get(session_id)
-        if session is not None and self._clock() >= session.expires_at:
-            del self._sessions[session_id]
+        """The session unless it expired."""
+        return self._unexpired(self._sessions, session_id)
+
+    def _unexpired(self, entries: dict, key: str):
+        """entries[key] unless it expired (an expired one is dropped, as Redis drops its keys)."""
+        entry = entries.get(key)
+        if entry is not None and self._clock() >= entry.expires_at:
+            del entries[key]
             return None
-        return session
+        return entry
 
     def _sweep(self, now: float) -> None:
-        """Drop expired sessions that nobody touches any more, at most once per minute."""
+        """Drop expired sessions and learned stores that nobody touches any more, at most once per minute."""
         if now < self._next_sweep:
             return
         self._next_sweep = now + min(60.0, self.config.session_ttl_s)
-        for session_id in [s for s, session in self._sessions.items() if now >= session.expires_at]:
-            del self._sessions[session_id]
+        for entries in (self._sessions, self._tenants):
+            for key in [k for k, entry in entries.items() if now >= entry.expires_at]:
+                del entries[key]

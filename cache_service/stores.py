@@ -7,20 +7,28 @@ from specpipe.core.ngram import NgramConfig
 from specpipe.core.protocols import NgramCache
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 GRPC_SCHEME = "grpc://"
 FORMS = ("memory (this process)", "redis://[user:password@]host:port[/db]", "rediss://... (TLS)",
-         "unix:///path/to/redis.sock", "grpc://host:port (a cache service)")
+         "unix:///path/to/redis.sock", "redis+cluster://[user:password@]host:port (a Redis Cluster, one seed node)",
+         "rediss+cluster://... (a Redis Cluster, TLS)", "grpc://host:port (a cache service)")
 
 
 def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0, tls=None) -> NgramCache:
     """The store named by url: "memory" -> InMemoryNgramCache, a Redis URL -> RedisNgramCache (shared
-    by every replica), "grpc://host:port" -> a client of a cache service. timeout_s bounds each call
-    (Redis socket timeouts, the gRPC deadline); config applies to the stores in this process only (a
-    cache service has its own); tls: of the channel to a cache service (specpipe.serving.security.Tls)."""
+    by every replica; redis+cluster:// on a Redis Cluster, cache_service.cluster), "grpc://host:port" ->
+    a client of a cache service. timeout_s bounds each call (Redis socket timeouts, the gRPC deadline);
+    config applies to the stores in this process only (a cache service has its own); tls: of the
+    channel to a cache service (specpipe.serving.security.Tls)."""
     if url == "memory":
         from cache_service.memory import InMemoryNgramCache
 
         return InMemoryNgramCache(config)
+    if url.startswith(CLUSTER_SCHEMES):
+        from cache_service.cluster import connect_cluster
+        from cache_service.redis_store import RedisNgramCache, redacted
+
+        return RedisNgramCache(connect_cluster(url, timeout_s), config, redacted(url))
     if url.startswith(REDIS_SCHEMES):
         from cache_service.redis_store import RedisNgramCache
 

@@ -1,15 +1,18 @@
-"""N-gram drafter (ANPD Multi-Level N-gram), no forward pass at all: first from the session's own
-context, searched here in the tokens the request carries (as vLLM's n-gram proposer does: no store
-round trip, no per-round store update), then, where the context runs out, from the shared store's
-verifier and global tables (one lookup). Drafts are deterministic (q = None, one-hot), so they also
-serve sampling: rejection sampling accepts a token x with probability p(x) (docs/design.md,
-"Verification")."""
+"""N-gram drafter (ANPD Multi-Level N-gram, and SuffixDecoding's drafts from learned outputs), no
+forward pass at all. Two sources, compared on their merits: the session's own context, searched here
+in the tokens the request carries (as vLLM's n-gram proposer does: no store round trip, no per-round
+store update), and the shared store (one lookup: the session's verifier table and the tenant's
+learned store of finished outputs, specpipe.core.learned). Each draft's nodes carry a confidence from
+their evidence (the match's length, the continuation's share); the one expected to land more tokens
+is drafted, and where its chain ends short of k the other source continues it. Drafts are
+deterministic (q = None, one-hot), so they also serve sampling: rejection sampling accepts a token
+x with probability p(x) (docs/design.md, "Verification").
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 
 from specpipe.core import ngram
 from specpipe.core.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
@@ -24,7 +27,7 @@ log = logging.getLogger("specpipe.drafter")
 
 class NgramDrafter:
     def __init__(self, cache: NgramCache | None, info: ModelInfo, config: NgramConfig = NgramConfig()):
-        """cache: the store of the verifier and global tables (None: the context alone)."""
+        """cache: the store of the verifier tables and the learned stores (None: the context alone)."""
         self._cache = cache
         self._info = info  # the verifier's: the store holds the verifier's own tokens
         self._config = config
@@ -38,16 +41,27 @@ class NgramDrafter:
         start = time.perf_counter()
         width = request.width if request.sampling.greedy else 1
         k = min(request.draft_len, self._config.max_draft_len)
-        found = ngram.context_lookup(request.context, k, width, self._config.max_n, self._config.max_continuations)
-        chain = first_path(found.draft)
-        if len(chain) < k and self._cache is not None:
-            found = ngram.after_chain(found, self._stored(request, chain, k - len(chain), 1 if chain else width))
+        found = self._context(request.context, k, width)
+        if self._cache is not None and k > 0:
+            stored = self._stored(request, [], k, width)
+            if ngram.better(found, stored) is stored:
+                found = stored
+                chain = first_path(found.draft)
+                if len(chain) < k:  # the context goes on where the store's match ends
+                    found = ngram.after_chain(found, self._context([*request.context, *chain], k - len(chain), 1))
+            else:
+                chain = first_path(found.draft)
+                if len(chain) < k:
+                    found = ngram.after_chain(found, self._stored(request, chain, k - len(chain), 1 if chain else width))
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.NGRAM_LOOKUPS.inc()
         for level in found.levels:
-            metrics.NGRAM_DRAFT_TOKENS.labels(level=str(level)).inc()
+            metrics.NGRAM_DRAFT_TOKENS.labels(level=str(level) if level <= self._config.max_n else "long").inc()
         metrics.DRAFT_MS.labels(drafter="ngram").observe(draft_ms)
-        return ProposeResult(replace(found.draft, sources=found.sources), draft_ms)
+        return ProposeResult(found.as_draft(), draft_ms)
+
+    def _context(self, context, k: int, width: int) -> NgramDraft:
+        return ngram.context_lookup(context, k, width, self._config.max_n, self._config.max_continuations)
 
     def _stored(self, request: ProposeRequest, chain: list[int], k: int, width: int) -> NgramDraft:
         """The store's continuation after the context and chain; a store that fails costs its part,

@@ -8,7 +8,7 @@ what rounds cost and what they yield (the cost model: orchestrator/costs.py).
   calibrated online (per session, leaning on the estimate of all sessions until it has its own
   evidence). A round of k drafts then yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens.
   a_i is also learned per draft source (the small model, or the n-gram drafter's context, verifier
-  or global table), leaning on the rate of all sources at that depth.
+  table or learned store), leaning on the rate of all sources at that depth.
 - Entropy gate (Cerberus): a_1 is estimated separately for each bin of the verifier's entropy at
   the last position, so where the verifier is unsure, the first draft token is predicted to fail
   and the choice below drafts little or nothing. The threshold is not a constant: it is wherever
@@ -16,6 +16,12 @@ what rounds cost and what they yield (the cost model: orchestrator/costs.py).
 - Choice: the k in 0..k_max with the most expected tokens per second, E(k) / round_ms(k), where a
   round costs the draft time that is not hidden plus T(k + 1). k = 0 is plain decoding, so
   speculation is chosen only where it is expected to pay.
+- Evidence: the n-gram drafter's drafts cost nothing, so it is asked for FREE_DRAFT_FACTOR times
+  the cap every round and the tree budget below decides what is verified. A node drafted from the
+  tenant's learned store carries a confidence from its match (the match's length, the
+  continuation's share: specpipe.core.learned); its rate is learned per confidence bin, starting
+  from that confidence, so a session's first rounds on recurring text already keep long drafts,
+  and a short or rare match's tokens are cut.
 - Tree budget: once a draft is there, its sources and shape are known. Each node is accepted with
   P(parent accepted) times the rate of its rank among its siblings: the first child's rate is a_d
   for its source, an alternative's (model rank r >= 1: the drafter's r-th runner-up, or an n-gram
@@ -40,8 +46,9 @@ import threading
 from typing import Sequence
 
 from orchestrator.costs import Sharing, best_budget, choose_draft_len, hypotheses_that_fit, node_acceptance
-from orchestrator.estimates import Acceptance, Rates, depth_key, shrink
+from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key, shrink
 from specpipe.core.fits import Ewma, LinearFit
+from specpipe.core.types import FREE_DRAFT_FACTOR
 
 ENTROPY_EDGES = (0.1, 0.5, 1.0, 2.0, 3.0)  # nats: upper edges of the entropy bins, the last bin open
 PRIOR_ACCEPTANCE = 0.6    # a_i before any round was seen: optimistic enough to try drafting
@@ -51,6 +58,8 @@ SESSION_WEIGHT = 6.0      # pseudo-rounds of the shared estimate in a session's
 PROBE_AFTER = 4           # rounds without a draft before drafting one token to look again
 MAX_PROBE_AFTER = 64      # ... doubling after each failed probe, up to this many
 PROBE_SHARE = 0.03        # ... and never so often that probes take more than this share of plain rounds' time
+FREE_DRAFTERS = ("ngram",)  # drafters whose drafts cost nothing: asked for FREE_DRAFT_FACTOR x the cap, the tree budget cuts
+EVIDENCE_SOURCES = ("global",)  # sources whose nodes' confidences are evidence (the learned store's matches)
 
 
 def entropy_bin(nats: float | None) -> int:
@@ -90,7 +99,7 @@ class AdaptiveController:
         the most pre-drafts per round (branch schedule)."""
         self._shared = shared
         self._kind = kind
-        self._k_max = k_max
+        self._k_max = k_max * FREE_DRAFT_FACTOR if kind in FREE_DRAFTERS else k_max
         self._m_max = m_max
         self._acceptance = Acceptance(shared.acceptance, SESSION_WEIGHT)
         self._hits = [0, 0]            # branch schedule: rounds whose draft came from a pre-draft, rounds
@@ -121,6 +130,15 @@ class AdaptiveController:
     def _source_rate(self, depth: int, source: str) -> float:
         return self._rate(self._key(depth, source), self._rate(self._key(depth)), SOURCE_WEIGHT)
 
+    def _evidence_key(self, source: str, confidence: float) -> tuple:
+        return self._kind, "evidence", source, confidence_bin(confidence)
+
+    def _node_rate(self, depth: int, source: str, confidence: float) -> float:
+        """P(a chain node is accepted | its parent was): by its evidence where its source has it."""
+        if source in EVIDENCE_SOURCES and confidence >= 0:
+            return self._rate(self._evidence_key(source, confidence), confidence, SOURCE_WEIGHT)
+        return self._source_rate(depth, source)
+
     def acceptance(self, sources: Sequence[str] | None = None) -> list[float]:
         """a_1..a_kmax over all sources; with the sources of a draft's main chain, a_1..a_len for
         those sources."""
@@ -136,7 +154,7 @@ class AdaptiveController:
         """This round's k; 0 is plain decoding, except for a one-token probe now and then so that a
         session which stopped drafting notices when drafts would pay again."""
         verify, draft = self._shared.verify, self._shared.draft_fit(self._kind)
-        if verify.line() is None:  # nothing measured yet
+        if verify.line() is None or self._kind in FREE_DRAFTERS:  # nothing measured yet, or a free draft
             return self._k_max
         k = choose_draft_len(self.acceptance(), verify.predict, lambda k: draft.predict(k) if k else 0.0,
                              self._k_max, self.hit_rate() if branch else 0.0, self.sharing(load),
@@ -155,14 +173,17 @@ class AdaptiveController:
         wait = max(self._probe_after, math.ceil(probe_ms / (PROBE_SHARE * max(plain_ms, 1e-3))))
         return self._since_draft + 1 >= wait
 
-    def keep(self, parents: Sequence[int], sources: Sequence[str], draft_ms: float, load: int = 1) -> list[int]:
-        """The nodes of a draft (its parents and each node's source) worth verifying (best_budget);
-        all of them before any timing is known, and in a round due a probe."""
+    def keep(self, parents: Sequence[int], sources: Sequence[str], draft_ms: float, load: int = 1,
+             confidence: Sequence[float] | None = None) -> list[int]:
+        """The nodes of a draft (its parents, each node's source and confidence) worth verifying
+        (best_budget); all of them before any timing is known, and in a round due a probe."""
         if self._shared.verify.line() is None or self._probe_due():
             return list(range(len(parents)))
 
         def rate(node: int, depth: int, rank: int) -> float:
-            return self._rate(self._alternative_key(depth, rank)) if rank else self._source_rate(depth, sources[node])
+            if rank:
+                return self._rate(self._alternative_key(depth, rank))
+            return self._node_rate(depth, sources[node], confidence[node] if confidence else -1.0)
 
         return best_budget(node_acceptance(parents, rate), self._shared.verify.predict,
                            draft_ms + self._shared.overhead.predict(0), self.sharing(load))
@@ -176,16 +197,20 @@ class AdaptiveController:
         return hypotheses_that_fit(forward_ms, self._shared.draft_fit(self._kind).predict(k), self._m_max)
 
     def observe(self, drafted: int, accepted: int, verify_ms: float, draft_ms: float, entropy: float,
-                call_ms: float | None = None, *, sources: Sequence[str] = (), draft_tokens: int | None = None,
+                call_ms: float | None = None, *, sources: Sequence[str] = (), confidence: Sequence[float] = (),
+                draft_tokens: int | None = None,
                 nodes: int | None = None, alternatives: Sequence[tuple[int, int, bool]] = (),
-                batch_sessions: int = 1, batch_tokens: int = 0) -> None:
+                batch_sessions: int = 1, batch_tokens: int = 0, free: bool = False) -> None:
         """Learn from a round: the main-chain tokens verified and how many were accepted, its timings
         (call_ms: the verify call as the orchestrator saw it), the verifier's entropy at the new
-        last position, the source of each of those tokens (() = all from the model), how many chain
+        last position, the source and confidence of each of those tokens (() = all from the model,
+        none), how many chain
         tokens draft_ms drafted (default: drafted; more where keep() cut the draft), the draft nodes
         verified (default: drafted), (depth, rank, accepted) of each alternative tried, and the
-        verifier forward the round was part of (its sessions and tokens; 0 tokens: not reported)."""
-        probe = drafted > 0 and self._probe_due()  # as draft_len saw it, before this round's timings
+        verifier forward the round was part of (its sessions and tokens; 0 tokens: not reported).
+        free: the draft came from the free drafter in a round this one sat out (Proposer.free): its
+        acceptance is learned, its time and the probe clock are not this drafter's."""
+        probe = drafted > 0 and not free and self._probe_due()  # as draft_len saw it, before this round's timings
         fed = (drafted if nodes is None else nodes) + 1
         self._shared.verify.add(max(fed, batch_tokens), verify_ms)
         self._shared.batch_sessions.add(max(1, batch_sessions))
@@ -195,13 +220,16 @@ class AdaptiveController:
             self._acceptance.add(self._alternative_key(depth, rank), hit)
         if call_ms is not None:
             self._shared.overhead.add(0, max(0.0, call_ms - verify_ms))
-        if drafted:
+        for depth in range(1, min(drafted, accepted + 1) + 1):  # the depths that were tried
+            source = sources[depth - 1] if sources else "model"
+            keys = [self._key(depth, source)] if free else [self._key(depth), self._key(depth, source)]
+            if source in EVIDENCE_SOURCES and confidence and confidence[depth - 1] >= 0:
+                keys.append(self._evidence_key(source, confidence[depth - 1]))
+            for key in keys:
+                self._acceptance.add(key, depth <= accepted)
+        if drafted and not free:
             if self._rounds and not probe:  # those include the drafter's prefill of the prompt or a catch-up
                 self._shared.draft_fit(self._kind).add(drafted if draft_tokens is None else draft_tokens, draft_ms)
-            for depth in range(1, min(drafted, accepted + 1) + 1):  # the depths that were tried
-                source = sources[depth - 1] if sources else "model"
-                for key in (self._key(depth), self._key(depth, source)):
-                    self._acceptance.add(key, depth <= accepted)
             if probe:
                 self._shared.probe_fit(self._kind).add(0, draft_ms)
                 self._probe_after = PROBE_AFTER if accepted else min(2 * self._probe_after, MAX_PROBE_AFTER)

@@ -19,6 +19,11 @@ def depth_key(depth: int) -> int:
     return min(depth, MAX_DEPTH)
 
 
+def confidence_bin(p: float) -> int:
+    """Tenths of a drafter's confidence (-1: none)."""
+    return -1 if p < 0 else min(9, int(p * 10))
+
+
 def shrink(hits: int, trials: int, prior: float, weight: float) -> float:
     """The hit rate with `weight` pseudo-trials at `prior` (a Beta prior)."""
     return (hits + weight * prior) / (trials + weight)

@@ -36,6 +36,7 @@ from specpipe.core.types import (
     ADAPTIVE,
     ALL_HYPOTHESES,
     DRAFTER_KINDS,
+    FREE_DRAFT_FACTOR,
     PREDICTORS,
     SCHEDULES,
     GenerationChunk,
@@ -76,7 +77,7 @@ class Generator:
         drafters: Mapping[str, Drafter],
         defaults: SpeculationOptions = SpeculationOptions(),
         cache: NgramCache | None = None,
-        learn_global: bool = False,
+        learn_global: bool = True,
         limits: Limits = DEFAULT_LIMITS,
     ):
         self.tokenizer = tokenizer
@@ -224,7 +225,9 @@ class Generator:
     def _proposer(self, gen: Generation) -> Proposer:
         spec = gen.request.speculation
         template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling, tenant=gen.request.tenant)
-        return Proposer(self.drafters.get(spec.drafter), spec.drafter, template)
+        free = self.drafters.get("ngram") if spec.drafter == "hybrid" and spec.adaptive == "on" else None
+        return Proposer(self.drafters.get(spec.drafter), spec.drafter, template, free,
+                        spec.draft_len * FREE_DRAFT_FACTOR)
 
     def _schedule(self, gen: Generation, proposer: Proposer) -> Schedule:
         spec = gen.request.speculation

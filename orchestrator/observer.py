@@ -14,6 +14,7 @@ from typing import Callable
 
 from orchestrator.branch import Resolution
 from orchestrator.generation import Generation
+from specpipe.core.learned import MATCH_TOKENS
 from specpipe.core.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.core.protocols import NgramCache
 from specpipe.core.types import ProposeResult, SpeculationOptions, VerifyResult
@@ -26,8 +27,9 @@ log = logging.getLogger("specpipe.orchestrator")
 class RoundObserver:
     def __init__(self, store: NgramCache | None, learn_global: bool):
         self.store = store
-        # Finished outputs go to their tenant's global (corpus) table only if learn_global (off by default:
-        # docs/security.md); otherwise it holds `specpipe cache seed` corpora alone.
+        # Finished outputs, after the tail of their prompt, go to their tenant's learned store if
+        # learn_global (on by default: a tenant is one trust domain, docs/security.md); otherwise it
+        # holds `specpipe cache seed` corpora alone.
         self.learn_global = learn_global
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specpipe-store")  # FIFO: records in order
         self._breaker = Breaker()
@@ -44,7 +46,9 @@ class RoundObserver:
 
     def finished(self, gen: Generation) -> None:
         if self.store is not None and self.learn_global and gen.output:
-            self._guard("update_global", self.store.update_global, gen.output, gen.request.tenant)
+            # the prompt's tail too: a repeat of the prompt matches it, and drafts the output from its first round
+            learned = [*gen.request.prompt_ids[-MATCH_TOKENS:], *gen.output]
+            self._guard("update_global", self.store.update_global, learned, gen.request.tenant)
         metrics.GENERATIONS.labels(finish_reason=gen.finish).inc()
 
     def released(self, session_id: str) -> None:

@@ -32,7 +32,7 @@ from specpipe.core.errors import (
     DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, SpecpipeError, Unauthenticated,
     Unavailable,
 )
-from specpipe.core.tenancy import TENANT_METADATA, check_tenant
+from specpipe.core.tenancy import TENANT_METADATA, check_tenant, salted_tenant
 from specpipe.core.types import ALL_HYPOTHESES, GenerationChunk, GenerationRequest, SamplingParams, SpeculationOptions
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # specpipe's finish reasons -> the API's
@@ -41,7 +41,8 @@ SPECULATION_FIELDS = ("drafter", "draft_len", "width", "schedule", "predictor", 
 VLLM_FIELDS = {"repetition_penalty", "min_p", "use_beam_search", "length_penalty", "skip_special_tokens",
                "include_stop_str_in_output", "spaces_between_special_tokens", "stop_token_ids", "prompt_logprobs"}
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options",
-                 "user", "n", "best_of", "logprobs", "ignore_eos", "min_tokens", *SPECULATION_FIELDS, *VLLM_FIELDS}
+                 "user", "n", "best_of", "logprobs", "ignore_eos", "min_tokens", "cache_salt", *SPECULATION_FIELDS,
+                 *VLLM_FIELDS}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "presence_penalty", "frequency_penalty", "logit_bias"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "presence_penalty",
                                "frequency_penalty", "logit_bias", "tools", "tool_choice", "functions",
@@ -275,7 +276,8 @@ def parse_chat(body: Mapping, model_id: str, defaults: SpeculationOptions, tenan
 
 
 def tenant_of(headers: Mapping[str, str], body: Mapping) -> str:
-    """The tenant (docs/security.md): the x-specpipe-tenant header, as on gRPC, else the body's user."""
+    """The tenant (docs/security.md): the x-specpipe-tenant header, as on gRPC, else the body's user;
+    with vLLM's cache_salt, a tenant of its own within it (salted_tenant)."""
     tenant = headers.get(TENANT_METADATA)
     if tenant is None:
         tenant = body.get("user") or ""
@@ -285,7 +287,12 @@ def tenant_of(headers: Mapping[str, str], body: Mapping) -> str:
         check_tenant(tenant)
     except InvalidArgument as err:
         raise ApiError(400, str(err), "user") from None
-    return tenant
+    salt = body.get("cache_salt")
+    if salt is None:
+        return tenant
+    if not isinstance(salt, str) or not salt:
+        raise ApiError(400, "cache_salt must be a non-empty string", "cache_salt")
+    return salted_tenant(tenant, salt)
 
 
 # --- responses ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from orchestrator.adaptive import AdaptiveController, SharedModels
+from orchestrator.adaptive import FREE_DRAFTERS, AdaptiveController, SharedModels
 from specpipe.core.trees import common_prefix, first_path_nodes, tried_children
 from specpipe.core.types import ALL_HYPOTHESES, ProposeResult, SpeculationOptions, VerifyResult
 from specpipe.runtime import metrics
@@ -77,7 +77,7 @@ class AdaptivePolicy:
     def trim(self, proposal: ProposeResult, load: int) -> ProposeResult:
         """The draft without the nodes whose expected acceptance does not pay for verifying them."""
         draft = proposal.draft
-        nodes = self._controller.keep(draft.parents, draft.node_sources(), proposal.draft_ms, load)
+        nodes = self._controller.keep(draft.parents, draft.node_sources(), proposal.draft_ms, load, draft.confidence)
         if len(nodes) == len(draft):
             return proposal
         metrics.TRIMMED_DRAFT_TOKENS.labels(drafter=self._kind).inc(len(draft) - len(nodes))
@@ -91,8 +91,10 @@ class AdaptivePolicy:
         self._controller.observe(
             len(chain), common_prefix(chain, result.accepted_nodes), result.verify_ms, verified.proposal.draft_ms,
             result.entropy, verified.call_ms, sources=[sources[n] for n in chain],
+            confidence=[draft.confidence[n] for n in chain] if draft.confidence else (),
             draft_tokens=len(first_path_nodes(verified.as_drafted.draft)), nodes=len(draft), alternatives=alternatives,
-            batch_sessions=result.batch_sessions, batch_tokens=result.batch_tokens)
+            batch_sessions=result.batch_sessions, batch_tokens=result.batch_tokens,
+            free=self._kind not in FREE_DRAFTERS and bool(len(draft)) and "model" not in sources)
         metrics.ADAPTIVE_DRAFT_LEN.labels(drafter=self._kind).observe(len(chain))
         fit = self._shared.verify.line()
         if fit is not None:

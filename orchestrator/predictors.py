@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from orchestrator.estimates import Acceptance, Rates, depth_key
+from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key
 from specpipe.core.trees import common_prefix, first_path_nodes
 from specpipe.core.types import ALL_HYPOTHESES, ProposeResult, VerifyResult
 
@@ -69,10 +69,6 @@ class Predictor(Protocol):
 
     def observe(self, proposal: ProposeResult, result: VerifyResult, bonus: int | None) -> None:
         """Learn from a round; bonus: the drafter's own token after the whole chain, if drafted."""
-
-
-def confidence_bin(p: float) -> int:
-    return -1 if p < 0 else min(9, int(p * 10))
 
 
 class CalibratedPredictor:

@@ -4,7 +4,9 @@
 - branch: while round r verifies, draft round r+1 for its predicted outcomes (orchestrator/branch.py);
   a hit gives the next draft at once, a miss drafts afresh.
 
-Both keep a model drafter's cache of the session warm while the session drafts nothing (Warmer).
+Both keep a model drafter's cache of the session warm while the session drafts nothing (Warmer),
+and a hybrid's rounds that adaptive control gives no model draft still verify what the free n-gram
+drafter finds (Proposer.free: recurring text the store learned, the context's own repeats).
 
 A schedule owns the session's epoch (bumped on every rollback) and yields proposals; the verdicts
 only ever come from the verifier."""
@@ -39,12 +41,25 @@ class Proposer:
     drafter: Drafter | None  # None: the verifier alone
     kind: str                # the drafter's kind (DRAFTER_KINDS), for metrics
     template: ProposeRequest  # session, width and sampling of every proposal
+    free: Drafter | None = None  # drafts at no forward cost (n-gram) for rounds the drafter sits out
+    free_len: int = 0             # ... up to this many tokens
 
     def propose(self, context: Sequence[int], draft_len: int, epoch: int) -> ProposeResult:
         if self.drafter is None or draft_len <= 0:
             return NO_DRAFT
         try:
             return self.drafter.propose(replace(self.template, context=tuple(context), draft_len=draft_len, epoch=epoch))
+        except Exception as err:
+            self.failed(err)
+            return NO_DRAFT
+
+    def propose_free(self, context: Sequence[int], room: int) -> ProposeResult:
+        """The free drafter's draft of up to min(free_len, room) tokens (none without one)."""
+        draft_len = min(self.free_len, room)
+        if self.free is None or draft_len <= 0:
+            return NO_DRAFT
+        try:
+            return self.free.propose(replace(self.template, context=tuple(context), draft_len=draft_len, width=1))
         except Exception as err:
             self.failed(err)
             return NO_DRAFT
@@ -93,11 +108,12 @@ class Warmer:
         self._seen = len(context)
         self._warming = self._pool.submit(self._proposer.warm, tuple(context), epoch)
 
-    def next_draft(self, context: Sequence[int], draft_len: int, epoch: int) -> ProposeResult:
-        """The proposal of a round drafted afresh (draft_len 0: none, the drafter warmed instead)."""
+    def next_draft(self, context: Sequence[int], draft_len: int, epoch: int, room: int = 0) -> ProposeResult:
+        """The proposal of a round drafted afresh (draft_len 0: the drafter warmed instead, and the
+        free drafter drafts up to room tokens)."""
         if draft_len <= 0:
             self.idle(context, epoch)
-            return NO_DRAFT
+            return self._proposer.propose_free(context, room)
         self.drafted(len(context))
         return self._proposer.propose(context, draft_len, epoch)
 
@@ -135,7 +151,7 @@ class Sequential:
         if draft_len <= 0:  # the drafter feeds the prompt while the verifier prefills
             self._warmer.idle(gen.context, self.epoch)
         self._verifier.prefill(gen.session_id, gen.request.prompt_ids)
-        return self._warmer.next_draft(gen.context, draft_len, self.epoch)
+        return self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
 
     def verify(self, gen, proposal, as_drafted, hypotheses, draft_len) -> VerifyResult:
         result = self._verifier.verify(gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
@@ -143,7 +159,7 @@ class Sequential:
         return result
 
     def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
-        return self._warmer.next_draft(gen.context, draft_len(), self.epoch), NO_SPECULATION
+        return self._warmer.next_draft(gen.context, draft_len(), self.epoch, gen.room()), NO_SPECULATION
 
     def close(self) -> None:
         self._warmer.close()
@@ -165,7 +181,7 @@ class Branch:
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
         """The first draft (and the drafter's own prefill) runs while the verifier prefills."""
         prefilling = self._pool.submit(self._verifier.prefill, gen.session_id, gen.request.prompt_ids)
-        proposal = self._warmer.next_draft(gen.context, draft_len, self.epoch)
+        proposal = self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
         prefilling.result()
         return proposal
 
@@ -185,7 +201,7 @@ class Branch:
         if resolution.proposal is not None:  # pre-drafted after the context
             self._warmer.drafted(len(gen.context))
             return resolution.proposal, resolution
-        return self._warmer.next_draft(gen.context, draft_len(), self.epoch), resolution
+        return self._warmer.next_draft(gen.context, draft_len(), self.epoch, gen.room()), resolution
 
     def close(self) -> None:
         self._scheduler.close()

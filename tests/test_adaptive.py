@@ -375,3 +375,25 @@ def test_the_default_drafter_is_the_hybrid_where_a_drafter_service_drafts(argv, 
     if not drafter_service:
         flags = options.speculation_flags(spec)  # what `up` passes to its orchestrator
         assert flags[flags.index("--drafter") + 1] == drafter
+
+
+def test_free_drafts_are_sized_by_their_evidence():
+    """The n-gram drafter is asked for four times the cap; what is verified of a learned-store draft
+    follows its nodes' confidences at first (a long strong match is kept whole in a session's first
+    round), then the acceptance learned for that confidence."""
+    from specpipe.core.types import FREE_DRAFT_FACTOR
+
+    shared = SharedModels()
+    controller = AdaptiveController(shared, "ngram", k_max=8, m_max=1)
+    for i in range(24):  # context drafts that accept 1: the all-source rates are poor; T(n) = 50 + 5 n
+        k = 2 + i % 6
+        controller.observe(k, 1, 50.0 + 5.0 * (k + 1), 0.1, 1.0, sources=("context",) * k)
+    assert controller.draft_len() == 8 * FREE_DRAFT_FACTOR
+    fresh = AdaptiveController(shared, "ngram", k_max=8, m_max=1)
+    strong, weak = (0.97,) * 24, (0.3,) * 24
+    assert len(fresh.keep(chain(24), ("global",) * 24, 0.1, confidence=strong)) >= 16  # 0.97 ** 16 = 0.61
+    assert len(fresh.keep(chain(24), ("global",) * 24, 0.1, confidence=weak)) <= 2
+    assert len(fresh.keep(chain(24), ("context",) * 24, 0.1, confidence=strong)) < 24  # no evidence: by its rates
+    for _ in range(40):  # confident learned drafts that always fail at once
+        fresh.observe(8, 0, 50.0 + 5.0 * 9, 0.1, 1.0, sources=("global",) * 8, confidence=strong[:8])
+    assert fresh.keep(chain(24), ("global",) * 24, 0.1, confidence=strong) == []

@@ -16,6 +16,8 @@ def bench(*argv, timeout=300):
 
 @pytest.mark.slow  # every baseline on the tiny preset, then --report
 def test_transformers_baselines_beside_specpipe(tmp_path):
+    from specpipe.bench.methods import default_learning
+
     out = tmp_path / "bench.json"
     proc = bench("--limit", "2", "--max-new-tokens", "12", "--no-pin", "--methods", "model:sequential/4,ngram/6+adaptive,ngram",
                  "--baselines", "prompt-lookup,assisted,generate-threads", "--prompt-lookup-tokens", "3,10",
@@ -25,12 +27,13 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
     threads = next(name for name in methods if name.startswith("verifier-only generate(), "))
     where = threads.removeprefix("verifier-only generate(), ")
     assert where.endswith(" threads, packed")  # --compile auto on a host with a C compiler: specpipe's weights path
+    learning = " learning" if default_learning() else ""  # the n-gram methods learn as the orchestrator does
     assert list(methods) == [
         "verifier-only generate()", threads, f"transformers assisted generation, {where}",
         f"transformers prompt lookup (3 tokens), {where}", f"transformers prompt lookup (10 tokens), {where}",
         "specpipe verifier alone compiled", "specpipe model k=4 width=1 sequential",
-        "specpipe ngram adaptive k<=6 width=1 branch calibrated M<=1",
-        "specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1"]  # the default configuration
+        f"specpipe ngram adaptive k<=6 width=1 branch calibrated M<=1{learning}",
+        f"specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1{learning}"]  # the default configuration
     assert all(m["identical"] == 2 for m in methods.values())
     assert methods["verifier-only generate()"]["tokens_per_round"] == 1.0
     assert methods[f"transformers assisted generation, {where}"]["tokens_per_round"] == 0.0  # not known inside generate()
@@ -65,8 +68,8 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--baselines", "generate,vllm"], "unknown baselines ['vllm']"),
     (["--report", "/no/such/result.json"], "bench result /no/such/result.json does not exist"),
-    (["--methods", "model:branch+fast"], "[/K][+adaptive][@HOP_MS]"),
-    (["--methods", "model:branch/0"], "[/K][+adaptive][@HOP_MS]"),
+    (["--methods", "model:branch+fast"], "[/K][+adaptive][+learn|+no-learn][@HOP_MS]"),
+    (["--methods", "model:branch/0"], "[/K][+adaptive][+learn|+no-learn][@HOP_MS]"),
 ])
 def test_bad_bench_flags(cli, argv, message):
     code, stderr = cli("bench", "--preset", "tiny", *argv)
@@ -175,3 +178,11 @@ def test_headline_is_the_default_configuration_and_else_labelled():
     row = summary_table({"humaneval": runs}).splitlines()[2]
     # per prompt over the fair baseline: 2.0 / 1.0 and 1.0 / 1.0
     assert row.startswith("| humaneval (2) | default configuration | 3.00 | 3.00x | 1.50x | 1.50x (1.00-2.00) |")
+    # the recurring suite runs the default configuration learning and not: the headline learns as the default does
+    from dataclasses import replace
+
+    from specpipe.bench.methods import default_learning
+
+    both = [summary("specpipe default, learning", 4.0, replace(default, learn_global=True)),
+            summary("specpipe default, not learning", 3.0, replace(default, learn_global=False))]
+    assert headline([base, *both])[0] is both[0 if default_learning() else 1]

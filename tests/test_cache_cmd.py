@@ -1,7 +1,8 @@
-"""`specpipe cache seed`: text and .jsonl files land in the global table of a real redis-server (or a
-cache service over gRPC) exactly as one pass of update_global over each document would leave it,
-and a fresh session then drafts from them (source "global"). Plus the store URL forms (open_store)
-and `specpipe up --cache redis` (a local redis-server shared by the orchestrator and the drafter)."""
+"""`specpipe cache seed`: text and .jsonl files land in the learned store of a real redis-server (or a
+cache service over gRPC) exactly as specpipe.core.learned.learn of each chunk, one document each,
+would leave it, and a fresh session then drafts from them (source "global"). Plus the store URL
+forms (open_store) and `specpipe up --cache redis` (a local redis-server shared by the orchestrator
+and the drafter)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import pytest
 
 from cache_service import servicer
 from cache_service.memory import InMemoryNgramCache
-from cache_service.redis_store import GLOBAL_KEY, RedisNgramCache, connect
+from cache_service.redis_store import RedisNgramCache, connect, read_learned_store
 from cache_service.stores import open_store
 from specpipe.app.seed import chunks, jsonl_text
 from specpipe.cli.main import main
+from specpipe.core import learned
 from specpipe.core.errors import InvalidArgument
-from specpipe.core.ngram import NgramConfig, apply_updates
+from specpipe.core.learned import MATCH_TOKENS, LearnedStore
+from specpipe.core.ngram import NgramConfig, apply_updates, learned_draft
 from specpipe.serving.cache_client import CacheClient
 from specpipe.serving.clients import GenerationClient
 from specpipe.serving.server import ServerConfig, serve
@@ -69,29 +72,29 @@ def _write_corpus(tmp_path):
     return code, notes
 
 
-def _reference_table(tokenizer, chunk_tokens: int) -> dict:
-    config, table = NgramConfig(), {}
+def _reference_store(tokenizer, chunk_tokens: int) -> LearnedStore:
+    config, store = NgramConfig(), LearnedStore()
     for text in [CODE] + [jsonl_text(r) for r in JSONL]:
-        for chunk in chunks(tokenizer(text, add_special_tokens=False)["input_ids"], chunk_tokens, config.max_n - 1):
-            apply_updates(table, chunk, 0, config, config.max_global_prefixes)
-    return table
+        for chunk in chunks(tokenizer(text, add_special_tokens=False)["input_ids"], chunk_tokens, MATCH_TOKENS):
+            learned.learn(store, chunk, config.learned)
+    return store
 
 
-def test_seed_redis_then_a_fresh_session_drafts_from_the_global_table(redis_url, tmp_path, tiny_tokenizer, capsys):  # noqa: F811
+def test_seed_redis_then_a_fresh_session_drafts_from_the_learned_store(redis_url, tmp_path, tiny_tokenizer, capsys):  # noqa: F811
     connect(redis_url).flushdb()
     files = _write_corpus(tmp_path)
-    assert main(["cache", "seed", *map(str, files), "--cache", redis_url, "--preset", "tiny", "--chunk-tokens", "8"]) == 0
+    assert main(["cache", "seed", *map(str, files), "--cache", redis_url, "--preset", "tiny", "--chunk-tokens", "65"]) == 0
     summary = capsys.readouterr().out.strip()
     num_tokens = sum(len(tiny_tokenizer(t, add_special_tokens=False)["input_ids"]) for t in [CODE] + [jsonl_text(r) for r in JSONL] if t)
     assert summary.startswith(f"specpipe cache seed: 4 documents, {num_tokens} tokens, ") and redis_url in summary
 
-    stored = {tuple(map(int, prefix.split(b","))): list(map(int, continuations.split(b",")))
-              for prefix, continuations in connect(redis_url).hgetall(GLOBAL_KEY).items()}
-    assert stored == _reference_table(tiny_tokenizer, 8)  # no n-gram lost at the chunk seams
+    reference = _reference_store(tiny_tokenizer, 65)
+    assert read_learned_store(connect(redis_url)) == reference
 
     cache = RedisNgramCache.from_url(redis_url)
     context = tiny_tokenizer("def add(a, b):\n    ret", add_special_tokens=False)["input_ids"]
     result = cache.lookup("a-fresh-session", context, 6, 1)
+    assert result == learned_draft(learned.lookup(reference, context, 6, 1, NgramConfig().learned))
     assert tiny_tokenizer.decode(result.draft.tokens) == "urn a " and result.sources == ("global",) * 6
     cache.close()
 
@@ -114,7 +117,7 @@ def test_seed_a_tenants_global_table(tmp_path, tiny_tokenizer, capsys):
     with serve([servicer.service(store)], ServerConfig(port=0, max_workers=2, grace_s=0)) as server:
         assert main(["cache", "seed", str(_write_corpus(tmp_path)[0]), "--cache", f"grpc://{server.address}",
                      "--preset", "tiny", "--tenant", "team-a"]) == 0
-    assert "in tenant team-a's global table of grpc://" in capsys.readouterr().out
+    assert "in tenant team-a's learned store of grpc://" in capsys.readouterr().out
     context = tiny_tokenizer("(a, b)", add_special_tokens=False)["input_ids"]
     assert tiny_tokenizer.decode(store.lookup("s", context, 4, 1, tenant="team-a").draft.tokens) == ":\n  "
     assert store.lookup("s", context, 4, 1).draft.tokens == ()  # not the default tenant's

@@ -236,3 +236,26 @@ def test_specpipe_up_serves_and_stops_on_sigint(tmp_path):
         assert proc.wait(timeout=20) == 0, proc.stderr.read()
     for role in ("verifier", "drafter", "orchestrator"):  # the children are gone too
         assert "listening on" in (tmp_path / f"{role}.out").read_text()
+
+
+@pytest.mark.slow  # two `specpipe up` runs with a local redis-server
+def test_specpipe_up_learns_across_requests_by_default_and_not_with_learning_off(tmp_path):
+    """What a user of `specpipe up --cache redis` sees: the same request again drafts from the first's
+    output (far fewer rounds, the same tokens); with --learn-global off it does not."""
+    from specpipe.engine.models import tiny_model
+
+    prompt = tuple("def tokens_per_round(rounds):".encode())
+    expected = reference_greedy(tiny_model(), prompt, 48)
+    rounds = {}
+    for learn in ("on", "off"):
+        with specpipe_up(tmp_path / learn, "--cache", "redis", "--drafter", "ngram", "--learn-global", learn) as (proc, lines):
+            table = {line.split()[0]: line.split()[1] for line in lines if line.split()[:1] == ["orchestrator"]}
+            with GenerationClient(table["orchestrator"], timeout_s=60) as client:
+                for attempt in range(2):
+                    chunks = list(client.generate(token_ids=prompt, max_new_tokens=48))
+                    assert [t for c in chunks for t in c.token_ids] == expected, (learn, attempt)
+                    rounds[learn, attempt] = sum(c.round is not None for c in chunks)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 0
+    assert rounds["on", 1] * 3 <= rounds["on", 0], rounds  # the repeat drafts from the store
+    assert rounds["off", 1] * 3 > rounds["off", 0], rounds

@@ -400,3 +400,24 @@ def test_workload_flags_leave_server_defaults_out():
     assert default[default.index("--schedule") + 1] == "branch" and default[default.index("--temperature") + 1] == "0.7"
     none = workload_flags(config, "none")
     assert none[none.index("--drafter") + 1] == "none" and none[none.index("--suite") + 1] == "gsm8k"
+
+
+def test_the_recurring_workload_runs_each_server_learning_off_and_on():
+    from specpipe.bench.loadreport import tokens_per_s_ratios
+    from specpipe.bench.loadtest import LEARN_FLAG, learning_servers, server_configs, workload_flags
+    from specpipe.cli.loadtest_cmd import described
+
+    assert learning_servers(server_configs(["--pin"], None, ["default"])) == {
+        "learn-off": (f"--pin {LEARN_FLAG} off", ["default"]), "learn-on": (f"--pin {LEARN_FLAG} on", ["default"])}
+    assert list(learning_servers(server_configs(["a=--pin", "b:none="], None, ["default"]))) == [
+        "a-learn-off", "a-learn-on", "b-learn-off", "b-learn-on"]
+    flags = workload_flags(described(["--workload", "recurring", "--suite", "gsm8k"]), "default")
+    assert flags[flags.index("--suite") + 1] == "recurring" and flags[flags.index("--prompt-limit") + 1] == "100"
+    flags = workload_flags(described(["--prompt-limit", "7"]), "default")
+    assert flags[flags.index("--suite") + 1] == "mix" and flags[flags.index("--prompt-limit") + 1] == "7"
+    flags = workload_flags(described([]), "default")
+    assert flags[flags.index("--prompt-limit") + 1] == "20"  # --prompt-limit's default: prompts per suite
+    level = LevelSummary(users=2, requests=4, tokens=40, seconds=2.0, tokens_per_s=10.0)
+    runs = {"learn-off default": [level, replace(level, users=4)],
+            "learn-on default": [replace(level, tokens_per_s=15.0)]}
+    assert tokens_per_s_ratios(runs) == {"learn-on default / learn-off default": {2: 1.5}}

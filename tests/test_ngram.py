@@ -1,5 +1,5 @@
-"""The n-gram semantics (specpipe.core.ngram) on literal tiny cases: updates, LRU per prefix, the prefix
-bound of the global table, the verifier's branches, and the Multi-Level N-gram lookup (ANPD
+"""The n-gram semantics (specpipe.core.ngram) on literal tiny cases: updates, LRU per prefix, the
+verifier's branches, the confidences and the choice between sources, and the Multi-Level N-gram lookup (ANPD
 Algorithm 2: longest suffix first, fall back to shorter; tables in priority order, with sources)."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from specpipe.core.ngram import (
     mln_lookup,
     ngram_updates,
     record,
-    record_all,
     verifier_branches,
 )
 from specpipe.core.types import Draft
@@ -47,20 +46,6 @@ def test_apply_updates_counts_pairs():
     table = {}
     assert apply_updates(table, [1, 2, 1, 3], 0, NgramConfig(max_n=3)) == 5
     assert table[(1,)] == [3, 2] and table[(2, 1)] == [3] and table[(1, 2)] == [1]
-
-
-def test_record_all_bounds_new_prefixes_only():
-    table = {(1,): [2]}
-    updates = [((1,), 3), ((4,), 5), ((1,), 6), ((7,), 8)]
-    assert record_all(table, updates, max_continuations=4, max_prefixes=2) == 3
-    assert table == {(1,): [6, 3, 2], (4,): [5]}  # (7,) came when the table was full: dropped
-    assert record_all(table, [((7,), 8)], max_continuations=4) == 1  # None = unbounded
-
-
-def test_apply_updates_with_a_prefix_bound():
-    table = {}
-    assert apply_updates(table, [1, 2, 3], 0, NgramConfig(max_n=3), max_prefixes=2) == 2
-    assert table == {(1,): [2], (2,): [3]}
 
 
 @pytest.mark.parametrize("branches, max_n, expected", [
@@ -182,7 +167,7 @@ def test_max_n_bounds_the_suffix():
     assert mln_lookup([table], [1, 2], k=1, width=1, max_n=2).draft.tokens == (8,)
 
 
-@pytest.mark.parametrize("bad", [{"max_n": 1}, {"max_global_prefixes": 0}])
+@pytest.mark.parametrize("bad", [{"max_n": 1}, {"session_ttl_s": 0}])
 def test_config_is_validated(bad):
     with pytest.raises(ValueError):
         NgramConfig(**bad)

@@ -268,3 +268,18 @@ def test_http_and_grpc_clients_at_once(server, generator):
     assert not errors, errors
     assert {key: text for key, text in got.items()} == {key: expected[PROMPTS[key[1] % 3]] for key in got}
     assert len(got) == 12
+
+
+def test_cache_salt_isolates_what_requests_learn(server, generator):
+    """vLLM's cache_salt: requests with a salt learn and draft only among themselves, within their tenant."""
+    from specpipe.core.tenancy import salted_tenant
+
+    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": TOKENS, "temperature": 0, "user": "team-s",
+            "cache_salt": "s3cret"}
+    first = httpx.post(f"{server.url}/v1/completions", json=body).json()["choices"][0]["text"]
+    store, tenant = generator.observer.store, salted_tenant("team-s", "s3cret")
+    assert tenant != salted_tenant("team-s", "other") and tenant != salted_tenant("team-t", "s3cret")
+    assert store._tenants.keys() >= {tenant} and "team-s" not in store._tenants  # learned under the salt only
+    assert httpx.post(f"{server.url}/v1/completions", json=body).json()["choices"][0]["text"] == first
+    answer = httpx.post(f"{server.url}/v1/completions", json={**body, "cache_salt": ""})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "cache_salt"

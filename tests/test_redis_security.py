@@ -18,8 +18,8 @@ def round_trip(url: str) -> tuple[int, ...]:
     from cache_service.stores import open_store
 
     store = open_store(url)
-    store.update_global([5, 6, 7, 8])
-    return store.lookup("s", [5, 6], 2, 1).draft.tokens
+    store.update_global([4, 5, 6, 7, 8])
+    return store.lookup("s", [4, 5, 6], 2, 1).draft.tokens
 
 
 def test_password_required():
@@ -123,8 +123,8 @@ def test_the_acl_user_of_the_docs_can_do_what_specpipe_does_and_no_more():
         url = f"redis://specpipe:user-secret@{server.address}"
         assert round_trip(url) == (7, 8)
         store = open_store(url)
-        store.update_global([1, 2, 3, 4], tenant="team-a")
-        assert store.lookup("s1", [1, 2], 2, 1, tenant="team-a").draft.tokens == (3, 4)
+        store.update_global([1, 2, 3, 4, 5], tenant="team-a")
+        assert store.lookup("s1", [1, 2, 3], 2, 1, tenant="team-a").draft.tokens == (4, 5)
         assert store.record_branches("s1", [[9, 8, 7]]) > 0
         assert store.lookup("s1", [9, 8], 1, 1).draft.tokens == (7,)
         assert store.release("s1")

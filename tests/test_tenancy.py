@@ -1,5 +1,6 @@
 """Tenant isolation (specpipe.core.tenancy): one tenant's outputs never draft for another, in the memory
-and the Redis store, embedded and over gRPC; finished outputs feed no global table by default."""
+and the Redis store, embedded and over gRPC; finished outputs feed their tenant's learned store by
+default and nobody's with learning off."""
 
 from __future__ import annotations
 
@@ -68,15 +69,20 @@ def test_one_tenants_outputs_never_draft_for_another(store, tiny_tokenizer, tiny
     assert generate(generator, "beta") == output  # lossless for beta all the same
 
 
-def test_finished_outputs_feed_no_global_table_by_default(store, tiny_tokenizer, tiny_verifier):
+def test_finished_outputs_draft_for_their_tenant_by_default_and_for_nobody_with_learning_off(
+        store, tiny_tokenizer, tiny_verifier):
     from drafter_service.ngram_drafter import NgramDrafter
     from orchestrator.generator import Generator
 
     drafter = NgramDrafter(store, tiny_verifier.info())
     output = generate(Generator(tiny_tokenizer, tiny_verifier, {"ngram": drafter}, NGRAM, store), "")
-    assert global_drafts(drafter, "", output[:4]) == 0
-    store.update_global(output)  # what `specpipe cache seed` does: an operator's corpus does draft
-    assert global_drafts(drafter, "", output[:4]) > 0
+    assert global_drafts(drafter, "", output[:4]) > 0  # learning is on by default, within the tenant
+    assert global_drafts(drafter, "other", output[:4]) == 0
+    off = Generator(tiny_tokenizer, tiny_verifier, {"ngram": drafter}, NGRAM, store, learn_global=False)
+    output = generate(off, "quiet")
+    assert global_drafts(drafter, "quiet", output[:4]) == 0
+    store.update_global(output, "quiet")  # what `specpipe cache seed` does: an operator's corpus does draft
+    assert global_drafts(drafter, "quiet", output[:4]) > 0
 
 
 def test_tenant_metadata_over_grpc_reaches_the_store(tiny_tokenizer, tiny_verifier):
@@ -111,11 +117,11 @@ def generator_request():
 
 
 def test_redis_keys_of_a_tenant(redis_url):  # noqa: F811
-    from cache_service.redis_store import GLOBAL_KEY, RedisNgramCache, connect, global_key
+    from cache_service.redis_store import RedisNgramCache, connect, global_keys
 
     connect(redis_url).flushdb()
     cache = RedisNgramCache.from_url(redis_url)
-    cache.update_global([1, 2, 3], "acme")
-    cache.update_global([1, 2, 3])
-    assert sorted(k.decode() for k in connect(redis_url).keys("*")) == sorted([GLOBAL_KEY, "{g:acme}:ngram"])
-    assert global_key("acme") == "{g:acme}:ngram"
+    cache.update_global([1, 2, 3, 4], "acme")
+    cache.update_global([1, 2, 3, 4])
+    assert sorted(k.decode() for k in connect(redis_url).keys("*")) == sorted(global_keys("") + global_keys("acme"))
+    assert global_keys("acme")[0] == "{g:acme}:docs" and global_keys("")[0] == "{g}:docs"

@@ -1,10 +1,10 @@
--- Multi-Level N-gram lookup of up to k tokens (specpipe.ngram.mln_lookup), in ONE call.
--- KEYS: table hashes in priority order (specpipe.ngram.TABLES): the session's verifier table, then
--- optionally the global one.
+-- Multi-Level N-gram lookup of up to k tokens in a session's verifier table
+-- (specpipe.core.ngram.mln_lookup over that one table), in ONE call.
+-- KEYS[1]: the table hash {s:<id>}:verifier; field = prefix "t1,...,t_{n-1}", value = continuations
+-- "c1,c2,..." most recent first.
 -- ARGV: max_n, k, width, context suffix tokens (the last max_n-1 at most).
--- Returns {tokens, parents, levels, sources}: chain nodes each followed by their sibling alternatives
--- (only at the first step); parents are 0-based, -1 = the root; levels = the n of each hit;
--- sources = the 0-based index in KEYS of the table of each hit.
+-- Returns {tokens, parents, levels}: chain nodes each followed by their sibling alternatives (only at
+-- the first step); parents are 0-based, -1 = the root; levels = the n of each hit.
 local max_n = tonumber(ARGV[1])
 local k = tonumber(ARGV[2])
 local width = tonumber(ARGV[3])
@@ -13,23 +13,21 @@ for i = 4, #ARGV do
   suffix[#suffix + 1] = ARGV[i]
 end
 
--- ANPD Algorithm 2: tables in order, and within a table the longest suffix first.
+-- ANPD Algorithm 2: the longest suffix first.
 local function longest_match()
-  for index, key in ipairs(KEYS) do
-    for n = math.min(max_n, #suffix + 1), 2, -1 do
-      local continuations = redis.call("HGET", key, table.concat(suffix, ",", #suffix - n + 2, #suffix))
-      if continuations then
-        return continuations, n, index - 1
-      end
+  for n = math.min(max_n, #suffix + 1), 2, -1 do
+    local continuations = redis.call("HGET", KEYS[1], table.concat(suffix, ",", #suffix - n + 2, #suffix))
+    if continuations then
+      return continuations, n
     end
   end
-  return nil, 0, 0
+  return nil, 0
 end
 
-local tokens, parents, levels, sources = {}, {}, {}, {}
+local tokens, parents, levels = {}, {}, {}
 local parent = -1
 for depth = 1, k do
-  local continuations, n, source = longest_match()
+  local continuations, n = longest_match()
   if not continuations then
     break
   end
@@ -46,7 +44,6 @@ for depth = 1, k do
     tokens[#tokens + 1] = tonumber(token)
     parents[#parents + 1] = chain_parent
     levels[#levels + 1] = n
-    sources[#sources + 1] = source
     if position == 0 then
       parent = #tokens - 1
       suffix[#suffix + 1] = token
@@ -57,4 +54,4 @@ for depth = 1, k do
     position = position + 1
   end
 end
-return {tokens, parents, levels, sources}
+return {tokens, parents, levels}

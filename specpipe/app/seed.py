@@ -1,7 +1,7 @@
-"""`specpipe cache seed`: text files into a shared n-gram store's global (corpus) table (Self-Draft's
-corpus cache), tokenized with the verifier's tokenizer so that every session of that model drafts
-from it. A .jsonl file holds one document per line (its "text" field, else its string fields joined
-by newlines); any other file is one document."""
+"""`specpipe cache seed`: text files into a shared n-gram store's learned store (Self-Draft's corpus
+cache; specpipe.core.learned), tokenized with the verifier's tokenizer so that every session of that
+model and tenant drafts from it. A .jsonl file holds one document per line (its "text" field, else
+its string fields joined by newlines); any other file is one document, learned in overlapping chunks."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from specpipe.core.tenancy import check_tenant
 class Seeded:
     documents: int
     tokens: int
-    recorded: int   # (context, next token) pairs written, those of chunk overlaps twice
+    recorded: int   # tokens learned: those of chunk overlaps twice, none of a document the store had
     store: str      # the store's URL, password redacted
 
 
@@ -30,6 +30,7 @@ def seed(config: SeedConfig) -> Seeded:
     from cache_service.redis_store import redacted
     from cache_service.stores import open_store
     from specpipe.config.presets import model_specs
+    from specpipe.core.learned import MATCH_TOKENS
     from specpipe.core.ngram import NgramConfig
     from specpipe.engine.models import load_tokenizer
 
@@ -43,9 +44,9 @@ def seed(config: SeedConfig) -> Seeded:
     for path in paths:
         if not path.is_file():
             raise InvalidArgument(f"{path}: no such file")
-    ngram = NgramConfig()  # the defaults the services use: N decides the chunk overlap
-    if config.chunk_tokens < ngram.max_n:
-        raise InvalidArgument(f"--chunk-tokens must be at least {ngram.max_n}, got {config.chunk_tokens}")
+    ngram = NgramConfig()  # the defaults the services use
+    if config.chunk_tokens <= 2 * MATCH_TOKENS:
+        raise InvalidArgument(f"--chunk-tokens must be more than {2 * MATCH_TOKENS}, got {config.chunk_tokens}")
     tokenizer = load_tokenizer(model_specs(config.preset, config.verifier)[0])
     store = open_store(config.cache, ngram, config.timeout)
     num_documents = num_tokens = recorded = 0
@@ -56,7 +57,7 @@ def seed(config: SeedConfig) -> Seeded:
                 for text, size in documents(path):
                     if text:
                         tokens = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-                        for chunk in chunks(tokens, config.chunk_tokens, ngram.max_n - 1):
+                        for chunk in chunks(tokens, config.chunk_tokens, MATCH_TOKENS):
                             recorded += store.update_global(chunk, config.tenant)
                         num_documents += 1
                         num_tokens += len(tokens)
@@ -96,9 +97,8 @@ def jsonl_text(record) -> str:
 
 def chunks(tokens: Sequence[int], size: int, overlap: int) -> Iterator[Sequence[int]]:
     """Windows of at most size tokens covering tokens, each starting overlap tokens before the end of
-    the previous one: with overlap = N-1 every n-gram (n <= N) lies whole in some window. The n-grams
-    inside an overlap are recorded twice, which leaves an LRU table as one pass would (they were the
-    most recent already) but counts them twice in `recorded`. Nothing for fewer than 2 tokens."""
+    the previous one: with overlap = MATCH_TOKENS a match of the longest length a lookup measures
+    lies whole in some window. Nothing for fewer than 2 tokens."""
     if size <= overlap:
         raise ValueError(f"size {size} must exceed overlap {overlap}")
     start = 0

@@ -139,7 +139,7 @@ def orchestrator_generator(config: OrchestratorConfig):
 
 def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
                      cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
-                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS, learn_global: bool = False, tls=None):
+                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS, learn_global: bool = True, tls=None):
     """The orchestrator of a distributed deployment: verifier and drafter replicas behind gRPC clients.
     verifier_addr / drafter_addr: host:port, a comma list, or dns:///name:port re-resolved as replicas
     come and go (specpipe.serving.replicas); each session is pinned to the least-loaded verifier replica and
@@ -189,7 +189,7 @@ def peer_tls(tls, target: str):
 
 
 def served_generator(tokenizer_spec, verifier, served: dict, defaults, store, limits=DEFAULT_LIMITS,
-                     learn_global: bool = False):
+                     learn_global: bool = True):
     """The orchestrator over a verifier and the draft methods a drafter service serves (method ->
     Drafter): the n-gram and hybrid methods it does not serve run here, over store, which the
     generator feeds with every confirmed token. Also what the Ray Serve orchestrator runs (deploy/ray)."""

@@ -10,7 +10,9 @@ import platform
 from dataclasses import replace
 
 from specpipe.app.wiring import forward_mode
-from specpipe.bench.methods import Method, parse_baselines, parse_methods
+from specpipe.bench import recurring_report
+from specpipe.bench.methods import Method, parse_baselines, parse_methods, recurring
+from specpipe.bench.prompts import RECURRING
 from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
 from specpipe.engine.cores import set_threads
@@ -66,7 +68,7 @@ def run(config: BenchConfig) -> int:
         runs = transformers_runs(config, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(config, methods, cores))
         specs = {method: method.resolve(config) for method in methods}
         for spec in specs.values():
-            generator = own_generator(generators[spec.hop_delay_ms], spec.drafter)
+            generator = own_generator(generators[spec.hop_delay_ms], spec.drafter, spec.learn_global)
             runs[spec.name()] = specpipe_method(generator, config.max_new_tokens, spec.speculation())
         reference = specs[none].name() if compiled else None
         references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
@@ -78,6 +80,9 @@ def run(config: BenchConfig) -> int:
     if config.sweep:
         print()
         print(sweep_table(summaries))
+    if recurring(config):
+        print()
+        print(recurring_report.markdown(summaries, categories))
     ok = all(s.identical == s.prompts for s in summaries if s.method != reference)
     print("lossless check: every output is identical to the verifier-only output run the same way" if ok else
           "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way")
@@ -95,8 +100,11 @@ def run(config: BenchConfig) -> int:
                 "compile": config.model.compile, "draft_weights": config.model.draft_weights, "models": any_generator.info.model_name,
                 "cache": config.generator.cache, "baselines": baselines, "sweep": config.sweep, "turns": config.turns,
                 "categories": categories, **machine_info()}
+        data = to_json(summaries, meta)
+        if recurring(config):
+            data[RECURRING] = recurring_report.to_json(summaries, categories)
         with open(config.json_file, "w") as f:
-            json.dump(to_json(summaries, meta), f, indent=1)
+            json.dump(data, f, indent=1)
     return 0 if ok else 1
 
 

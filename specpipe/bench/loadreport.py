@@ -37,19 +37,27 @@ def ratio_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def tokens_per_s_ratios(runs: Mapping[str, Sequence[LevelSummary]]) -> dict[str, dict[int, float]]:
+    """"A / B" -> users -> run A's tokens/s over run B's at that level, for ratio_pairs' runs (a level
+    that one of them lacks, or where B made no token, is left out)."""
+    tps = {label: {s.users: s.tokens_per_s for s in levels} for label, levels in runs.items()}
+    return {f"{a} / {b}": {n: tps[a][n] / tps[b][n] for n in tps[a] if tps[b].get(n)}
+            for a, b in ratio_pairs(list(runs))}
+
+
 def comparison_table(runs: Mapping[str, Sequence[LevelSummary]]) -> str:
     """users | tokens/s, TTFT p99 and ITL p99 of every run side by side, and tokens/s ratios."""
     labels = list(runs)
     users = sorted({s.users for levels in runs.values() for s in levels})
-    pairs = ratio_pairs(labels)
-    head = ["users", *(f"tokens/s {label}" for label in labels), *(f"{a} / {b}" for a, b in pairs)]
+    ratios = tokens_per_s_ratios(runs)
+    head = ["users", *(f"tokens/s {label}" for label in labels), *ratios]
     head += [f"TTFT p99 ms {label}" for label in labels] + [f"ITL p99 ms {label}" for label in labels]
     head.append("errors")
     rows = ["| " + " | ".join(head) + " |", "|" + " ---: |" * len(head)]
     for n in users:
         tps = {label: next((s.tokens_per_s for s in runs[label] if s.users == n), None) for label in labels}
         cells = [str(n), *("-" if tps[label] is None else f"{tps[label]:.1f}" for label in labels)]
-        cells += [f"{tps[a] / tps[b]:.2f}x" if tps[b] and tps[a] is not None else "-" for a, b in pairs]
+        cells += [f"{by_users[n]:.2f}x" if n in by_users else "-" for by_users in ratios.values()]
         cells += [_cell(runs[label], n, "ttft_p99_ms", ".0f") for label in labels]
         cells += [_cell(runs[label], n, "itl_p99_ms", ".1f") for label in labels]
         cells.append(str(sum(sum(s.errors.values()) for levels in runs.values() for s in levels if s.users == n)))

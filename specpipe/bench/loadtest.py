@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from specpipe.bench import loadruns, loadstats
+from specpipe.bench import loadreport, loadruns, loadstats
+from specpipe.bench.prompts import RECURRING, RECURRING_SIZE
 from specpipe.config.bench import LoadtestConfig
 from specpipe.config.services import TlsFiles
 from specpipe.core.errors import FailedPrecondition, InvalidArgument
@@ -27,6 +28,10 @@ from specpipe.serving.security import Tls, read_token
 
 SERVER_DEFAULT = "default"  # a drafter: the server's own default speculation
 SUITES = ("mix", "humaneval", "mtbench", "gsm8k", "random", "noise")  # mix: the first three in turn
+SUITE_PROMPTS = 20  # prompts per suite unless --prompt-limit says
+WORKLOADS = ("suite", RECURRING)  # the --suite prompts in turn; or the recurring sequence, learning off and on
+LEARN_FLAG = "--learn-global"  # the orchestrator's switch for its store learning finished outputs (on / off)
+LEARNING = (("learn-off", "off"), ("learn-on", "on"))  # the recurring workload's servers: label, LEARN_FLAG value
 LOCUST_PREFIX = "--grpc-"  # Locust has --tls-cert / --tls-key of its own (its web UI)
 
 
@@ -34,6 +39,8 @@ def loadtest(config: LoadtestConfig) -> int:
     """Every server, loaded with each of its drafters; 0 when every request succeeded."""
     check(config)
     servers = server_configs(config.up_args, config.addr, config.drafters)
+    if config.workload == RECURRING and config.addr is None:
+        servers = learning_servers(servers)
     if config.memory_every > 0 and config.addr:
         raise InvalidArgument("--memory-every samples the services of the `specpipe up` loadtest starts: drop --addr")
     if config.memory_every > 0 and len(servers) > 1:
@@ -69,6 +76,8 @@ def loadtest(config: LoadtestConfig) -> int:
                 statuses[label] = loadruns.run_locust(locust_run)
                 records = loadstats.read_records(locust_run.records) if locust_run.records.exists() else []
                 runs[label] = loadstats.summarize(records, slo)
+                if config.workload == RECURRING:
+                    check_recurring_shares(label, len(records), prompt_limit(config))
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -78,6 +87,7 @@ def loadtest(config: LoadtestConfig) -> int:
         if sampler is not None else {}
     summary = {"argv": list(config.argv), "out": str(out_dir),
                "runs": {d: loadstats.to_json(levels, slo)["levels"] for d, levels in runs.items()},
+               "ratios": loadreport.tokens_per_s_ratios(runs),
                "slo": loadstats.to_json([], slo)["slo"], "locust_status": statuses,
                "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()}}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -154,6 +164,28 @@ def _labelled(item: str, drafters: list[str]) -> tuple[str, str, list[str]]:
     return label, flags, own_drafters
 
 
+def learning_servers(servers: dict[str, tuple[str, list[str]]]) -> dict[str, tuple[str, list[str]]]:
+    """Each server twice, its store learning finished outputs off and then on (LEARN_FLAG), labelled
+    learn-off / learn-on (LABEL-learn-off / LABEL-learn-on for a labelled server)."""
+    return {"-".join(filter(None, (label, name))): (f"{flags} {LEARN_FLAG} {value}".strip(), drafters)
+            for label, (flags, drafters) in servers.items() for name, value in LEARNING}
+
+
+def prompt_limit(config: LoadtestConfig) -> int:
+    """--prompt-limit, or its default: prompts per suite, or the recurring sequence's requests."""
+    return config.prompt_limit or (RECURRING_SIZE if config.workload == RECURRING else SUITE_PROMPTS)
+
+
+def check_recurring_shares(label: str, requests: int, sequence: int) -> None:
+    """Say when a run's requests do not keep the recurring sequence's shares: the users take its
+    requests in a shuffled order (deploy/locust/locustfile.py), so a run that makes far fewer
+    requests sees few recur, and one that makes more repeats the sequence from its start."""
+    if requests > sequence or 2 * requests < sequence:
+        print(f"specpipe loadtest: {label or 'the run'} made {requests} requests of a recurring sequence of "
+              f"{sequence}, taken in a shuffled order: the shares of repeats, templates and unique prompts hold for "
+              "about as many requests as the sequence has (--prompt-limit)", file=sys.stderr, flush=True)
+
+
 def check_drafters(drafters: list[str], given: str) -> None:
     if not drafters or set(drafters) - {SERVER_DEFAULT, *DRAFTER_KINDS}:
         raise InvalidArgument(f"--drafter takes {', '.join((SERVER_DEFAULT, *DRAFTER_KINDS))}, comma-separated; "
@@ -180,7 +212,8 @@ def client_flags(config: LoadtestConfig, up_args: str, up_dir: Path) -> tuple[st
 
 
 def workload_flags(config: LoadtestConfig, drafter: str) -> tuple[str, ...]:
-    flags = ["--api", config.api, "--suite", config.suite, "--prompt-limit", str(config.prompt_limit),
+    suite = RECURRING if config.workload == RECURRING else config.suite  # the locustfile loads it as a suite
+    flags = ["--api", config.api, "--suite", suite, "--prompt-limit", str(prompt_limit(config)),
              "--max-new-tokens", str(config.max_new_tokens), "--deadline-s", f"{config.deadline_s:g}",
              "--temperature", f"{config.temperature:g}", "--top-p", f"{config.top_p:g}",
              "--seed", str(config.seed), "--draft-len", str(config.draft_len), "--width", str(config.width)]
@@ -192,10 +225,10 @@ def workload_flags(config: LoadtestConfig, drafter: str) -> tuple[str, ...]:
 
 
 def print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
-    from specpipe.bench.loadreport import run_label
-
     for label, levels in runs.items():
-        print(f"\n{run_label(label)}\n{loadstats.markdown_table(levels, slo)}")
+        print(f"\n{loadreport.run_label(label)}\n{loadstats.markdown_table(levels, slo)}")
+    if len(runs) > 1:
+        print(f"\nthe runs side by side\n{loadreport.comparison_table(runs)}")
     if memory:
         print("\n| service | RSS first third (MB) | last third (MB) | growth (MB) | peak (MB) | slope (MB/min) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -206,12 +239,11 @@ def print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
 
 
 def write_report(config: LoadtestConfig, runs: dict) -> None:
-    from specpipe.bench import loadreport
-
     path = Path(config.report)
     images = loadreport.plot(runs, path.parent / "load", path.stem)
     meta = {"preset": "(--addr)" if config.addr else config.preset, "up args": " / ".join(config.up_args or ["-"]),
-            "shape": config.shape, "levels": config.levels, "hold s": f"{config.hold_s:g}", "suite": config.suite,
+            "shape": config.shape, "levels": config.levels, "hold s": f"{config.hold_s:g}",
+            "suite": f"{RECURRING} ({prompt_limit(config)} requests)" if config.workload == RECURRING else config.suite,
             "max new tokens": config.max_new_tokens, "temperature": f"{config.temperature:g}",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
     command = "specpipe loadtest " + shlex.join(config.argv)
@@ -220,7 +252,6 @@ def write_report(config: LoadtestConfig, runs: dict) -> None:
 
 
 def check_report(path: Path) -> None:
-    from specpipe.bench import loadreport
     from specpipe.bench.report import markers
 
     begin, end = markers(loadreport.SECTION)

@@ -51,6 +51,7 @@ class MethodSpec:
     adaptive: str           # "on" | "off"
     hop_delay_ms: float = 0.0
     compiled: bool = False
+    learn_global: bool = False  # the method's n-gram store learns each finished output (drafts for later prompts)
 
     def speculation(self) -> SpeculationOptions:
         return SpeculationOptions(self.drafter, self.draft_len, self.width, self.schedule, self.predictor,
@@ -65,7 +66,8 @@ class MethodSpec:
         if self.schedule == "branch":
             m = "all" if self.hypotheses == ALL_HYPOTHESES else self.hypotheses
             name += f" {self.predictor} M{bound}{m}"
-        return name + (f" hop {self.hop_delay_ms:g} ms" if self.hop_delay_ms else "")
+        return name + (f" hop {self.hop_delay_ms:g} ms" if self.hop_delay_ms else "") + (
+            " learning" if self.learn_global else "")
 
     def setting(self) -> MethodSpec:
         """The method with its draft length and adaptive control left out (what a sweep varies)."""

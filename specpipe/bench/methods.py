@@ -1,4 +1,5 @@
-"""`specpipe bench` methods: what --methods, --drafters, --sweep and --baselines name."""
+"""`specpipe bench` methods: what --methods, --drafters, --sweep and --baselines name, and the
+recurring suite's learning on and off."""
 
 from __future__ import annotations
 
@@ -6,9 +7,19 @@ from dataclasses import dataclass, replace
 
 from specpipe.app.wiring import forward_mode
 from specpipe.bench.measure import MethodSpec
+from specpipe.bench.prompts import RECURRING
 from specpipe.config.bench import BenchConfig
+from specpipe.config.services import OrchestratorConfig
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.types import ADAPTIVE_DRAFT_LEN, DRAFTER_KINDS, FIXED_DRAFT_LEN, PREDICTORS, SCHEDULES
+
+STORE_DRAFTERS = ("ngram", "hybrid")  # the drafters that read the n-gram store, and so what it learned
+LEARNING = {"learn": True, "no-learn": False}  # +learn / +no-learn: the store learns finished outputs, or not
+
+
+def default_learning() -> bool:
+    """Whether a server's store learns finished outputs unless told (the orchestrator's default)."""
+    return OrchestratorConfig.learn_global
 
 
 @dataclass(frozen=True)
@@ -19,15 +30,18 @@ class Method:
     hop_delay_ms: float = 0.0
     draft_len: int | None = None  # None: --draft-len
     adaptive: str | None = None   # None: --adaptive
+    learn: bool | None = None     # None: default_learning()
 
     def resolve(self, config: BenchConfig) -> MethodSpec:
-        """The concrete settings: what the method leaves out comes from the flags."""
+        """The concrete settings: what the method leaves out comes from the flags (learning: from the
+        orchestrator's default; a drafter that does not read the store learns nothing)."""
         spec = config.speculation
         adaptive = self.adaptive or ("off" if self.draft_len else spec.adaptive)  # /K alone: a fixed K
         draft_len = self.draft_len or config.draft_len or (ADAPTIVE_DRAFT_LEN if adaptive == "on" else FIXED_DRAFT_LEN)
+        learn = default_learning() if self.learn is None else self.learn
         return MethodSpec(self.drafter, self.schedule, self.predictor, draft_len, spec.width,
                           spec.hypotheses, adaptive, self.hop_delay_ms,
-                          forward_mode(config.model) != "eager")
+                          forward_mode(config.model) != "eager", learn and self.drafter in STORE_DRAFTERS)
 
 
 def parse_methods(config: BenchConfig) -> list[Method]:
@@ -40,7 +54,24 @@ def parse_methods(config: BenchConfig) -> list[Method]:
         methods = [parse_method(item, config) for item in config.methods.split(",")]
     if config.transport == "embedded" and any(m.hop_delay_ms for m in methods):
         raise InvalidArgument("a hop delay delays gRPC calls: use it with --transport grpc")
-    return sweep(methods, parse_sweep(config.sweep)) if config.sweep else methods
+    methods = sweep(methods, parse_sweep(config.sweep)) if config.sweep else methods
+    return learning_on_and_off(methods) if recurring(config) else methods
+
+
+def recurring(config: BenchConfig) -> bool:
+    """Whether the run is of the recurring suite (specpipe.bench.recurring): its prompts' categories
+    are their kinds."""
+    return config.suite == RECURRING and not config.prompts
+
+
+def learning_on_and_off(methods: list[Method]) -> list[Method]:
+    """The recurring suite's methods: the verifier alone first, then each method that drafts from the
+    store and does not name +learn or +no-learn with learning on and with learning off."""
+    out = [] if any(m.drafter == "none" for m in methods) else [Method("none", "sequential", methods[0].predictor)]
+    for method in methods:
+        paired = method.drafter in STORE_DRAFTERS and method.learn is None
+        out += [replace(method, learn=True), replace(method, learn=False)] if paired else [method]
+    return out
 
 
 def parse_sweep(value: str) -> list[int]:
@@ -66,17 +97,20 @@ def sweep(methods: list[Method], ks: list[int]) -> list[Method]:
     return out
 
 
-METHOD_SYNTAX = "DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]"
+METHOD_SYNTAX = "DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][+learn|+no-learn][@HOP_MS]"
 
 
 def parse_method(item: str, config: BenchConfig) -> Method:
-    """DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS]: K is the draft length (adaptive: its
-    cap); what is left out comes from the flags."""
+    """DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][+learn|+no-learn][@HOP_MS]: K is the draft
+    length (adaptive: its cap); +learn / +no-learn: the store learns finished outputs or not; what is
+    left out comes from the flags."""
     spec, _, hop = item.partition("@")
-    spec, plus, adaptive = spec.partition("+")
+    spec, *plus = spec.split("+")
     spec, slash, k = spec.partition("/")
     parts = spec.split(":")
-    if len(parts) > 3 or (plus and adaptive != "adaptive") or (slash and not (k.isdigit() and int(k) >= 1)):
+    learn = [LEARNING[p] for p in plus if p in LEARNING]
+    if (len(parts) > 3 or len(set(plus)) < len(plus) or len(learn) > 1 or set(plus) - {"adaptive", *LEARNING}
+            or (slash and not (k.isdigit() and int(k) >= 1))):
         raise InvalidArgument(f"bad method {item!r}: expected {METHOD_SYNTAX}")
     drafter, schedule, predictor = parts + [config.speculation.schedule, config.speculation.predictor][len(parts) - 1:]
     check_kinds([drafter])
@@ -88,7 +122,7 @@ def parse_method(item: str, config: BenchConfig) -> Method:
     except ValueError:
         raise InvalidArgument(f"bad method {item!r}: @HOP_MS must be a number of milliseconds") from None
     return Method(drafter, schedule, predictor, hop_ms, draft_len=int(k) if slash else None,
-                  adaptive="on" if plus else None)
+                  adaptive="on" if "adaptive" in plus else None, learn=learn[0] if learn else None)
 
 
 def check_kinds(kinds: list[str]) -> list[str]:

@@ -20,7 +20,7 @@ ROLES = ("system", "user", "assistant")
 class Prompt:
     id: str
     messages: Messages
-    category: str | None = None  # MT-Bench's category (writing, coding, ...); None elsewhere
+    category: str | None = None  # MT-Bench's category (writing, coding, ...); the recurring suite's kind; else None
     followup: str | None = None  # MT-Bench's second turn, asked after the model's answer to the first
 
 
@@ -59,7 +59,11 @@ def round_robin(prompts: list[Prompt]) -> list[Prompt]:
     by_category: dict[str | None, list[Prompt]] = {}
     for prompt in prompts:
         by_category.setdefault(prompt.category, []).append(prompt)
-    queues = list(by_category.values())
+    return interleave(list(by_category.values()))
+
+
+def interleave(queues: list[list[Prompt]]) -> list[Prompt]:
+    """The first prompt of each queue, then the second of each, and so on."""
     return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
 
 
@@ -127,6 +131,20 @@ def noise_prompts(count: int = RANDOM_SUITE_SIZE, seed: int = 0) -> list[Prompt]
     return [Prompt(id=f"noise/{i}", messages=(("user", asks[i % len(asks)]()),)) for i in range(count)]
 
 
+RECURRING = "recurring"  # the suite of specpipe.bench.recurring
+RECURRING_BASE = ("humaneval", "mtbench", "gsm8k")  # code, chat and math, in turn
+RECURRING_SIZE = 100
+
+
+def recurring_prompts(limit: int | None = None, progress: bool = False) -> list[Prompt]:
+    """The `recurring` suite: `limit` requests (default RECURRING_SIZE) of the recurring workload
+    (specpipe.bench.recurring, seed 0) over the RECURRING_BASE suites."""
+    from specpipe.bench.recurring import recurring_requests
+
+    return recurring_requests(interleave([load_suite(name, progress=progress) for name in RECURRING_BASE]),
+                              limit or RECURRING_SIZE)
+
+
 def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line) of a JSONL file, gzip-compressed or not, skipping blank lines."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -138,14 +156,17 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 def load_suite(name: str, limit: int | None = None, progress: bool = False) -> list[Prompt]:
     """The suite's prompts in file order (MT-Bench: a category at a time in turn; random and noise:
-    made in code), the first `limit` of them if given."""
+    made in code; recurring: a sequence of `limit` requests over the packaged suites), the first
+    `limit` of them if given."""
     from specpipe.engine import packaged
 
     made = {"random": random_words_prompts, "noise": noise_prompts}
-    if name not in SUITES and name not in made:
-        raise InvalidArgument(f"unknown prompt suite {name!r}; choose from {', '.join([*SUITES, *made])}")
+    if name not in SUITES and name not in made and name != RECURRING:
+        raise InvalidArgument(f"unknown prompt suite {name!r}; choose from {', '.join([*SUITES, *made, RECURRING])}")
     if limit is not None and limit < 1:
         raise InvalidArgument(f"limit must be at least 1, got {limit}")
+    if name == RECURRING:
+        return recurring_prompts(limit, progress)
     if name in made:
         return made[name]()[:limit]
     suite = SUITES[name]

@@ -10,7 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+from specpipe.bench import recurring_report
 from specpipe.bench.measure import BASELINE, MethodSpec, MethodSummary, PromptRun
+from specpipe.bench.prompts import RECURRING
 from specpipe.core.types import SpeculationOptions
 
 
@@ -121,8 +123,12 @@ def is_default(spec: MethodSpec | None) -> bool:
 
 
 def headline(summaries: list[MethodSummary]) -> tuple[MethodSummary | None, str]:
-    """The summary row's method and its label: the default configuration, else the fastest (labelled)."""
-    default = next((s for s in summaries if is_default(s.spec)), None)
+    """The summary row's method and its label: the default configuration (where a run has it with
+    learning on and off, the one with the default learning), else the fastest (labelled)."""
+    from specpipe.bench.methods import default_learning
+
+    defaults = [s for s in summaries if is_default(s.spec)]
+    default = next((s for s in defaults if s.spec.learn_global == default_learning()), next(iter(defaults), None))
     if default is not None:
         return default, "default configuration"
     best = best_specpipe(summaries)
@@ -282,8 +288,10 @@ def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
         swept = sweep_table(summaries)
         if swept:
             lines += ["", swept]
-        by_category = category_table(summaries, metas[suite].get("categories", {}))
-        if by_category:
+        categories = metas[suite].get("categories", {})
+        if metas[suite].get("suite") == RECURRING:  # its categories are the requests' kinds
+            lines += ["", recurring_report.markdown(summaries, categories)]
+        elif by_category := category_table(summaries, categories):
             lines += ["", by_category]
     return "\n".join(lines)
 

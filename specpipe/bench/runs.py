@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, replace
 
 from specpipe.app.wiring import drafter_forward, forward_mode
-from specpipe.bench.methods import Method
+from specpipe.bench.methods import STORE_DRAFTERS, Method
 from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
 
@@ -175,16 +175,19 @@ def grpc_baseline_models(config: BenchConfig, baselines: list[str]) -> BaselineM
     return BaselineModels(eager, verifier, drafter)
 
 
-def own_generator(generator, kind: str):
+def own_generator(generator, kind: str, learn_global: bool):
     """A method's own generator over the generator's models, so that no method learns from another's
     runs: fresh adaptive estimates and branch predictor calibration, and for the drafters of kind
-    that read one, a new, empty in-memory n-gram store."""
+    that read one, a new, empty in-memory n-gram store, shared by the method's prompts, which learns
+    each finished output if learn_global."""
     from cache_service.memory import InMemoryNgramCache
     from orchestrator.generator import Generator
     from specpipe.app.wiring import build_drafters
 
-    if kind not in ("ngram", "hybrid"):
-        return Generator(generator.tokenizer, generator.verifier, generator.drafters, generator.defaults, generator.cache)
+    if kind not in STORE_DRAFTERS:
+        return Generator(generator.tokenizer, generator.verifier, generator.drafters, generator.defaults,
+                         generator.cache, learn_global=False)
     store = InMemoryNgramCache()
     drafters = build_drafters((kind,), store, generator.drafters.get("model"), generator.info)
-    return Generator(generator.tokenizer, generator.verifier, drafters, generator.defaults, store)
+    return Generator(generator.tokenizer, generator.verifier, drafters, generator.defaults, store,
+                     learn_global=learn_global)

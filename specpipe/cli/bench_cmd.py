@@ -6,7 +6,7 @@ import argparse
 
 from specpipe.cli import options
 
-SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise")
+SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise", "recurring")
 
 
 def register(subparsers) -> None:
@@ -22,12 +22,16 @@ def register(subparsers) -> None:
                         help="prompt suite; random: made-up words to continue (the models copy them, so drafts "
                         "are good); noise: random base64, random passwords and poems of random words in mixed "
                         "scripts (poor drafts with --preset smollm2; qwen-coder copies and repeats, so its drafts "
-                        "still land) (default: %(default)s)")
+                        "still land); recurring: requests from HumanEval, MT-Bench and GSM8K that recur, in order "
+                        "(30%% repeat an earlier request, 40%% an earlier one's template with other numbers, names or "
+                        "identifiers, 30%% unique), each drafting method run with its store learning finished outputs "
+                        "and not, beside the verifier alone, reported by kind (default: %(default)s)")
     parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                         help="your own prompts instead of --suite: one JSON object a line, {\"prompt\": ...} or "
                         "{\"messages\": [{\"role\", \"content\"}, ...]}, optional \"id\"")
     parser.add_argument("--limit", type=int, default=10,
-                        help="prompts from the suite; MT-Bench takes its categories in turn (default: %(default)s)")
+                        help="prompts from the suite; MT-Bench takes its categories in turn; recurring: requests in "
+                        "the sequence (default: %(default)s)")
     parser.add_argument("--turns", type=int, choices=(1, 2), default=1,
                         help="2: also the second turn of each MT-Bench prompt, asked after the verifier's own "
                         "greedy answer to the first (default: %(default)s)")
@@ -37,8 +41,10 @@ def register(subparsers) -> None:
                         help="comma-separated drafters to compare in this run, e.g. model,ngram,hybrid, each with "
                         "--schedule / --predictor (default: the one --drafter names)")
     parser.add_argument("--methods", default=None, metavar="LIST",
-                        help="comma-separated methods, each DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][@HOP_MS] "
-                        "(K: draft length, or with +adaptive its cap), e.g. model:sequential,model:branch,"
+                        help="comma-separated methods, each DRAFTER[:SCHEDULE[:PREDICTOR]][/K][+adaptive][+learn|"
+                        "+no-learn][@HOP_MS] (K: draft length, or with +adaptive its cap; +learn / +no-learn: the "
+                        "method's n-gram store learns each finished output or not; default: the orchestrator's "
+                        "default, and with --suite recurring both), e.g. model:sequential,model:branch,"
                         "model:branch:paper,hybrid:branch/8+adaptive,model:branch@2 (@HOP_MS needs --transport "
                         "grpc); overrides --drafters")
     parser.add_argument("--transport", choices=("embedded", "grpc"), default="embedded",

@@ -2,8 +2,9 @@
 table per user level: aggregate tokens/s, p50/p99 TTFT and inter-token latency, goodput under
 --slo, errors by gRPC status. Targets --addr, or a `specpipe up` it starts and stops itself. With
 several --drafter values it runs the shape once per value against the same services (speculation
-off against on); --report writes the comparison into a Markdown file with plots; --memory-every
-samples the services' resident memory (a soak).
+off against on); with --workload recurring, recurring requests against a server whose store
+learns finished outputs and one whose does not; --report writes the comparison into a Markdown
+file with plots; --memory-every samples the services' resident memory (a soak).
 
 What it runs: specpipe.bench.loadtest, over the flags' specpipe.config.bench.LoadtestConfig."""
 
@@ -13,7 +14,8 @@ import argparse
 
 from specpipe.bench import loadstats
 from specpipe.bench.loadshapes import SHAPES, parse_levels
-from specpipe.bench.loadtest import SERVER_DEFAULT, SUITES
+from specpipe.bench.loadtest import LEARN_FLAG, SERVER_DEFAULT, SUITE_PROMPTS, SUITES, WORKLOADS
+from specpipe.bench.prompts import RECURRING_SIZE
 from specpipe.cli import security_args
 from specpipe.config.env import environment
 from specpipe.config.presets import PRESETS
@@ -46,8 +48,16 @@ def register(subparsers) -> None:
     load.add_argument("--users", type=int, default=4, help="constant: users (default: %(default)s)")
     load.add_argument("--run-time", type=float, default=60.0, metavar="S", help="constant: seconds (default: %(default)s)")
     work = parser.add_argument_group("requests (flags of deploy/locust/locustfile.py)")
+    work.add_argument("--workload", default="suite", choices=WORKLOADS,
+                      help="suite: the --suite prompts in turn; recurring: a sequence from HumanEval, MT-Bench and "
+                      "GSM8K where about 30%% of the requests repeat an earlier one, 40%% take an earlier one's "
+                      "template with other values and 30%% are unique, and without --addr every server twice, its "
+                      f"n-gram store learning finished outputs off and on ({LEARN_FLAG} off / on), compared "
+                      "(default: %(default)s)")
     work.add_argument("--suite", default="mix", choices=SUITES, help="mix: code, chat and math in turn (default: %(default)s)")
-    work.add_argument("--prompt-limit", type=int, default=20, help="prompts per suite (default: %(default)s)")
+    work.add_argument("--prompt-limit", type=int, default=None,
+                      help=f"prompts per suite (default: {SUITE_PROMPTS}); with --workload recurring, requests in the "
+                      f"sequence (default: {RECURRING_SIZE}; after them it starts again)")
     work.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or 64,
                       help="(default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
     work.add_argument("--deadline-s", type=float, default=120.0, help="client deadline per call (default: %(default)s)")

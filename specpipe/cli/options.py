@@ -13,6 +13,7 @@ from specpipe.core.types import (
     ADAPTIVE,
     ALL_HYPOTHESES,
     DRAFTER_KINDS,
+    FREE_DRAFT_FACTOR,
     PREDICTORS,
     SCHEDULES,
     SERVED_DRAFTER,
@@ -77,8 +78,9 @@ def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = 
                        "(a cache service); all but memory are shared by every replica (default: %(default)s; "
                        "env SPECPIPE_CACHE)")
     group.add_argument("--draft-len", type=int, default=None, metavar="K",
-                       help=f"draft depth per round; with adaptive control its cap. Given without --adaptive it "
-                       f"fixes the draft depth (adaptive off) (default: {DEFAULT.draft_len}, adaptive)")
+                       help=f"draft depth per round; with adaptive control its cap ({FREE_DRAFT_FACTOR}x that for "
+                       "the n-gram drafter, whose drafts cost nothing: the evidence decides what is verified). Given "
+                       f"without --adaptive it fixes the draft depth (adaptive off) (default: {DEFAULT.draft_len}, adaptive)")
     group.add_argument("--width", type=int, default=DEFAULT.width,
                        help="tree width at the first draft levels; 1 = chain. With adaptive control the widest "
                        "tree: each round keeps only the alternatives whose expected acceptance pays for verifying "

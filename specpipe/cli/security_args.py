@@ -1,6 +1,6 @@
 """Flags of the hardening settings (docs/security.md): input caps, one flag per specpipe.config.limits.Limits
 field (--limit-prompt-tokens for max_prompt_tokens, ...), the session TTL of the verifier and the
-drafter, the global table's learning, and TLS / mTLS, reflection and the bearer token."""
+drafter, the learned store's learning, and TLS / mTLS, reflection and the bearer token."""
 
 from __future__ import annotations
 
@@ -47,10 +47,11 @@ def add_session_ttl_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_learn_global_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--learn-global", default="off", choices=("off", "on"),
-                        help="on: finished outputs feed their tenant's global n-gram table; off: it holds "
-                        "`specpipe cache seed` corpora only, so no output ever drafts for another request "
-                        "(default: %(default)s; docs/security.md)")
+    parser.add_argument("--learn-global", default="on", choices=("off", "on"),
+                        help="on: finished outputs feed their tenant's learned store, which drafts for the "
+                        "tenant's later requests (one tenant is one trust domain); off: it holds `specpipe "
+                        "cache seed` corpora only, so no output ever drafts for another request: for endpoints "
+                        "whose users must not learn about each other (default: %(default)s; docs/security.md)")
 
 
 TLS_HELP = {  # flag -> (server side, client side): what the file is to a service, and to a client of the public API

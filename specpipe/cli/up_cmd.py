@@ -13,7 +13,7 @@ import shlex
 import tempfile
 
 from specpipe.app.topology import METRICS_OFFSET, run_up
-from specpipe.cli import options
+from specpipe.cli import options, security_args
 from specpipe.config.env import environment
 from specpipe.config.presets import DEFAULT_PRESET, PRESETS
 from specpipe.config.services import UpConfig, model_config, speculation
@@ -54,6 +54,7 @@ def register(subparsers) -> None:
                         '"--max-batch-tokens 1024 --gather-grace 0"')
     options.add_speculation_args(parser, drafter=SERVED_DRAFTER)
     options.add_hop_delay_arg(parser)
+    security_args.add_learn_global_arg(parser)
     parser.set_defaults(func=run)
 
 
@@ -69,7 +70,8 @@ def _up(args: argparse.Namespace) -> int:
         threads_per_service=args.threads_per_service,
         pin=args.pin, startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")), log_level=args.log_level,
-        speculation=options.speculation_flags(speculation(vars(args))) + ("--hop-delay-ms", str(args.hop_delay_ms)),
+        speculation=options.speculation_flags(speculation(vars(args))) + ("--hop-delay-ms", str(args.hop_delay_ms),
+                                                                          "--learn-global", args.learn_global),
         cache=args.cache, verifiers=args.verifiers, drafters=args.drafters, drain_timeout_s=args.drain_timeout,
         tls=args.tls, verifier_flags=tuple(shlex.split(args.verifier_flags)),
     )

@@ -69,8 +69,9 @@ class LoadtestConfig:
     hold_s: float = 30.0
     users: int = 4
     run_time: float = 60.0
+    workload: str = "suite"               # suite: the --suite prompts; recurring: specpipe.bench.recurring
     suite: str = "mix"
-    prompt_limit: int = 20
+    prompt_limit: int | None = None       # prompts per suite, or the recurring sequence's requests (None: the default)
     max_new_tokens: int = 64
     deadline_s: float = 120.0
     temperature: float = 0.0

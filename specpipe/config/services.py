@@ -141,7 +141,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SeedConfig:
-    """`specpipe cache seed`: text files into a shared store's global (corpus) table, tokenized with
+    """`specpipe cache seed`: text files into a shared store's learned store (a corpus), tokenized with
     the verifier's tokenizer (specpipe.app.seed)."""
 
     files: tuple[str, ...] = ()
@@ -167,7 +167,7 @@ class OrchestratorConfig:
     connect_timeout_s: float = 600.0
     hop_delay_ms: float = 0.0
     limits: Limits = DEFAULT_LIMITS
-    learn_global: bool = False
+    learn_global: bool = True  # finished outputs feed their tenant's learned store (docs/security.md)
     tls: TlsFiles | None = None
     max_sessions: int = 64
     max_queue: int = 64
@@ -303,7 +303,7 @@ def orchestrator_config(values: Mapping[str, Any], drafter_service: bool = False
         model=model_config(values), speculation=speculation(values, drafter_service),
         cache=values.get("cache") or "memory", rpc_timeout_s=rpc_timeout or None,
         connect_timeout_s=values.get("connect_timeout") or 600.0, hop_delay_ms=values.get("hop_delay_ms") or 0.0,
-        limits=limits_config(values), learn_global=values.get("learn_global") in ("on", True),
+        limits=limits_config(values), learn_global=values.get("learn_global", True) in ("on", True),
         tls=tls_files(values), max_sessions=values.get("max_sessions") or 64, max_queue=values.get("max_queue") or 64)
 
 

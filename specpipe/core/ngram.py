@@ -8,12 +8,14 @@ an LRU queue per prefix (Self-Draft, "context cache"). Lookup follows ANPD Algor
 N-gram): try the longest suffix (n = max_n) first and fall back to shorter ones; chain K steps as in
 ANPD Algorithm 1 (each step queries the context plus the tokens drafted so far).
 
-Three sources, looked up in this order: the session's context (its prompt and confirmed tokens,
-searched where the drafter has it: context_lookup, as vLLM's n-gram proposer does, so the store
-needs no update per round), then the store's tables (TABLES): the session's verifier table (the
-verifier's argmax after draft nodes it did not accept: n-grams the verifier would have continued
-with, the Self-Draft idea at zero extra forward passes; verifier_branches) and the global (corpus)
-table shared by all sessions, bounded in prefixes (max_global_prefixes).
+Three sources: the session's context (its prompt and confirmed tokens, searched where the drafter
+has it: context_lookup, as vLLM's n-gram proposer does, so the store needs no update per round), the
+session's verifier table in the store (the verifier's argmax after draft nodes it did not accept:
+n-grams the verifier would have continued with, the Self-Draft idea at zero extra forward passes;
+verifier_branches), and the tenant's learned store of finished outputs (global: specpipe.core.learned).
+Every node carries a confidence from its evidence (the match's length, the continuation's share:
+learned.evidence), and a lookup takes the source whose draft is expected to land the most tokens
+(better), not a fixed order.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from specpipe.core.errors import InvalidArgument
+from specpipe.core.learned import MATCH_TOKENS, LearnedConfig, LearnedDraft, evidence
 from specpipe.core.trees import attach, first_path_nodes
 from specpipe.core.types import ROOT, Draft
 
@@ -31,7 +34,7 @@ Prefix = tuple[int, ...]
 Table = dict[Prefix, list[int]]  # prefix [n-1] -> continuations, most recent first
 
 MAX_TOKEN_ID = 2**31 - 1  # token ids are int32 on the wire (protos/specpipe/v1)
-SUFFIX_TOKENS = 16  # context tokens callers send with a lookup or before an update; stores keep their own N-1 (N <= 17)
+SUFFIX_TOKENS = MATCH_TOKENS  # context tokens callers send with a lookup or before an update
 
 
 @dataclass(frozen=True)
@@ -40,26 +43,65 @@ class NgramConfig:
     max_continuations: int = 4    # LRU bound per prefix (Self-Draft)
     session_ttl_s: float = 3600.0  # a session's tables expire this long after its last update
     max_draft_len: int = 64       # lookups clip k to this (a repeating context would chain forever)
-    use_global: bool = True       # lookups fall back to the global (corpus) table
-    max_global_prefixes: int = 1 << 20  # the global table stops adding prefixes at this many (known ones still learn)
+    use_global: bool = True       # lookups also draft from the tenant's learned store
+    learned: LearnedConfig = LearnedConfig()  # the learned store (specpipe.core.learned)
 
     def __post_init__(self):
-        if (self.max_n < 2 or self.max_continuations < 1 or self.session_ttl_s <= 0 or self.max_draft_len < 0
-                or self.max_global_prefixes < 1):
+        if self.max_n < 2 or self.max_continuations < 1 or self.session_ttl_s <= 0 or self.max_draft_len < 0:
             raise ValueError(f"bad NgramConfig: {self}")
 
 
-TABLES = ("verifier", "global")  # the store's tables, in lookup priority; names are draft sources (DRAFT_SOURCES)
+TABLES = ("verifier", "global")  # the store's sources (DRAFT_SOURCES): a session's verifier table, the learned store
 
 
 @dataclass(frozen=True)
 class NgramDraft:
     draft: Draft                # deterministic (q = None)
-    levels: tuple[int, ...]     # [num_nodes] the n of the n-gram that produced each node
-    sources: tuple[str, ...]    # [num_nodes] the table (TABLES) that produced each node
+    levels: tuple[int, ...]     # [num_nodes] the n of the n-gram that produced each node (a match of n-1 tokens)
+    sources: tuple[str, ...]    # [num_nodes] the source (DRAFT_SOURCES) that produced each node
+    confidence: tuple[float, ...] = ()  # [num_nodes] prior acceptance from the evidence (learned.evidence)
+
+    def as_draft(self) -> Draft:
+        """The Draft with its sources and confidences (no runner-up: a deterministic draft)."""
+        n = len(self.draft)
+        return Draft(self.draft.tokens, self.draft.parents, sources=self.sources, confidence=self.confidence,
+                     runner_up=(-1,) * n, runner_up_confidence=(0.0,) * n)
 
 
-EMPTY_NGRAM_DRAFT = NgramDraft(Draft(), (), ())
+EMPTY_NGRAM_DRAFT = NgramDraft(Draft(), (), (), ())
+
+
+def learned_draft(found: LearnedDraft) -> NgramDraft:
+    """A learned store's draft as the store's lookups return it (source global, level match + 1)."""
+    n = len(found.draft)
+    return NgramDraft(found.draft, (found.match + 1,) * n, ("global",) * n, found.confidence)
+
+
+def ngram_confidence(parents: Sequence[int], levels: Sequence[int]) -> tuple[float, ...]:
+    """The confidence of n-gram table nodes: evidence(n - 1, share), the share of a node being 1/(rank + 1)
+    among its siblings (a table keeps continuations most recent first, without counts)."""
+    ranks: dict[int, int] = {}
+    confidence = []
+    for parent, level in zip(parents, levels):
+        rank = ranks.get(parent, 0)
+        ranks[parent] = rank + 1
+        confidence.append(evidence(level - 1, 1.0 / (rank + 1)))
+    return tuple(confidence)
+
+
+def expected_tokens(found: NgramDraft) -> float:
+    """Tokens a draft is expected to land by its confidences: the sum over its main chain of the
+    product of the confidences up to each node."""
+    total, product = 0.0, 1.0
+    for node in first_path_nodes(found.draft):
+        product *= found.confidence[node]
+        total += product
+    return total
+
+
+def better(first: NgramDraft, second: NgramDraft) -> NgramDraft:
+    """The draft expected to land more tokens; first on a tie."""
+    return second if expected_tokens(second) > expected_tokens(first) else first
 
 
 def ngram_updates(tokens: Sequence[int], start: int, max_n: int) -> list[tuple[Prefix, int]]:
@@ -84,23 +126,16 @@ def record(table: Table, prefix: Prefix, next_token: int, max_continuations: int
     del continuations[max_continuations:]
 
 
-def record_all(table: Table, updates: Sequence[tuple[Prefix, int]], max_continuations: int,
-               max_prefixes: int | None = None) -> int:
-    """record() every (prefix, next) pair; a prefix new to a table that already holds max_prefixes
-    prefixes is skipped (None = unbounded). Returns the number of pairs recorded."""
-    recorded = 0
+def record_all(table: Table, updates: Sequence[tuple[Prefix, int]], max_continuations: int) -> int:
+    """record() every (prefix, next) pair; returns the number of pairs recorded."""
     for prefix, next_token in updates:
-        if max_prefixes is not None and prefix not in table and len(table) >= max_prefixes:
-            continue
         record(table, prefix, next_token, max_continuations)
-        recorded += 1
-    return recorded
+    return len(updates)
 
 
-def apply_updates(table: Table, tokens: Sequence[int], start: int, config: NgramConfig,
-                  max_prefixes: int | None = None) -> int:
+def apply_updates(table: Table, tokens: Sequence[int], start: int, config: NgramConfig) -> int:
     """Record tokens[start:] in table; returns the number of (prefix, next) pairs recorded."""
-    return record_all(table, ngram_updates(tokens, start, config.max_n), config.max_continuations, max_prefixes)
+    return record_all(table, ngram_updates(tokens, start, config.max_n), config.max_continuations)
 
 
 def branch_updates(branches: Sequence[Sequence[int]], max_n: int) -> list[tuple[Prefix, int]]:
@@ -134,8 +169,7 @@ def verifier_branches(context_tail: Sequence[int], draft: Draft, accepted_nodes:
 
 def longest_match(tables: Sequence[Table], suffix: Sequence[int], max_n: int) -> tuple[list[int], int, int] | None:
     """(continuations, n, table index) of the first hit: tables in order, and within a table n = max_n
-    down to 2 (ANPD Algorithm 2). So a session's own 2-gram beats a global 5-gram: context drafts are
-    worth more than corpus drafts (Self-Draft ablation)."""
+    down to 2 (ANPD Algorithm 2)."""
     for index, table in enumerate(tables):
         for n in range(min(max_n, len(suffix) + 1), 1, -1):
             continuations = table.get(tuple(suffix[len(suffix) - (n - 1):]))
@@ -151,8 +185,7 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
     prefix as leaves. Node layout as drafter_service/model_drafter.py: each chain node is followed by
     its sibling alternatives; parents[i] < i, ROOT = the last context token.
 
-    tables: in the order of sources (default TABLES: verifier, global); pass an empty table for a
-    missing one so that the positions, hence the sources, stay right."""
+    tables: in the order of sources_of (the store has one: the session's verifier table)."""
     if len(tables) > len(sources_of):
         raise ValueError(f"at most {len(sources_of)} tables ({', '.join(sources_of)}), got {len(tables)}")
     suffix = list(context[max(0, len(context) - (max_n - 1)):])
@@ -176,7 +209,8 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
             if position == 0:
                 parent = len(tokens) - 1
         suffix = (suffix + [branch[0]])[-(max_n - 1):]
-    return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(sources))
+    return NgramDraft(Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(sources),
+                      ngram_confidence(parents, levels))
 
 
 def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
@@ -220,15 +254,16 @@ def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, m
             if position == 0:
                 parent = len(draft) - 1
         suffix = (suffix + [continuations[0]])[-(max_n - 1):]
-    return NgramDraft(Draft(tuple(t for t, _, _ in draft), tuple(p for _, p, _ in draft)),
-                      tuple(n for _, _, n in draft), ("context",) * len(draft))
+    parents, levels = tuple(p for _, p, _ in draft), tuple(n for _, _, n in draft)
+    return NgramDraft(Draft(tuple(t for t, _, _ in draft), parents), levels, ("context",) * len(draft),
+                      ngram_confidence(parents, levels))
 
 
 def after_chain(first: NgramDraft, second: NgramDraft) -> NgramDraft:
     """second's nodes after the last node of first's main chain (first_path)."""
     chain = first_path_nodes(first.draft)
     return NgramDraft(attach(first.draft, second.draft, chain[-1] if chain else ROOT),
-                      first.levels + second.levels, first.sources + second.sources)
+                      first.levels + second.levels, first.sources + second.sources, first.confidence + second.confidence)
 
 
 # --- validation shared by every implementation (same errors embedded and over gRPC) ---------------

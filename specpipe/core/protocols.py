@@ -33,24 +33,25 @@ class Drafter(Protocol):
 
 
 class NgramCache(Protocol):
-    """The n-gram store (specpipe.core.ngram semantics). Two tables, looked up in this order at every chain
-    step, each from n = N down to 2: the session's verifier table (the verifier's argmax after draft
-    nodes it did not accept) and the global (corpus) table shared by all sessions. A session's table
-    expires session_ttl_s after its last update; the global table is bounded in prefixes
-    (NgramConfig.max_global_prefixes). A session's own context is searched by the n-gram drafter in
-    the context it is given (specpipe.core.ngram.context_lookup), not stored."""
+    """The n-gram store. Two sources: the session's verifier table (the verifier's argmax after draft
+    nodes it did not accept; specpipe.core.ngram, Multi-Level N-gram), which expires session_ttl_s
+    after its last update, and the tenant's learned store of finished outputs and corpora, shared by
+    all the tenant's sessions (specpipe.core.learned: bounded in tokens, LRU, with a TTL). A session's
+    own context is searched by the n-gram drafter in the context it is given
+    (specpipe.core.ngram.context_lookup), not stored."""
 
     def lookup(self, session_id: str, context_suffix: Sequence[int], k: int, width: int,
                tenant: str = "") -> NgramDraft:
-        """Multi-Level N-gram draft of up to k tokens after context_suffix (only its last N-1 matter),
-        from the session's table and the tenant's global table (specpipe.core.tenancy)."""
+        """A draft of up to k tokens after context_suffix (up to its last MATCH_TOKENS matter): the
+        better (specpipe.core.ngram.better) of the session's table's and the tenant's learned store's."""
 
     def record_branches(self, session_id: str, branches: Sequence[Sequence[int]]) -> int:
         """For each branch, record its last token after its last 1..N-1 tokens before it, in the
         session's verifier table (specpipe.core.ngram.verifier_branches builds them). Returns pairs recorded."""
 
     def update_global(self, tokens: Sequence[int], tenant: str = "") -> int:
-        """Record all of tokens in the tenant's global table, shared by the tenant's sessions (no TTL)."""
+        """Learn tokens as a document of the tenant's learned store (specpipe.core.learned.learn);
+        returns the tokens added (0 for a repeat, which counts)."""
 
     def release(self, session_id: str) -> bool:
         """Drop a session's tables; False if it had none (never updated, released or expired)."""

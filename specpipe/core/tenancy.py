@@ -2,12 +2,13 @@
 
 A tenant id comes with a public Generate call as gRPC request metadata (TENANT_METADATA, default
 DEFAULT_TENANT: one tenant); the orchestrator carries it into its session ids and into every n-gram
-store call, where it names the global table (docs/security.md). Tenant ids become Redis key parts,
+store call, where it names the learned store (docs/security.md). Tenant ids become Redis key parts,
 so they are short and plain.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from specpipe.core.errors import InvalidArgument
@@ -39,3 +40,10 @@ def tenant_from_metadata(metadata) -> str:
 def session_prefix(tenant: str) -> str:
     """What a tenant's session ids start with (the default tenant's: nothing, as before tenants)."""
     return f"{tenant}/" if tenant else ""
+
+
+def salted_tenant(tenant: str, salt: str) -> str:
+    """The tenant of requests that carry a salt (vLLM's cache_salt): what they learn drafts only for
+    requests with the same tenant and salt. A plain id: the salt never reaches a key in clear."""
+    digest = hashlib.sha256(f"{tenant}\0{salt}".encode()).hexdigest()[:32]
+    return f"salt-{digest}"

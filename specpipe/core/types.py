@@ -129,7 +129,7 @@ class ProposeRequest:
     width: int = 1                   # tree width at the first levels; 1 = chain
     sampling: SamplingParams = GREEDY
     epoch: int = 0  # branch schedule: the session's rollback count; a drafter aborts a proposal older than it saw
-    tenant: str = ""  # whose n-gram global table drafts (specpipe.core.tenancy); "" = the default tenant
+    tenant: str = ""  # whose learned store drafts (specpipe.core.tenancy); "" = the default tenant
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,7 @@ ADAPTIVE = ("off", "on")
 
 
 ADAPTIVE_DRAFT_LEN = 8  # k: the cap of adaptive control, the default
+FREE_DRAFT_FACTOR = 4   # adaptive control asks a drafter whose drafts cost nothing (n-gram) for up to this times k
 FIXED_DRAFT_LEN = 4     # k with adaptive control off when no draft length is given
 # The drafter where a drafter service drafts on a core or host of its own (`up`, `serve orchestrator
 # --drafter-addr`, Kubernetes, Ray); SpeculationOptions.drafter where the small model would share the

@@ -14,7 +14,7 @@ ACCEPTED_TOKENS = Counter("specpipe_accepted_tokens_total", "Draft tokens accept
 EMITTED_TOKENS = Counter("specpipe_emitted_tokens_total", "Verified tokens emitted to clients", ["drafter"])
 DRAFT_FAILURES = Counter("specpipe_draft_failures_total", "Rounds that went on without a draft because the drafter failed", ["drafter"])
 SOURCE_DRAFTED = Counter("specpipe_drafted_tokens_by_source_total", "Draft nodes sent to the verifier, by source "
-                         "(model, or the n-gram store's context / verifier / global table)", ["drafter", "source"])
+                         "(model, or the n-gram drafter's context / verifier table / learned store (global))", ["drafter", "source"])
 SOURCE_ACCEPTED = Counter("specpipe_accepted_tokens_by_source_total", "Draft tokens accepted, by source", ["drafter", "source"])
 STALE_PROPOSALS = Counter("specpipe_stale_proposals_total", "Proposals aborted by the drafter because a newer epoch "
                           "of their session had arrived (dropped branch-prediction hypotheses)")
@@ -43,7 +43,7 @@ VERIFY_COST_MS = Gauge("specpipe_verify_cost_ms", "Verify time fitted by adaptiv
 ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + verify + transport)", ["drafter"], buckets=_MS_BUCKETS)
 
 NGRAM_LOOKUPS = Counter("specpipe_ngram_lookups_total", "N-gram store lookups by the n-gram drafter")
-NGRAM_DRAFT_TOKENS = Counter("specpipe_ngram_draft_tokens_total", "N-gram draft tokens, by the n of the matching n-gram", ["level"])
+NGRAM_DRAFT_TOKENS = Counter("specpipe_ngram_draft_tokens_total", "N-gram draft tokens, by the n of the matching n-gram (long: a learned match longer than N-1 tokens)", ["level"])
 CACHE_FAILURES = Counter("specpipe_cache_failures_total", "N-gram store calls that failed (generation went on without them)", ["call"])
 
 VERIFY_BATCH_SESSIONS = Histogram("specpipe_verify_batch_sessions", "Sessions per batched verifier forward",

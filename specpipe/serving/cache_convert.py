@@ -18,11 +18,12 @@ def lookup_request_to_proto(session_id: str, context_suffix: Sequence[int], k: i
 
 def ngram_draft_to_proto(result: NgramDraft) -> cache_pb2.LookupReply:
     return cache_pb2.LookupReply(draft=draft_to_proto(result.draft), levels=result.levels,
-                                 sources=sources_to_proto(result.sources))
+                                 sources=sources_to_proto(result.sources), confidence=result.confidence)
 
 
 def ngram_draft_from_proto(msg: cache_pb2.LookupReply) -> NgramDraft:
-    return NgramDraft(draft_from_proto(msg.draft), tuple(msg.levels), sources_from_proto(msg.sources))
+    return NgramDraft(draft_from_proto(msg.draft), tuple(msg.levels), sources_from_proto(msg.sources),
+                      tuple(msg.confidence))
 
 
 def record_branches_request_to_proto(session_id: str, branches: Sequence[Sequence[int]]) -> cache_pb2.RecordBranchesRequest:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specpipe/v1/cache.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"i\n\rLookupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x0e\x63ontext_suffix\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\t\n\x01k\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"s\n\x0bLookupReply\x12%\n\x05\x64raft\x18\x01 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12\x12\n\x06levels\x18\x02 \x03(\x05\x42\x02\x10\x01\x12)\n\x07sources\x18\x03 \x03(\x0e\x32\x18.specpipe.v1.DraftSource\"\x1c\n\x06\x42ranch\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\"R\n\x15RecordBranchesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x08\x62ranches\x18\x02 \x03(\x0b\x32\x13.specpipe.v1.Branch\"9\n\x13UpdateGlobalRequest\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"\x1f\n\x0bUpdateReply\x12\x10\n\x08recorded\x18\x01 \x01(\x05\x32\xa6\x02\n\x05\x43\x61\x63he\x12>\n\x06Lookup\x12\x1a.specpipe.v1.LookupRequest\x1a\x18.specpipe.v1.LookupReply\x12N\n\x0eRecordBranches\x12\".specpipe.v1.RecordBranchesRequest\x1a\x18.specpipe.v1.UpdateReply\x12J\n\x0cUpdateGlobal\x12 .specpipe.v1.UpdateGlobalRequest\x1a\x18.specpipe.v1.UpdateReply\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specpipe/v1/cache.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"i\n\rLookupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x0e\x63ontext_suffix\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\t\n\x01k\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\x12\x0e\n\x06tenant\x18\x05 \x01(\t\"\x8b\x01\n\x0bLookupReply\x12%\n\x05\x64raft\x18\x01 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12\x12\n\x06levels\x18\x02 \x03(\x05\x42\x02\x10\x01\x12)\n\x07sources\x18\x03 \x03(\x0e\x32\x18.specpipe.v1.DraftSource\x12\x16\n\nconfidence\x18\x04 \x03(\x01\x42\x02\x10\x01\"\x1c\n\x06\x42ranch\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\"R\n\x15RecordBranchesRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x08\x62ranches\x18\x02 \x03(\x0b\x32\x13.specpipe.v1.Branch\"9\n\x13UpdateGlobalRequest\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x0e\n\x06tenant\x18\x02 \x01(\t\"\x1f\n\x0bUpdateReply\x12\x10\n\x08recorded\x18\x01 \x01(\x05\x32\xa6\x02\n\x05\x43\x61\x63he\x12>\n\x06Lookup\x12\x1a.specpipe.v1.LookupRequest\x1a\x18.specpipe.v1.LookupReply\x12N\n\x0eRecordBranches\x12\".specpipe.v1.RecordBranchesRequest\x1a\x18.specpipe.v1.UpdateReply\x12J\n\x0cUpdateGlobal\x12 .specpipe.v1.UpdateGlobalRequest\x1a\x18.specpipe.v1.UpdateReply\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,22 +36,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOOKUPREQUEST'].fields_by_name['context_suffix']._serialized_options = b'\020\001'
   _globals['_LOOKUPREPLY'].fields_by_name['levels']._loaded_options = None
   _globals['_LOOKUPREPLY'].fields_by_name['levels']._serialized_options = b'\020\001'
+  _globals['_LOOKUPREPLY'].fields_by_name['confidence']._loaded_options = None
+  _globals['_LOOKUPREPLY'].fields_by_name['confidence']._serialized_options = b'\020\001'
   _globals['_BRANCH'].fields_by_name['tokens']._loaded_options = None
   _globals['_BRANCH'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_UPDATEGLOBALREQUEST'].fields_by_name['tokens']._loaded_options = None
   _globals['_UPDATEGLOBALREQUEST'].fields_by_name['tokens']._serialized_options = b'\020\001'
   _globals['_LOOKUPREQUEST']._serialized_start=66
   _globals['_LOOKUPREQUEST']._serialized_end=171
-  _globals['_LOOKUPREPLY']._serialized_start=173
-  _globals['_LOOKUPREPLY']._serialized_end=288
-  _globals['_BRANCH']._serialized_start=290
-  _globals['_BRANCH']._serialized_end=318
-  _globals['_RECORDBRANCHESREQUEST']._serialized_start=320
-  _globals['_RECORDBRANCHESREQUEST']._serialized_end=402
-  _globals['_UPDATEGLOBALREQUEST']._serialized_start=404
-  _globals['_UPDATEGLOBALREQUEST']._serialized_end=461
-  _globals['_UPDATEREPLY']._serialized_start=463
-  _globals['_UPDATEREPLY']._serialized_end=494
-  _globals['_CACHE']._serialized_start=497
-  _globals['_CACHE']._serialized_end=791
+  _globals['_LOOKUPREPLY']._serialized_start=174
+  _globals['_LOOKUPREPLY']._serialized_end=313
+  _globals['_BRANCH']._serialized_start=315
+  _globals['_BRANCH']._serialized_end=343
+  _globals['_RECORDBRANCHESREQUEST']._serialized_start=345
+  _globals['_RECORDBRANCHESREQUEST']._serialized_end=427
+  _globals['_UPDATEGLOBALREQUEST']._serialized_start=429
+  _globals['_UPDATEGLOBALREQUEST']._serialized_end=486
+  _globals['_UPDATEREPLY']._serialized_start=488
+  _globals['_UPDATEREPLY']._serialized_end=519
+  _globals['_CACHE']._serialized_start=522
+  _globals['_CACHE']._serialized_end=816
 # @@protoc_insertion_point(module_scope)

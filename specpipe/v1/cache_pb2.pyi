@@ -22,14 +22,16 @@ class LookupRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., context_suffix: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., width: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class LookupReply(_message.Message):
-    __slots__ = ("draft", "levels", "sources")
+    __slots__ = ("draft", "levels", "sources", "confidence")
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     LEVELS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     draft: _common_pb2.DraftTree
     levels: _containers.RepeatedScalarFieldContainer[int]
     sources: _containers.RepeatedScalarFieldContainer[_common_pb2.DraftSource]
-    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., levels: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.DraftSource, str]]] = ...) -> None: ...
+    confidence: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, draft: _Optional[_Union[_common_pb2.DraftTree, _Mapping]] = ..., levels: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.DraftSource, str]]] = ..., confidence: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Branch(_message.Message):
     __slots__ = ("tokens",)

@@ -27,11 +27,12 @@ if _version_not_supported:
 
 
 class CacheStub:
-    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft corpus cache), shared by every drafter
-    replica. Two tables, looked up in this order: the session's verifier table (the verifier's argmax
-    after draft nodes it did not accept) and the global (corpus) table shared by all sessions. A
-    session's table expires a while after its last update. (A session's own context is searched by
-    the n-gram drafter in the context it is given: it is not stored here.)
+    """The n-gram store, shared by every drafter and orchestrator replica (docs/cache.md). Two sources:
+    the session's verifier table (the verifier's argmax after draft nodes it did not accept; ANPD
+    Multi-Level N-gram), which expires a while after its last update, and the tenant's learned store
+    of finished outputs and seeded corpora (SuffixDecoding-style matches). A lookup answers with the
+    draft expected to land more tokens. (A session's own context is searched by the n-gram drafter in
+    the context it is given: it is not stored here.)
     """
 
     def __init__(self, channel):
@@ -63,11 +64,12 @@ class CacheStub:
 
 
 class CacheServicer:
-    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft corpus cache), shared by every drafter
-    replica. Two tables, looked up in this order: the session's verifier table (the verifier's argmax
-    after draft nodes it did not accept) and the global (corpus) table shared by all sessions. A
-    session's table expires a while after its last update. (A session's own context is searched by
-    the n-gram drafter in the context it is given: it is not stored here.)
+    """The n-gram store, shared by every drafter and orchestrator replica (docs/cache.md). Two sources:
+    the session's verifier table (the verifier's argmax after draft nodes it did not accept; ANPD
+    Multi-Level N-gram), which expires a while after its last update, and the tenant's learned store
+    of finished outputs and seeded corpora (SuffixDecoding-style matches). A lookup answers with the
+    draft expected to land more tokens. (A session's own context is searched by the n-gram drafter in
+    the context it is given: it is not stored here.)
     """
 
     def Lookup(self, request, context):
@@ -85,7 +87,7 @@ class CacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateGlobal(self, request, context):
-        """Records tokens (a corpus, or finished outputs) in the global table.
+        """Learns a document (a finished output after its prompt's tail, or a corpus chunk) in the tenant's learned store.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,11 +131,12 @@ def add_CacheServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Cache:
-    """The n-gram store (ANPD Multi-Level N-gram, Self-Draft corpus cache), shared by every drafter
-    replica. Two tables, looked up in this order: the session's verifier table (the verifier's argmax
-    after draft nodes it did not accept) and the global (corpus) table shared by all sessions. A
-    session's table expires a while after its last update. (A session's own context is searched by
-    the n-gram drafter in the context it is given: it is not stored here.)
+    """The n-gram store, shared by every drafter and orchestrator replica (docs/cache.md). Two sources:
+    the session's verifier table (the verifier's argmax after draft nodes it did not accept; ANPD
+    Multi-Level N-gram), which expires a while after its last update, and the tenant's learned store
+    of finished outputs and seeded corpora (SuffixDecoding-style matches). A lookup answers with the
+    draft expected to land more tokens. (A session's own context is searched by the n-gram drafter in
+    the context it is given: it is not stored here.)
     """
 
     @staticmethod
