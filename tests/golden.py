@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 GOLDEN_PROMPTS = [
@@ -48,13 +50,19 @@ def run(generator, request) -> tuple[list[int], list]:
     return token_ids, chunks
 
 
+_CALLS = itertools.count()
+
+
 def assert_golden(generator, references: dict, max_new_tokens: int, speculation) -> tuple[int, int]:
-    """Every prompt's speculative output equals its reference; returns (drafted, accepted) over all."""
+    """Every prompt's speculative output equals its reference; returns (drafted, accepted) over all.
+    Each call is a tenant of its own: what the store learns from one call's outputs (learning is on by
+    default) does not turn the next call's prompts into exact repeats."""
     from specpipe.core.types import GenerationRequest
 
     drafted = accepted = 0
+    tenant = f"golden-{next(_CALLS)}"
     for prompt, (ids, expected) in references.items():
-        tokens, chunks = run(generator, GenerationRequest(ids, max_new_tokens, speculation=speculation))
+        tokens, chunks = run(generator, GenerationRequest(ids, max_new_tokens, speculation=speculation, tenant=tenant))
         assert tokens == expected, prompt
         drafted += sum(c.round.drafted for c in chunks)
         accepted += sum(c.round.accepted for c in chunks)

@@ -321,7 +321,7 @@ def test_bench_sweep_reports_the_best_fixed_setting_against_adaptive(tmp_path):
     names = [m["method"] for m in result["methods"] if m["method"].startswith("specpipe ") and "alone" not in m["method"]]
     assert names == ["specpipe model k=1 width=1 branch calibrated M=1", "specpipe model k=4 width=1 branch calibrated M=1",
                      "specpipe model adaptive k<=4 width=1 branch calibrated M<=1",
-                     "specpipe ngram k=2 width=1 branch calibrated M=1"]  # ngram/2: a fixed k, kept out of the sweep
+                     "specpipe ngram k=2 width=1 branch calibrated M=1 learning"]  # ngram/2: a fixed k, kept out of the sweep
     assert all(m["identical"] == 2 for m in result["methods"]) and result["meta"]["suite"] == str(prompts)
 
 
