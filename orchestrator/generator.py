@@ -22,7 +22,7 @@ from typing import Iterator, Mapping, Sequence
 from orchestrator.adaptive import SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
 from orchestrator.generation import Generation
-from orchestrator.observer import RoundObserver, count_prediction, count_round
+from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
 from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
 from orchestrator.predictors import new_predictor, new_shared
 from orchestrator.schedules import Branch, Proposer, Schedule, Sequential
@@ -38,6 +38,7 @@ from specpipe.core.types import (
     DRAFTER_KINDS,
     FREE_DRAFT_FACTOR,
     PREDICTORS,
+    ROUND_PARTS,
     SCHEDULES,
     GenerationChunk,
     GenerationRequest,
@@ -178,24 +179,33 @@ class Generator:
 
         with self._load:
             try:
+                laps = Laps()
                 proposal, resolution, idle_since = schedule.first(gen, draft_len()), NO_SPECULATION, None
+                laps.lap("wait")
+                laps.move("wait", "prefill", schedule.prefill_ms)  # the first draft waited out the prefill
                 while True:
-                    start = time.perf_counter()
+                    laps.lap("rest")
                     as_drafted, proposal = proposal, self._fit(gen, policy.trim(proposal, self._load.active))
                     hypotheses = policy.hypotheses(proposal, self._load.active) if branch else 0  # pre-drafts
+                    start = laps.lap("control")
                     result = schedule.verify(gen, proposal, as_drafted, hypotheses, draft_len)
-                    verify_end = time.perf_counter()
+                    verify_end = laps.lap("call")
                     self.observer.verified(gen, proposal, result)
+                    laps.lap("record")
                     policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3))
+                    laps.lap("control")
                     idle_ms = (start - idle_since) * 1e3 if idle_since is not None else 0.0
-                    yield self._emit(gen, proposal, result, resolution, idle_ms, start)
+                    yield self._emit(gen, proposal, result, resolution, idle_ms, start, laps)
                     if gen.finish:
                         break
                     gen.confirm(result)
+                    laps.lap("rest")
                     proposal, resolution = schedule.next(gen, proposal, result, draft_len, start, verify_end)
+                    laps.lap("wait")
                     count_prediction(spec, resolution)
                     if resolution.issued:
                         policy.observe_prediction(resolution.proposal is not None)
+                    laps.lap("control")
                     idle_since = verify_end
                 self.observer.finished(gen)
             finally:
@@ -209,13 +219,18 @@ class Generator:
         return proposal if fitted is proposal.draft else replace(proposal, draft=fitted)
 
     def _emit(self, gen: Generation, proposal: ProposeResult, result, resolution: Resolution, idle_ms: float,
-              start: float) -> GenerationChunk:
-        """The round's chunk for the client: its verified tokens, the new text and what it cost."""
+              start: float, laps: Laps) -> GenerationChunk:
+        """The round's chunk for the client: its verified tokens, the new text and what it cost (laps:
+        where its time went, taken for this round)."""
         new_tokens, delta = gen.emit(result, self._decode, self.info.eos_token_ids)
+        laps.lap("emit")
         round_ms = (time.perf_counter() - start) * 1e3
         count_round(gen.request.speculation, proposal, result, len(new_tokens), resolution, idle_ms, round_ms)
+        laps.lap("record")
+        parts = {f"{part}_ms": ms for part, ms in laps.take().items()}
         stats = RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms, result.verify_ms,
-                           resolution.issued, resolution.hit, resolution.wasted, resolution.hidden_ms, idle_ms)
+                           resolution.issued, resolution.hit, resolution.wasted, resolution.hidden_ms, idle_ms, **parts)
+        count_parts(gen.request.speculation, stats)
         return GenerationChunk(gen.request.request_id or gen.session_id, tuple(new_tokens), delta, gen.finish, stats,
                                gen.request.sampling.seed)
 
@@ -252,6 +267,31 @@ class Generator:
                     peer.release(session_id)
                 except Exception as err:  # the session expires by TTL / LRU on the peer anyway
                     log.warning("release failed", extra={"session_id": session_id, "error": str(err)})
+
+
+class Laps:
+    """Where a generation's wall time goes, part by part (ROUND_PARTS): lap(part) adds the time since
+    the previous lap to part; take() hands a round's parts over and starts the next round's."""
+
+    def __init__(self):
+        self._last = time.perf_counter()
+        self._ms = dict.fromkeys(ROUND_PARTS, 0.0)
+
+    def lap(self, part: str) -> float:
+        now = time.perf_counter()
+        self._ms[part] += (now - self._last) * 1e3
+        self._last = now
+        return now
+
+    def move(self, source: str, target: str, ms: float) -> None:
+        """Count ms of what source measured as target's (at most all of it)."""
+        ms = min(ms, self._ms[source])
+        self._ms[source] -= ms
+        self._ms[target] += ms
+
+    def take(self) -> dict[str, float]:
+        taken, self._ms = self._ms, dict.fromkeys(ROUND_PARTS, 0.0)
+        return taken
 
 
 def check_same_vocab(kind: str, drafter: Drafter, fingerprint: str) -> None:

@@ -17,7 +17,7 @@ from orchestrator.generation import Generation
 from specpipe.core.learned import MATCH_TOKENS
 from specpipe.core.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.core.protocols import NgramCache
-from specpipe.core.types import ProposeResult, SpeculationOptions, VerifyResult
+from specpipe.core.types import ROUND_PARTS, ProposeResult, RoundStats, SpeculationOptions, VerifyResult
 from specpipe.runtime import metrics
 from specpipe.runtime.breaker import Breaker
 
@@ -88,6 +88,13 @@ def count_round(spec: SpeculationOptions, proposal: ProposeResult, result: Verif
     metrics.HIDDEN_DRAFT_MS.labels(**labels).inc(resolution.hidden_ms)
     metrics.VERIFIER_IDLE_MS.labels(schedule=spec.schedule, **labels).inc(idle_ms)
     metrics.ROUND_MS.labels(**labels).observe(round_ms)
+
+
+def count_parts(spec: SpeculationOptions, stats: RoundStats) -> None:
+    """Where the round's time went (ROUND_PARTS), and of the verify call the verifier's forward."""
+    for part in ROUND_PARTS:
+        metrics.ROUND_PART_MS.labels(drafter=spec.drafter, part=part).inc(getattr(stats, f"{part}_ms"))
+    metrics.ROUND_PART_MS.labels(drafter=spec.drafter, part="forward").inc(stats.verify_ms)
 
 
 def count_prediction(spec: SpeculationOptions, resolution: Resolution) -> None:

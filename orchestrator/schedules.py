@@ -14,6 +14,7 @@ only ever come from the verifier."""
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
@@ -123,8 +124,16 @@ class Warmer:
             self._warming.result()
 
 
+def prefill(verifier: Verifier, gen: Generation) -> float:
+    """Open the generation's verifier session with its prompt; returns the call's time in ms."""
+    start = time.perf_counter()
+    verifier.prefill(gen.session_id, gen.request.prompt_ids)
+    return (time.perf_counter() - start) * 1e3
+
+
 class Schedule(Protocol):
     epoch: int
+    prefill_ms: float  # the verifier's prefill call, once first() has returned
 
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
         """Open the verifier's session (prefill) and draft the first round."""
@@ -144,13 +153,14 @@ class Schedule(Protocol):
 class Sequential:
     def __init__(self, verifier: Verifier, proposer: Proposer, pool: Executor):
         self.epoch = 0
+        self.prefill_ms = 0.0
         self._verifier = verifier
         self._warmer = Warmer(pool, proposer)
 
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
         if draft_len <= 0:  # the drafter feeds the prompt while the verifier prefills
             self._warmer.idle(gen.context, self.epoch)
-        self._verifier.prefill(gen.session_id, gen.request.prompt_ids)
+        self.prefill_ms = prefill(self._verifier, gen)
         return self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
 
     def verify(self, gen, proposal, as_drafted, hypotheses, draft_len) -> VerifyResult:
@@ -171,6 +181,7 @@ class Branch:
         self._verifier = verifier
         self._pool = pool
         self._eos = set(eos)
+        self.prefill_ms = 0.0
         self._scheduler = BranchScheduler(pool, proposer.drafter, predictor, proposer.template, proposer.failed)
         self._warmer = Warmer(pool, proposer)
 
@@ -180,21 +191,25 @@ class Branch:
 
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
         """The first draft (and the drafter's own prefill) runs while the verifier prefills."""
-        prefilling = self._pool.submit(self._verifier.prefill, gen.session_id, gen.request.prompt_ids)
+        prefilling = self._pool.submit(prefill, self._verifier, gen)
         proposal = self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
-        prefilling.result()
+        self.prefill_ms = prefilling.result()
         return proposal
 
     def verify(self, gen, proposal, as_drafted, hypotheses, draft_len) -> VerifyResult:
-        verifying = self._pool.submit(self._verifier.verify, gen.session_id, len(gen.context), proposal.draft,
-                                      gen.request.sampling)
+        """Verify on a pool thread while this one starts the pre-drafts; without pre-drafts (a free
+        drafter's round) verify on this thread, as the sequential schedule does: no hand-off."""
+
+        def verify() -> VerifyResult:
+            return self._verifier.verify(gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
 
         def hypothesis_draft_len(h: Hypothesis) -> int:  # 0: the generation would end with that outcome
             ends = bool(self._eos.intersection(h.accepted)) or h.correction in self._eos
             return 0 if ends else draft_len(len(gen.output) + len(h.accepted) + 1)
 
+        verifying = self._pool.submit(verify) if hypotheses else None
         self._scheduler.speculate(gen.context, proposal, hypotheses, hypothesis_draft_len)
-        return verifying.result()
+        return verify() if verifying is None else verifying.result()
 
     def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
         resolution = self._scheduler.resolve(proposal, result, verify_start, verify_end)

@@ -177,7 +177,8 @@ def test_headline_is_the_default_configuration_and_else_labelled():
     assert spread([1.0, 3.0, 2.0]) == "2.00x (1.00-3.00)" and spread([]) == "-"
     row = summary_table({"humaneval": runs}).splitlines()[2]
     # per prompt over the fair baseline: 2.0 / 1.0 and 1.0 / 1.0
-    assert row.startswith("| humaneval (2) | default configuration | 3.00 | 3.00x | 1.50x | 1.50x (1.00-2.00) |")
+    assert row.startswith("| humaneval (2) | default configuration | 3.00 | - | 3.00x | 1.50x | 1.50x (1.00-2.00) |")
+    assert "| 1.50x (verifier-only generate()) |" in row  # over the best transformers method of the run
     # the recurring suite runs the default configuration learning and not: the headline learns as the default does
     from dataclasses import replace
 
@@ -186,3 +187,63 @@ def test_headline_is_the_default_configuration_and_else_labelled():
     both = [summary("specpipe default, learning", 4.0, replace(default, learn_global=True)),
             summary("specpipe default, not learning", 3.0, replace(default, learn_global=False))]
     assert headline([base, *both])[0] is both[0 if default_learning() else 1]
+
+
+def test_time_parts_add_up_to_the_wall_time():
+    """A generation's RoundStats split its wall time (ROUND_PARTS); the bench's TIME_PARTS regroup
+    them: drafting is what the orchestrator waited of the drafter's own time, the calls' other time
+    and everything else is orchestration, and the parts add up to the wall time."""
+    from specpipe.bench.measure import ORCHESTRATION, TIME_PARTS, time_parts
+    from specpipe.core.types import RoundStats
+
+    rounds = [RoundStats(4, 2, draft_ms=3.0, verify_ms=40.0, prefill_ms=100.0, wait_ms=4.0, control_ms=0.5,
+                         call_ms=42.0, emit_ms=0.2, record_ms=0.3, rest_ms=0.1),
+              RoundStats(4, 4, draft_ms=5.0, verify_ms=41.0, hidden_ms=4.0, wait_ms=2.0, call_ms=43.0)]
+    parts = time_parts(rounds, wall_ms=250.0)
+    assert tuple(parts) == TIME_PARTS
+    assert parts["prefill"] == 100.0 and parts["forward"] == 81.0
+    assert parts["draft"] == 3.0 + 1.0  # round 2: 5 ms of drafting, 4 of them hidden behind the verification before
+    assert parts["draft_call"] == 6.0 - 4.0 and parts["verify_call"] == 2.0 + 2.0
+    assert sum(parts.values()) == pytest.approx(250.0)
+    assert parts["rest"] == pytest.approx(250.0 - 100.0 - 81.0 - 4.0 - 2.0 - 4.0 - 0.5 - 0.2 - 0.3)
+    assert set(ORCHESTRATION) == set(TIME_PARTS) - {"prefill", "forward", "draft"}
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_a_generation_reports_where_its_time_went(tiny_tokenizer, tiny_verifier, tiny_drafter, drafter):
+    """Every round's parts are measured: they add up to the generation's wall time as its consumer
+    saw it, the prefill is the first round's, and the verify call holds the verifier's forward."""
+    import time
+
+    from cache_service.memory import InMemoryNgramCache
+    from specpipe.bench.measure import time_parts
+    from specpipe.core.types import ROUND_PARTS, GenerationRequest, SpeculationOptions
+    from tests.test_golden_ngram import generator_with
+
+    generator = generator_with(InMemoryNgramCache(), tiny_tokenizer, tiny_verifier, tiny_drafter)
+    ids = generator.encode(prompt="def fibonacci(n):")
+    start = time.perf_counter()
+    chunks = list(generator.generate(GenerationRequest(ids, 24, speculation=SpeculationOptions(drafter, 4))))
+    wall_ms = (time.perf_counter() - start) * 1e3
+    rounds = [c.round for c in chunks]
+    accounted = sum(getattr(r, f"{part}_ms") for r in rounds for part in ROUND_PARTS)
+    assert 0.8 * wall_ms <= accounted <= wall_ms  # the rest: validation before the first round, release after the last
+    assert rounds[0].prefill_ms > 0 and all(r.prefill_ms == 0 for r in rounds[1:])
+    assert all(r.call_ms >= r.verify_ms > 0 for r in rounds)
+    parts = time_parts(rounds, wall_ms)
+    assert sum(parts.values()) == pytest.approx(wall_ms)
+    assert 0 < parts["draft"] <= sum(r.wait_ms for r in rounds)  # the drafter's own time, of what was waited
+
+
+def test_transformers_baselines_split_prefill_from_decoding(tiny_verifier, tiny_tokenizer):
+    """The first tokens generate() hands its streamer end its prefill: plain generate() one token,
+    prompt lookup its first round's; decode tokens/s counts the tokens after them over the time after."""
+    from specpipe.bench.measure import decode_throughput, transformers_method
+
+    ids = tuple(tiny_tokenizer("def fibonacci(n):")["input_ids"])
+    eos = [tiny_verifier.model.generation_config.eos_token_id or -1]
+    plain = transformers_method(tiny_verifier.model, 16, eos)("p", ids)
+    assert plain.prefill_tokens == 1 and 0 < plain.prefill_ms < plain.seconds * 1e3
+    assert decode_throughput([plain]) == pytest.approx((len(plain.token_ids) - 1) / plain.decode_seconds)
+    lookup = transformers_method(tiny_verifier.model, 16, eos, plain=False, prompt_lookup_num_tokens=4)("p", ids)
+    assert lookup.token_ids == plain.token_ids and 1 <= lookup.prefill_tokens <= 5

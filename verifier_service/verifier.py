@@ -64,10 +64,12 @@ def entropy(logits: torch.Tensor) -> float:
 class ModelVerifier:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
                  mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None,
-                 batching: bool = True, limits: Limits = DEFAULT_LIMITS):
-        """batching: False runs one session per forward even where batching is supported (to compare)."""
+                 batching: bool = True, limits: Limits = DEFAULT_LIMITS, weights: str = "fp32"):
+        """batching: False runs one session per forward even where batching is supported (to compare);
+        weights: the packed linear layers' (fp32, or bf16 in packed mode: the verifier as configured,
+        which is what speculation is lossless against)."""
         self._model = model
-        self._runner = runner.Runner(model, mode, buckets=buckets)  # packed: packs the linears the batch uses
+        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears the batch uses
         self._info = runner.served_info(info, self._runner)
         self._max_sessions = max_sessions
         self._limits = limits

@@ -181,7 +181,7 @@ def http_flags(config: UpConfig) -> tuple[str, ...]:
 def model_flags(model: ModelConfig) -> tuple[str, ...]:
     """The flags that give a `specpipe serve` process this model config (its threads aside)."""
     flags = ("--preset", model.preset, "--device", model.device, "--dtype", model.dtype, "--compile", model.compile,
-             "--draft-weights", model.draft_weights, "--batching", "on" if model.batching else "off")
+             "--draft-weights", model.draft_weights, "--verifier-weights", model.verifier_weights, "--batching", "on" if model.batching else "off")
     return flags + (("--verifier", model.verifier) if model.verifier else ()) + (
         ("--draft-model", model.draft_model) if model.draft_model else ())
 

@@ -55,6 +55,14 @@ def drafter_forward(model: ModelConfig) -> dict:
     return {"mode": mode, "weights": weights, "batching": model.batching}
 
 
+def verifier_weights(model: ModelConfig) -> str:
+    """The verifier's packed weights (fp32 or bf16: the CPU kernel only)."""
+    if model.verifier_weights != "fp32" and forward_mode(model) != "packed":
+        raise InvalidArgument(f"--verifier-weights {model.verifier_weights} packs the verifier's weights: it needs the "
+                              "CPU kernel (--compile on, or auto with a C compiler) and a CPU --device")
+    return model.verifier_weights
+
+
 def ngram_cache(url: str, tls: TlsFiles | Tls | None = None):
     """The n-gram store named by --cache: memory (this process), redis://... (shared) or grpc://...
     (tls: of the channel to a cache service)."""
@@ -86,6 +94,7 @@ def load_verifier(config: VerifierConfig):
 
     model = config.model
     return ModelVerifier.load(model.specs()[0], model.device, model.torch_dtype, mode=forward_mode(model),
+                              weights=verifier_weights(model),
                               max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
                               limits=config.limits, session_ttl_s=config.session_ttl_s)
 

@@ -38,7 +38,7 @@ def pipeline_cores(config: BenchConfig, methods: list, cores: list[int]) -> list
 
 def run(config: BenchConfig) -> int:
     from specpipe.bench.measure import benchmark, specpipe_method
-    from specpipe.bench.report import detail_table, markdown_table, sweep_table, to_json
+    from specpipe.bench.report import detail_table, markdown_table, sweep_table, time_table, to_json
     from specpipe.bench.runs import (
         bench_prompts,
         embedded_generators,
@@ -77,6 +77,8 @@ def run(config: BenchConfig) -> int:
     print(markdown_table(summaries))
     print()
     print(detail_table(summaries))
+    print()
+    print(time_table(summaries))
     if config.sweep:
         print()
         print(sweep_table(summaries))
@@ -97,7 +99,8 @@ def run(config: BenchConfig) -> int:
         meta = {"preset": config.model.preset, "suite": config.prompts or config.suite, "limit": config.limit,
                 "max_new_tokens": config.max_new_tokens,
                 "threads": torch.get_num_threads(), "pinned": config.pin, "transport": config.transport,
-                "compile": config.model.compile, "draft_weights": config.model.draft_weights, "models": any_generator.info.model_name,
+                "compile": config.model.compile, "draft_weights": config.model.draft_weights,
+                "verifier_weights": config.model.verifier_weights, "models": any_generator.info.model_name,
                 "cache": config.generator.cache, "baselines": baselines, "sweep": config.sweep, "turns": config.turns,
                 "categories": categories, **machine_info()}
         data = to_json(summaries, meta)
@@ -149,14 +152,17 @@ def run_forward_curve(config: BenchConfig) -> int:
     curves: dict[str, dict[int, float]] = {}
     for role, spec in zip(("verifier", "drafter"), model.specs()):
         runners = {}
-        for mode in modes:  # a model each: packed changes its model in place
-            runners[f"{role} {mode}"] = Runner(load_model(spec, model.device, model.torch_dtype), mode)
-            runners[f"{role} {mode}"].warm_up(progress=True)
+        # a model each: packed changes its model in place; the verifier packed in bf16 too (--verifier-weights)
+        forwards = [(mode, "fp32") for mode in modes] + [("packed", "bf16")] * (role == "verifier" and "packed" in modes)
+        for mode, weights in forwards:
+            label = f"{role} {mode}" + (f" {weights}" if weights != "fp32" else "")
+            runners[label] = Runner(load_model(spec, model.device, model.torch_dtype), mode, weights=weights)
+            runners[label].warm_up(progress=True)
         curves.update(curve.forward_curves(runners, desc=f"T(k) {role}"))
         del runners
     print(curve.curve_markdown(curves))
-    bounds = {mode: curve.bounds_table(curves[f"verifier {mode}"], curves[f"drafter {mode}"][1], acceptances)
-              for mode in modes}
+    bounds = {mode: curve.bounds_table(curves[f"verifier {mode}"], curves[f"drafter {mode.split()[0]}"][1], acceptances)
+              for mode in (*modes, *(["packed bf16"] if "verifier packed bf16" in curves else []))}
     print()
     print(curve.bounds_markdown(bounds))
     if config.plot:

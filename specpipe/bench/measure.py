@@ -14,9 +14,13 @@ from typing import Callable, Sequence
 import torch
 from tqdm import tqdm
 
-from specpipe.core.types import ALL_HYPOTHESES, GenerationRequest, SpeculationOptions
+from specpipe.core.types import ALL_HYPOTHESES, GenerationRequest, RoundStats, SpeculationOptions
 
 BASELINE = "verifier-only generate()"
+# A specpipe run's wall time, split: the verifier's prefill, its forwards, drafting not hidden behind
+# them, and orchestration (ORCHESTRATION: everything else, by where the orchestrator spent it).
+ORCHESTRATION = ("verify_call", "draft_call", "control", "emit", "record", "rest")
+TIME_PARTS = ("prefill", "forward", "draft", *ORCHESTRATION)
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,17 @@ class PromptRun:
     idle_ms: float = 0.0
     round_drafted: tuple[int, ...] = ()   # [rounds] draft nodes of each round
     round_accepted: tuple[int, ...] = ()  # [rounds] accepted tokens of each round
+    prefill_ms: float = 0.0  # the prompt's prefill: specpipe's verifier prefill; transformers': to its first tokens
+    prefill_tokens: int = 0  # tokens that came with the prefill (transformers: its first forward's or round's)
+    parts: dict = field(default_factory=dict)  # specpipe: ms by TIME_PARTS (time_parts)
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.seconds - self.prefill_ms / 1e3
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.token_ids) - self.prefill_tokens
 
 
 @dataclass(frozen=True)
@@ -91,11 +106,16 @@ class MethodSummary:
     hidden_share: float = 0.0    # draft time hidden behind verification / draft time
     idle_share: float = 0.0      # verifier idle between rounds / wall time
     acceptance_by_position: tuple[float, ...] = ()  # [k] P(draft token i accepted | the ones before were)
-    # The wall time, split: verifier forwards, draft time not hidden behind them, the rest (network,
-    # orchestration, prefill); shares of the wall time.
+    # The wall time, split (shares of it): verifier forwards, draft time not hidden behind them, the
+    # rest (prefill and orchestration: other_share = prefill_share + orchestration_share); orchestration
+    # by its parts (ORCHESTRATION). Transformers baselines: prefill_share alone (to their first tokens).
     verify_share: float = 0.0
     draft_share: float = 0.0
     other_share: float = 0.0
+    prefill_share: float = 0.0
+    orchestration_share: float = 0.0
+    orchestration: dict = field(default_factory=dict)
+    decode_tokens_per_s: float = 0.0  # tokens after the prefill per second after it
     # The speed-up over the reference that this run's measured acceptance by position and costs
     # allow at the best fixed draft length (speedup_bound), and the share of it reached.
     bound: float = 0.0
@@ -107,22 +127,42 @@ class MethodSummary:
 MethodRun = Callable[[str, Sequence[int]], PromptRun]  # (prompt id, prompt ids) -> the run
 
 
+class FirstTokens:
+    """A transformers streamer that notes when generate() hands over its first new tokens (the first
+    put after the prompt's) and how many: the end of its prefill."""
+
+    def __init__(self):
+        self.puts, self.at, self.tokens = 0, 0.0, 0
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at, self.tokens = time.perf_counter(), int(value.numel())
+
+    def end(self) -> None:
+        pass
+
+
 def transformers_method(model, max_new_tokens: int, eos_token_ids: Sequence[int], threads=contextlib.nullcontext,
                         plain: bool = True, **generate_kwargs) -> MethodRun:
     """transformers greedy generate() of the verifier, with generate_kwargs (assistant_model=...:
     assisted generation; prompt_lookup_num_tokens=...: prompt lookup), under the threads context;
-    output cut after the first EOS. plain: one forward per token, so rounds = tokens."""
+    output cut after the first EOS. plain: one forward per token, so rounds = tokens. The prefill is
+    the time to the first new tokens (assisted and prompt lookup: their first round, which prefills)."""
 
     def run(prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
         ids = torch.tensor([list(prompt_ids)], device=model.device)
+        first = FirstTokens()
         with threads(), torch.inference_mode():
             start = time.perf_counter()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, **generate_kwargs)
+                                 do_sample=False, streamer=first, **generate_kwargs)
             seconds = time.perf_counter() - start
         tokens = out[0, len(prompt_ids):].tolist()
         cut = next((i + 1 for i, t in enumerate(tokens) if t in eos_token_ids), len(tokens))
-        return PromptRun(prompt_id, len(prompt_ids), tuple(tokens[:cut]), seconds, rounds=cut if plain else 0)
+        prefill_ms = (first.at - start) * 1e3 if first.at else seconds * 1e3
+        return PromptRun(prompt_id, len(prompt_ids), tuple(tokens[:cut]), seconds, rounds=cut if plain else 0,
+                         prefill_ms=prefill_ms, prefill_tokens=min(cut, first.tokens or cut))
 
     return run
 
@@ -148,7 +188,29 @@ def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_ne
         sum(r.hypotheses > 0 for r in rounds), sum(r.hit for r in rounds),
         sum(r.hidden_ms for r in rounds), sum(r.idle_ms for r in rounds),
         tuple(r.drafted for r in rounds), tuple(r.accepted for r in rounds),
+        prefill_ms=sum(r.prefill_ms for r in rounds), parts=time_parts(rounds, seconds * 1e3),
     )
+
+
+def time_parts(rounds: Sequence[RoundStats], wall_ms: float) -> dict[str, float]:
+    """A generation's wall time in ms by TIME_PARTS, from its rounds' RoundStats: drafting is the
+    drafter's own time that the orchestrator waited for (a round's draft_ms less what the previous
+    verification hid, at most its wait), the verify and draft calls' other time is orchestration, and
+    rest is whatever the rounds did not account for (the orchestrator's rest between rounds, the
+    generation's start and end)."""
+    draft = sum(min(r.wait_ms, max(0.0, r.draft_ms - r.hidden_ms)) for r in rounds)
+    parts = {
+        "prefill": sum(r.prefill_ms for r in rounds),
+        "forward": sum(r.verify_ms for r in rounds),
+        "draft": draft,
+        "verify_call": sum(max(0.0, r.call_ms - r.verify_ms) for r in rounds),
+        "draft_call": sum(r.wait_ms for r in rounds) - draft,
+        "control": sum(r.control_ms for r in rounds),
+        "emit": sum(r.emit_ms for r in rounds),
+        "record": sum(r.record_ms for r in rounds),
+    }
+    parts["rest"] = max(0.0, wall_ms - sum(parts.values()))
+    return parts
 
 
 def acceptance_by_position(runs: Sequence[PromptRun]) -> tuple[float, ...]:
@@ -214,9 +276,14 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
     wall_ms = seconds * 1e3
     rates = acceptance_by_position(runs)
     bound = 0.0
-    if rounds and drafted:  # t_1: the reference's (the verifier alone's) milliseconds per token
-        bound = speedup_bound(rates, 1e3 / throughput(reference_runs), draft_ms / drafted, verify_ms / rounds,
+    if rounds and drafted:  # t_1: the reference's (the verifier alone's) milliseconds per token decoded
+        bound = speedup_bound(rates, 1e3 / decode_throughput(reference_runs), draft_ms / drafted, verify_ms / rounds,
                               overlapped=bool(predicted))
+    prefill_ms = sum(r.prefill_ms for r in runs)
+    parts = {part: sum(r.parts.get(part, 0.0) for r in runs) / wall_ms for part in TIME_PARTS} if seconds else {}
+    split = seconds and all(r.parts for r in runs)  # runs of the orchestrator's time parts
+    draft_share = (parts["draft"] if split else exposed_ms / wall_ms) if seconds else 0.0
+    decode_over = decode_throughput(runs) / decode_throughput(reference_runs) if reference_runs else 0.0
     return MethodSummary(
         method, tokens, seconds, tokens_per_s, speedup,
         tokens_per_round=tokens / rounds if rounds else 0.0,
@@ -227,10 +294,14 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
         idle_share=sum(r.idle_ms for r in runs) / wall_ms if seconds else 0.0,
         acceptance_by_position=rates,
         verify_share=verify_ms / wall_ms if seconds else 0.0,
-        draft_share=exposed_ms / wall_ms if seconds else 0.0,
-        other_share=max(0.0, 1.0 - (verify_ms + exposed_ms) / wall_ms) if seconds and rounds else 0.0,
+        draft_share=draft_share,
+        other_share=max(0.0, 1.0 - verify_ms / wall_ms - draft_share) if seconds and rounds else 0.0,
+        prefill_share=prefill_ms / wall_ms if seconds else 0.0,
+        orchestration_share=sum(parts[p] for p in ORCHESTRATION) if split else 0.0,
+        orchestration={p: parts[p] for p in ORCHESTRATION} if split else {},
+        decode_tokens_per_s=decode_throughput(runs),
         bound=bound,
-        bound_share=(speedup_reference or speedup) / bound if bound else 0.0,
+        bound_share=decode_over / bound if bound else 0.0,
         runs=runs,
     )
 
@@ -238,6 +309,12 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
 def throughput(runs: list[PromptRun]) -> float:
     seconds = sum(r.seconds for r in runs)
     return sum(len(r.token_ids) for r in runs) / seconds if seconds else 0.0
+
+
+def decode_throughput(runs: list[PromptRun]) -> float:
+    """Tokens per second after the prefill: the tokens after those that came with it, over the time after it."""
+    seconds = sum(r.decode_seconds for r in runs)
+    return sum(r.decode_tokens for r in runs) / seconds if seconds > 0 else 0.0
 
 
 def benchmark(prompts, methods: dict[str, MethodRun], references: dict[str, str] | None = None,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from specpipe.bench import recurring_report
-from specpipe.bench.measure import BASELINE, MethodSpec, MethodSummary, PromptRun
+from specpipe.bench.measure import BASELINE, ORCHESTRATION, MethodSpec, MethodSummary, PromptRun
 from specpipe.bench.prompts import RECURRING
 from specpipe.core.types import SpeculationOptions
 
@@ -33,6 +33,7 @@ def from_json(data: dict) -> list[MethodSummary]:
                              "round_accepted": tuple(r.get("round_accepted", ()))}) for r in m["runs"]]
         fields = {k: v for k, v in m.items() if k in MethodSummary.__dataclass_fields__}
         fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
+        fields["orchestration"] = dict(fields.get("orchestration", {}))
         fields["spec"] = MethodSpec(**fields["spec"]) if fields.get("spec") else None
         summaries.append(MethodSummary(**{**fields, "runs": runs}))
     return summaries
@@ -46,16 +47,17 @@ def markdown_table(summaries: list[MethodSummary]) -> str:
     compiled = next((s.reference for s in summaries if s.speedup_reference is not None), None)
     extra = f" speed-up over {compiled} |" if compiled else ""
     lines = [
-        "| method | tokens/s | speed-up |" + extra + " tokens per verify (DE) | acceptance | hit rate | draft hidden "
-        "| verifier idle | identical to |",
-        "| --- | ---: | ---: |" + (" ---: |" if compiled else "") + " ---: | ---: | ---: | ---: | ---: | --- |",
+        "| method | tokens/s | decode tokens/s | speed-up |" + extra + " tokens per verify (DE) | acceptance | "
+        "hit rate | draft hidden | verifier idle | identical to |",
+        "| --- | ---: | ---: | ---: |" + (" ---: |" if compiled else "") + " ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for s in summaries:
         branch = any(r.predicted for r in s.runs)
         drafts = any(r.drafted for r in s.runs)
         over = (f" {s.speedup_reference:.2f}x |" if s.speedup_reference is not None else " - |") if compiled else ""
         de = f"{s.tokens_per_round:.2f}" if s.tokens_per_round else "-"
-        lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {s.speedup:.2f}x |{over} {de} | "
+        decode = f"{s.decode_tokens_per_s:.2f}" if s.decode_tokens_per_s else "-"
+        lines.append(f"| {s.method} | {s.tokens_per_s:.2f} | {decode} | {s.speedup:.2f}x |{over} {de} | "
                      f"{percent(s.acceptance, drafts)} | {percent(s.hit_rate, branch)} | "
                      f"{percent(s.hidden_share, branch)} | "
                      f"{percent(s.idle_share, drafts or any(r.idle_ms for r in s.runs))} | "
@@ -64,17 +66,39 @@ def markdown_table(summaries: list[MethodSummary]) -> str:
 
 
 def detail_table(summaries: list[MethodSummary]) -> str:
-    """Per speculative method: acceptance by draft position, the wall time split, and the bound."""
-    lines = ["| method | acceptance by position 1, 2, 3, ... | verify | draft (not hidden) | other | "
-             "bound | share of bound |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    """Per speculative method: acceptance by draft position, the wall time split, and the bound (on
+    decode time)."""
+    lines = ["| method | acceptance by position 1, 2, 3, ... | prefill | verify | draft (not hidden) | "
+             "orchestration | bound | share of bound |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for s in summaries:
         if not s.bound:
             continue
         by_position = ", ".join(f"{a:.2f}" for a in s.acceptance_by_position[:8])
-        lines.append(f"| {s.method} | {by_position} | {s.verify_share:.0%} | {s.draft_share:.0%} | "
-                     f"{s.other_share:.0%} | {s.bound:.2f}x | {s.bound_share:.0%} |")
+        orchestration = percent(s.orchestration_share) if s.orchestration else f"{s.other_share:.0%} (with prefill)"
+        lines.append(f"| {s.method} | {by_position} | {percent(s.prefill_share, bool(s.orchestration))} | "
+                     f"{s.verify_share:.0%} | {s.draft_share:.0%} | {orchestration} | {s.bound:.2f}x | "
+                     f"{s.bound_share:.0%} |")
     return "\n".join(lines)
+
+
+def time_table(summaries: list[MethodSummary]) -> str:
+    """Where each method's wall time went (shares): prefill, and for specpipe's methods the verifier's
+    forwards, drafting not hidden, and orchestration by its parts (measure.ORCHESTRATION)."""
+    lines = ["| method | prefill | verifier forwards | draft (not hidden) | orchestration | "
+             + " | ".join(f"of it: {part.replace('_', ' ')}" for part in ORCHESTRATION) + " |",
+             "| --- |" + " ---: |" * (4 + len(ORCHESTRATION))]
+    for s in summaries:
+        if not s.prefill_share:
+            continue
+        if not s.orchestration:  # a transformers baseline: prefill, then decoding
+            lines.append(f"| {s.method} | {s.prefill_share:.1%} | decoding: {1 - s.prefill_share:.1%} |"
+                         + " - |" * (2 + len(ORCHESTRATION)))
+            continue
+        lines.append(f"| {s.method} | {s.prefill_share:.1%} | {s.verify_share:.1%} | {s.draft_share:.1%} | "
+                     f"{s.orchestration_share:.1%} | " + " | ".join(f"{s.orchestration[p]:.1%}" for p in ORCHESTRATION)
+                     + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def category_table(summaries: list[MethodSummary], categories: dict[str, str]) -> str:
@@ -152,10 +176,12 @@ def spread(values: Sequence[float]) -> str:
 
 
 SUMMARY_COLUMNS = {  # column -> its heading: the results' summary table
-    "label": "specpipe", "tokens_per_s": "tokens/s", "over_eager": "over generate(), 1 core, eager",
+    "label": "specpipe", "tokens_per_s": "tokens/s", "decode": "decode tokens/s",
+    "over_eager": "over generate(), 1 core, eager",
     "over_fair": "over generate(), same cores and weights", "per_prompt": "per prompt: median (min-max)",
-    "over_assisted": "over assisted", "over_lookup": "over prompt lookup (best setting)", "bound": "bound (computed)",
-    "share": "share of bound",
+    "over_assisted": "over assisted", "over_lookup": "over prompt lookup (best setting)",
+    "over_best": "over the best transformers method", "bound": "bound (computed)", "share": "share of bound",
+    "prefill": "prefill", "orchestration": "orchestration",
 }
 HEADLINE_COLUMNS = ("tokens_per_s", "over_fair", "per_prompt", "over_lookup", "over_assisted", "over_eager")  # the README's
 
@@ -173,7 +199,13 @@ def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
         return f"{ours.tokens_per_s / other.tokens_per_s:.2f}x" if other and other.tokens_per_s else "-"
 
     fair = best_match(summaries, BASELINE + ", ")
+    transformers = [s for s in summaries[1:] if s.spec is None]
+    best = max(transformers, key=lambda s: s.tokens_per_s, default=None)
     return {"label": label, "tokens_per_s": f"{ours.tokens_per_s:.2f}", "over_eager": over(summaries[0]),
+            "decode": f"{ours.decode_tokens_per_s:.2f}" if ours.decode_tokens_per_s else "-",
+            "over_best": f"{over(best)} ({best.method.split(',')[0]})" if best else "-",
+            "prefill": percent(ours.prefill_share, bool(ours.orchestration)),
+            "orchestration": percent(ours.orchestration_share, bool(ours.orchestration)),
             "over_fair": over(fair), "per_prompt": spread(per_prompt_speedups(ours.runs, fair.runs)) if fair else "-",
             "over_assisted": over(best_match(summaries, "transformers assisted")),
             "over_lookup": over(best_match(summaries, "transformers prompt lookup")),
@@ -284,7 +316,7 @@ def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
     for suite, summaries in results.items():
         turns = metas[suite].get("turns", 1)
         lines += ["", f"**{suite}** ({metas[suite].get('limit')} prompts{f', {turns} turns each' if turns > 1 else ''})",
-                  "", markdown_table(summaries), "", detail_table(summaries)]
+                  "", markdown_table(summaries), "", detail_table(summaries), "", time_table(summaries)]
         swept = sweep_table(summaries)
         if swept:
             lines += ["", swept]

@@ -168,7 +168,7 @@ def grpc_baseline_models(config: BenchConfig, baselines: list[str]) -> BaselineM
     specpipe's weights are packed, a packed copy (and a packed drafter for assisted generation)."""
     eager = _load(config, 0)
     packed = forward_mode(config.model) == "packed"
-    verifier = _load(config, 0, "fp32") if packed and len(baselines) > 1 else eager
+    verifier = _load(config, 0, config.model.verifier_weights) if packed and len(baselines) > 1 else eager
     drafter = None
     if "assisted" in baselines:
         drafter = _load(config, 1, drafter_forward(config.model)["weights"] if packed else None)

@@ -8,7 +8,7 @@ import argparse
 from specpipe.cli.models_cmd import add_prepare_arg
 from specpipe.config.env import environment
 from specpipe.config.presets import DEFAULT_PRESET, PRESETS
-from specpipe.config.services import COMPILE, DRAFT_WEIGHTS, DTYPES, BatchConfig, ModelConfig
+from specpipe.config.services import COMPILE, DRAFT_WEIGHTS, DTYPES, VERIFIER_WEIGHTS, BatchConfig, ModelConfig
 from specpipe.core.types import (
     ADAPTIVE,
     ALL_HYPOTHESES,
@@ -55,7 +55,12 @@ def add_compile_arg(parser) -> None:
     parser.add_argument("--draft-weights", default=MODEL.draft_weights, choices=DRAFT_WEIGHTS,
                         help="the weights of the drafter's packed linear layers (CPU kernel only): bf16 streams "
                         "half the bytes per token, with fp32 arithmetic; it changes what the drafter proposes, never "
-                        "what is emitted (the verifier stays fp32). auto: bf16 when the CPU kernel runs, else fp32 "
+                        "what is emitted (the verifier's weights are --verifier-weights). auto: bf16 when the CPU kernel "
+                        "runs, else fp32 (default: %(default)s)")
+    parser.add_argument("--verifier-weights", default=MODEL.verifier_weights, choices=VERIFIER_WEIGHTS,
+                        help="the weights of the verifier's packed linear layers (CPU kernel only): bf16 streams "
+                        "half the bytes per token, with fp32 arithmetic, and changes the model: the output is then "
+                        "that bf16 verifier's own greedy decoding (lossless against it, not against fp32) "
                         "(default: %(default)s)")
     parser.add_argument("--batching", default="on", choices=("on", "off"),
                         help="on: the verifier (and the model drafter) run the work of all their sessions as one "

@@ -30,6 +30,7 @@ from specpipe.core.types import (
 DTYPES = ("auto", "float32", "bfloat16")
 COMPILE = ("auto", "off", "on")
 DRAFT_WEIGHTS = ("auto", "fp32", "bf16")
+VERIFIER_WEIGHTS = ("fp32", "bf16")
 DEFAULT_SPECULATION = SpeculationOptions()  # the product's defaults (specpipe.core.types)
 GATHER_GRACE_SHARE = 0.5  # of a forward's predicted time: the longest a verifier forward waits for decoding sessions
 
@@ -51,6 +52,7 @@ class ModelConfig:
     threads: int = 0                 # torch threads; 0: one per core the process may use
     compile: str = "auto"            # the fast forward of the device (docs/compiled-forward.md)
     draft_weights: str = "auto"      # the drafter's packed weights (CPU kernel)
+    verifier_weights: str = "fp32"   # the verifier's packed weights (CPU kernel)
     batching: bool = True            # all sessions' work in one forward (docs/batching.md)
 
     def __post_init__(self):
@@ -59,6 +61,7 @@ class ModelConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("compile", self.compile, COMPILE)
         _choice("draft_weights", self.draft_weights, DRAFT_WEIGHTS)
+        _choice("verifier_weights", self.verifier_weights, VERIFIER_WEIGHTS)
         if self.threads < 0:
             raise InvalidArgument(f"threads must be >= 0 (0: one per core), got {self.threads}")
 

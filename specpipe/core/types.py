@@ -193,6 +193,21 @@ class RoundStats:
     wasted: int = 0         # pre-drafted tokens dropped
     hidden_ms: float = 0.0  # draft time of this round's draft that overlapped the previous verification
     idle_ms: float = 0.0    # verifier idle: from the previous verify reply to this verify call
+    # Where the round's wall time went, as the orchestrator saw it (ms; ROUND_PARTS): the verifier's
+    # prefill (first round only), the wait for this round's draft, draft control (draft length, trim,
+    # adaptive learning), the verify call (verify_ms of it the verifier's forward), the emitted text
+    # (detokenizing, stop strings), recording (store, metrics) and the rest (between rounds: the
+    # consumer of the stream, thread switches). They add up to the generation's wall time.
+    prefill_ms: float = 0.0
+    wait_ms: float = 0.0
+    control_ms: float = 0.0
+    call_ms: float = 0.0
+    emit_ms: float = 0.0
+    record_ms: float = 0.0
+    rest_ms: float = 0.0
+
+
+ROUND_PARTS = ("prefill", "wait", "control", "call", "emit", "record", "rest")  # RoundStats' <part>_ms
 
 
 @dataclass(frozen=True)

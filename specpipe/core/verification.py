@@ -35,12 +35,14 @@ def depths(parents: Sequence[int]) -> list[int]:
 
 
 def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
-    """[n, n] bool: node i may attend to node j iff j is i or an ancestor of i."""
+    """[n, n] bool: node i may attend to node j iff j is i or an ancestor of i (the paths are walked
+    in Python and written in one indexing: a tensor op per node cost 0.7 ms a round at 32 nodes)."""
     n = len(parents)
-    mask = torch.eye(n, dtype=torch.bool)
+    paths: list[tuple[int, ...]] = []  # each node's ancestors and itself
     for i, parent in enumerate(parents):
-        if parent != ROOT:
-            mask[i] |= mask[parent]
+        paths.append((paths[parent] if parent != ROOT else ()) + (i,))
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[[i for i, path in enumerate(paths) for _ in path], [j for path in paths for j in path]] = True
     return mask
 
 

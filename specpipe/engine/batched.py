@@ -82,26 +82,33 @@ class Segment:
     logit_rows: int                 # how many of its last rows need logits (verify: n; drafter: 1; prefill: 0)
 
 
+def _allowed(segment: Segment, group: int, device: torch.device) -> torch.Tensor | None:
+    """[group * n, past + n] bool: what each of a segment's queries (a key-value head's group of
+    query heads, stacked) may see of its slot, the same in every layer (made once a forward); None
+    for a lone token, which sees every position."""
+    n, past = len(segment.token_ids), segment.kv.length
+    if n == 1:
+        return None
+    allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)  # [n, past + n]
+    allowed[:, past:] = segment.allowed
+    return allowed.repeat(group, 1)
+
+
 def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
-            layer: int, offsets: Sequence[int]) -> torch.Tensor:
+            layer: int, offsets: Sequence[int], masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim] (rows: the segments' tokens,
-    then padding). Returns [rows, heads * head_dim], zero on padding rows.
+    then padding); masks: each segment's _allowed. Returns [rows, heads * head_dim], zero on padding rows.
     A key-value head's group of query heads attends as one [group * n] block of queries (grouped-query
     attention without repeating keys and values per query head: a slot deep into a long prompt is
     read once per key-value head)."""
     heads, rows, head_dim = q.shape
     group = heads // k_new.shape[0]
     out = q.new_zeros(rows, heads * head_dim)
-    for segment, start in zip(segments, offsets):
+    for segment, start, allowed in zip(segments, offsets, masks):
         n, past = len(segment.token_ids), segment.kv.length
         end = start + n
         segment.kv.write(layer, past, k_new[:, start:end], v_new[:, start:end])
         keys, values = segment.kv.view(layer, past + n)  # [kv_heads, past + n, head_dim]
-        allowed = None  # a lone token sees every position
-        if n > 1:
-            allowed = torch.ones(n, past + n, dtype=torch.bool, device=q.device)  # [n, past + n]
-            allowed[:, past:] = segment.allowed
-            allowed = allowed.repeat(group, 1)                                    # [group * n, past + n]
         queries = q[:, start:end].reshape(-1, group * n, head_dim)                # [kv_heads, group * n, head_dim]
         o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=allowed,
                                            scale=attn.scaling)                    # [1, kv_heads, group * n, head_dim]
@@ -139,6 +146,8 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
     ids, positions = _pad_rows(ids, pad), _pad_rows(positions, pad)                                  # [R >= T]
     hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
     cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, R, head_dim]
+    group = model.config.num_attention_heads // model.config.num_key_value_heads
+    masks = [_allowed(segment, group, device) for segment in segments]
     for layer_idx, layer in enumerate(inner.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
@@ -147,7 +156,7 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
         k = attn.k_proj(x).view(shape).transpose(0, 1)[None]   # [1, kv_heads, T, head_dim]
         v = attn.v_proj(x).view(shape).transpose(0, 1)         # [kv_heads, T, head_dim]
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        hidden = hidden + attn.o_proj(_attend(attn, q[0], k[0], v, segments, layer_idx, offsets))
+        hidden = hidden + attn.o_proj(_attend(attn, q[0], k[0], v, segments, layer_idx, offsets, masks))
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     for segment, n in zip(segments, lengths):
         segment.kv.length += n

@@ -221,7 +221,7 @@ class Runner:
 
     def __init__(self, model: PreTrainedModel, mode: str = "eager", max_context: int = STATIC_MAX_CONTEXT,
                  buckets: Sequence[int] = BUCKETS, weights: str = "fp32"):
-        """weights: fp32, or bf16 for a drafter's packed linear layers (packed mode only).
+        """weights: the packed linear layers' fp32, or bf16 (packed mode only).
         max_context, buckets: the graphs mode's slot length and forward sizes."""
         if mode not in MODES:
             raise ValueError(f"unknown forward mode {mode!r}; choose from {', '.join(MODES)}")
@@ -229,6 +229,7 @@ class Runner:
             raise ValueError(f"weights {weights!r}: packed mode takes {', '.join(PACKED_WEIGHTS)}, other modes fp32")
         self.model = model
         self.mode = mode
+        self.weights = weights
         self.static = mode == "graphs"  # slots of max_context tokens, forwards of bucketed sizes
         self.buckets = tuple(sorted(buckets))
         self.max_context = max_context

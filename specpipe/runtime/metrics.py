@@ -41,6 +41,9 @@ ADAPTIVE_DRAFT_LEN = Histogram("specpipe_adaptive_draft_len", "Main-chain draft 
 VERIFY_COST_MS = Gauge("specpipe_verify_cost_ms", "Verify time fitted by adaptive control, T(n) = fixed + per_token * n "
                        "for n tokens fed", ["term"])
 ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + verify + transport)", ["drafter"], buckets=_MS_BUCKETS)
+ROUND_PART_MS = Counter("specpipe_round_part_ms_total", "Where generations' wall time went, as the orchestrator saw "
+                        "it (ms): prefill, wait (for drafts), control, call (the verify call), emit, record, rest; "
+                        "forward: the verifier's forward within call", ["drafter", "part"])
 
 NGRAM_LOOKUPS = Counter("specpipe_ngram_lookups_total", "N-gram store lookups by the n-gram drafter")
 NGRAM_DRAFT_TOKENS = Counter("specpipe_ngram_draft_tokens_total", "N-gram draft tokens, by the n of the matching n-gram (long: a learned match longer than N-1 tokens)", ["level"])

@@ -78,7 +78,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationOptions, _Mapping]] = ...) -> None: ...
 
 class RoundStats(_message.Message):
-    __slots__ = ("drafted", "accepted", "draft_ms", "verify_ms", "hypotheses", "hit", "wasted", "hidden_ms", "idle_ms")
+    __slots__ = ("drafted", "accepted", "draft_ms", "verify_ms", "hypotheses", "hit", "wasted", "hidden_ms", "idle_ms", "prefill_ms", "wait_ms", "control_ms", "call_ms", "emit_ms", "record_ms", "rest_ms")
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,13 @@ class RoundStats(_message.Message):
     WASTED_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_MS_FIELD_NUMBER: _ClassVar[int]
     IDLE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_MS_FIELD_NUMBER: _ClassVar[int]
+    CALL_MS_FIELD_NUMBER: _ClassVar[int]
+    EMIT_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_MS_FIELD_NUMBER: _ClassVar[int]
+    REST_MS_FIELD_NUMBER: _ClassVar[int]
     drafted: int
     accepted: int
     draft_ms: float
@@ -97,7 +104,14 @@ class RoundStats(_message.Message):
     wasted: int
     hidden_ms: float
     idle_ms: float
-    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., hypotheses: _Optional[int] = ..., hit: _Optional[bool] = ..., wasted: _Optional[int] = ..., hidden_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ...) -> None: ...
+    prefill_ms: float
+    wait_ms: float
+    control_ms: float
+    call_ms: float
+    emit_ms: float
+    record_ms: float
+    rest_ms: float
+    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., hypotheses: _Optional[int] = ..., hit: _Optional[bool] = ..., wasted: _Optional[int] = ..., hidden_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., wait_ms: _Optional[float] = ..., control_ms: _Optional[float] = ..., call_ms: _Optional[float] = ..., emit_ms: _Optional[float] = ..., record_ms: _Optional[float] = ..., rest_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("request_id", "token_ids", "text", "finish_reason", "round", "seed")
