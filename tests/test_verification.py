@@ -8,6 +8,7 @@ from specpipe.core.verification import (
     ancestor_mask,
     check_tree,
     depths,
+    row_argmax,
     tree_attention_mask,
     tree_position_ids,
     verify_greedy,
@@ -47,6 +48,30 @@ def test_depths_and_ancestors():
     assert mask.shape == (1, 1, 6, 9)
     assert (mask[0, 0, :, :4] == 0).all()  # context and root visible to all
     assert mask[0, 0, 0, 4:].min() < -1e30  # the root sees no node
+
+
+def test_ancestor_mask_of_random_trees_and_chains():
+    """The mask built in one indexing equals the row-by-row definition (each node: itself and its
+    parent's row), for chains, forests and the empty draft."""
+    import random
+
+    rng = random.Random(0)
+    for n in [0, 1, 2, 8, 32, *(rng.randint(3, 40) for _ in range(50))]:
+        parents = [rng.randint(-1, i - 1) for i in range(n)] if n % 2 else list(range(-1, n - 1))
+        expected = torch.eye(n, dtype=torch.bool)
+        for i, parent in enumerate(parents):
+            if parent != -1:
+                expected[i] |= expected[parent]
+        assert torch.equal(ancestor_mask(parents), expected)
+
+
+def test_row_argmax_takes_the_first_maximum_as_torch_does():
+    logits = torch.randn(6, 50_000)
+    logits[1, [7, 900]] = 100.0  # a tie: the first one
+    logits[2] = 0.0              # all equal: index 0
+    assert row_argmax(logits) == logits.argmax(dim=-1).tolist()
+    assert row_argmax(logits)[1:3] == [7, 0]
+    assert row_argmax(logits[3:5]) == logits[3:5].argmax(dim=-1).tolist()  # a view of some rows
 
 
 @pytest.mark.parametrize("parents", [[0], [-2], [-1, 1], [-1, 0, 3]])

@@ -31,6 +31,7 @@ from specpipe.core.types import Draft, ModelInfo, SamplingParams, VerifyResult
 from specpipe.core.verification import (
     check_token_ids,
     check_tree,
+    row_argmax,
     tree_allowed,
     tree_position_ids,
     verify_greedy,
@@ -149,10 +150,11 @@ class ModelVerifier:
         cancellation = None
         if prompt:  # a prefill whose caller left stops between chunks (docs/security.md, "Session lifecycle")
             step, cancellation = Step(tuple(token_ids), chunked=True), current_cancellation()
+        elif tree_parents is None:  # a chain: consecutive positions, causal
+            step = Step(tuple(token_ids), logit_rows=len(token_ids))
         else:
-            parents = list(tree_parents) if tree_parents is not None else list(range(-1, len(token_ids) - 2))
-            step = Step(tuple(token_ids), positions=tree_position_ids(parents, cache.length)[0],
-                        allowed=tree_allowed(parents, 0), logit_rows=len(token_ids))  # [n, n]: root + ancestors
+            step = Step(tuple(token_ids), positions=tree_position_ids(tree_parents, cache.length)[0],
+                        allowed=tree_allowed(tree_parents, 0), logit_rows=len(token_ids))  # [n, n]: root + ancestors
         work = self._scheduler.run(Work(cache, one_step(step), cancellation))
         return work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
@@ -186,7 +188,7 @@ class ModelVerifier:
             session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
         metrics.VERIFY_MS.labels(draft_nodes=draft_nodes_label(len(draft))).observe(verify_ms)
 
-        node_argmax = logits.argmax(dim=-1).tolist()
+        node_argmax = row_argmax(logits)
         if sampling.greedy:
             accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, node_argmax)
         else:

@@ -29,7 +29,7 @@ import gevent
 from locust import User, constant, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from specpipe.bench.loadstats import OK, RequestRecord, itl_per_token, write_record
+from specpipe.bench.loadstats import OK, RequestRecord, itl_per_token, round_parts, write_record
 from specpipe.bench.prompts import Prompt, load_suite
 from specpipe.config.env import environment
 from specpipe.core import types
@@ -166,7 +166,7 @@ class GenerateUser(User):
         sampling = types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
         users = self.environment.runner.target_user_count
         start_s, tokens, ttft_ms, itls, status = time.time(), 0, None, [], OK
-        rounds = Counter()
+        rounds, parts = Counter(), Counter()
         last = started = time.perf_counter()
         try:
             for count, round_stats in self.events(prompt, sampling):
@@ -174,6 +174,7 @@ class GenerateUser(User):
                 if round_stats is not None:
                     rounds.update(rounds=1, plain_rounds=round_stats.drafted == 0, drafted=round_stats.drafted,
                                   accepted=round_stats.accepted)
+                    parts.update(round_parts(round_stats))
                 if count == 0:
                     continue  # a final chunk that only carries the finish reason
                 if ttft_ms is None:
@@ -191,7 +192,7 @@ class GenerateUser(User):
             self.fire("e2e", (time.perf_counter() - started) * 1e3, tokens)
         self.records.write(RequestRecord(start_s=start_s, end_s=time.time(), users=users, status=status,
                                          tokens=tokens, ttft_ms=ttft_ms, itl_ms=tuple(itls), prompt_id=prompt.id,
-                                         **rounds))
+                                         part_ms={part: round(ms, 3) for part, ms in parts.items()}, **rounds))
 
 
     def events(self, prompt: Prompt, sampling: types.SamplingParams):

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from specpipe.core.errors import InvalidArgument
+from specpipe.core.types import ROUND_PARTS
 
 OK = "OK"  # a record's status when the stream ended normally; else the gRPC status name
 
@@ -34,6 +35,7 @@ class RequestRecord:
     plain_rounds: int = 0           # ... of them without a draft (plain decoding)
     drafted: int = 0                # draft tokens verified, all rounds
     accepted: int = 0               # ... of them accepted
+    part_ms: dict = field(default_factory=dict)  # the orchestrator's time by round part, all rounds (round_parts)
 
     @property
     def e2e_ms(self) -> float:
@@ -69,6 +71,27 @@ class LevelSummary:
     tokens_per_round: float | None = None  # of the OK requests: tokens a verify round emitted
     plain_share: float | None = None   # ... the share of their rounds that carried no draft
     acceptance: float | None = None    # ... draft tokens accepted / verified (None: none verified)
+    time_split: dict = field(default_factory=dict)  # ... where the orchestrator's time went (time_split)
+
+
+SPLIT = ("prefill", "forward", "wait", "other")  # time_split's parts
+
+
+def round_parts(stats) -> dict[str, float]:
+    """A round's RoundStats as RequestRecord.part_ms adds them up: ms by ROUND_PARTS, and forward
+    (the verifier's forward, part of the call)."""
+    return {part: getattr(stats, f"{part}_ms") for part in ROUND_PARTS} | {"forward": stats.verify_ms}
+
+
+def time_split(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Shares of the orchestrator's time for records (SPLIT): the verifier's prefill and forwards,
+    waiting for drafts, and the other parts (the verify call beyond the forward, draft control,
+    emitting, recording, between rounds); empty without parts (a server that does not report them)."""
+    total = sum(ms for r in records for part, ms in r.part_ms.items() if part != "forward")
+    if not total:
+        return {}
+    shares = {part: sum(r.part_ms.get(part, 0.0) for r in records) / total for part in SPLIT[:3]}
+    return shares | {"other": max(0.0, 1.0 - sum(shares.values()))}
 
 
 def itl_per_token(gap_ms: float, tokens: int) -> list[float]:
@@ -131,6 +154,7 @@ def summarize_level(users: int, records: Sequence[RequestRecord], slo: Slo) -> L
         tokens_per_round=sum(r.tokens for r in ok) / rounds if rounds else None,
         plain_share=sum(r.plain_rounds for r in ok) / rounds if rounds else None,
         acceptance=sum(r.accepted for r in ok) / drafted if drafted else None,
+        time_split=time_split(ok),
     )
 
 
@@ -140,6 +164,13 @@ def speculation_cell(level: LevelSummary) -> str:
         return "-"
     accepted = "" if level.acceptance is None else f", {level.acceptance:.0%} accepted"
     return f"{level.tokens_per_round:.2f} ({level.plain_share:.0%} plain{accepted})"
+
+
+def split_cell(level: LevelSummary) -> str:
+    """The level's time_split: "6 / 81 / 3 / 10%"."""
+    if not level.time_split:
+        return "-"
+    return " / ".join(f"{level.time_split[part]:.0%}".removesuffix("%") for part in SPLIT) + "%"
 
 
 def token_times(record: RequestRecord) -> list[float]:
@@ -195,13 +226,14 @@ def markdown_table(levels: Sequence[LevelSummary], slo: Slo) -> str:
     bounds = ", ".join(f"{name} <= {value:g} ms" for name, value in (("TTFT", slo.ttft_ms), ("ITL", slo.itl_ms))
                        if math.isfinite(value)) or "none"
     rows = [("| users | requests | tokens/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | e2e p50 (ms) | "
-             f"goodput (req/s; SLO {bounds}) | tokens a round (plain rounds, drafts accepted) | errors |"),
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"goodput (req/s; SLO {bounds}) | tokens a round (plain rounds, drafts accepted) | "
+             "orchestrator's time: prefill / forwards / draft wait / other | errors |"),
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for s in levels:
         errors = ", ".join(f"{code} {count}" for code, count in s.errors.items()) or "0"
         rows.append(f"| {s.users} | {s.requests} | {s.tokens_per_s:.1f} | {_ms(s.ttft_p50_ms)} / {_ms(s.ttft_p99_ms)} | "
                     f"{_ms(s.itl_p50_ms)} / {_ms(s.itl_p99_ms)} | {_ms(s.e2e_p50_ms)} | "
-                    f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {speculation_cell(s)} | {errors} |")
+                    f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {speculation_cell(s)} | {split_cell(s)} | {errors} |")
     return "\n".join(rows)
 
 
