@@ -1,11 +1,12 @@
-"""Where a round's time goes: one embedded generator with the defaults (or the flags given) decodes a
-prompt once to warm up, then again measured; prints the round parts of the generation and of its
-median round (RoundStats: specpipe.core.types.ROUND_PARTS, with the verifier's forward inside the
-verify call), and the orchestrator thread's Python profile (cProfile, by own time) of the measured
-generation. Pure Python work of the orchestrator shows in the profile; the verifier's forward runs
-on its batch thread and shows only as the call's wait. docs/profile.md reads one.
+"""Where a round's time goes: one embedded generator with the defaults (or the flags given) decodes
+a suite's prompt to warm up, then the next one (or --prompt) measured; prints the round parts of the
+generation and of its median round (RoundStats: specpipe.core.types.ROUND_PARTS, with the verifier's
+forward inside the verify call), and the orchestrator thread's Python profile (cProfile, by own time)
+of the measured generation. Pure Python work of the orchestrator shows in the profile; the verifier's
+forward runs on its batch thread and shows only as the call's wait. docs/profile.md reads one.
 
     python3 scripts/profile_round.py --preset smollm2 --suite humaneval --index 0 --max-new-tokens 128
+    python3 scripts/profile_round.py --preset smollm2 --prompt "Explain why the sky is blue."
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--preset", default="smollm2")
     parser.add_argument("--suite", default="humaneval")
     parser.add_argument("--index", type=int, default=0, help="which prompt of the suite (default: %(default)s)")
+    parser.add_argument("--prompt", default=None, help="profile this chat message instead of a suite's prompt")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--drafter", default=None, help="the drafter (default: the product's)")
     parser.add_argument("--schedule", default=None, help="the schedule (default: the product's)")
@@ -44,12 +46,13 @@ def main() -> None:
     values = {"preset": args.preset, "verifier_weights": args.verifier_weights}
     values |= {key: value for key, value in (("drafter", args.drafter), ("schedule", args.schedule)) if value}
     generator = embedded_generator(generator_config(values))
-    prompt = load_suite(args.suite, args.index + 1)[args.index]
-    request = GenerationRequest(generator.encode(messages=prompt.messages), args.max_new_tokens,
-                                speculation=generator.defaults)
-    list(generator.generate(request))  # warm-up (the n-gram store learns this output: use another prompt's)
-    request = GenerationRequest(generator.encode(messages=load_suite(args.suite, args.index + 2)[-1].messages),
-                                args.max_new_tokens, speculation=generator.defaults)
+    first, second = load_suite(args.suite, args.index + 2)[args.index:]
+    warm_up, measured = (first.messages, second.messages) if args.prompt is None else \
+        (second.messages, (("user", args.prompt),))
+    # a warm-up on another prompt: the n-gram store learns its output, which would make a repeat exact
+    list(generator.generate(GenerationRequest(generator.encode(messages=warm_up), args.max_new_tokens,
+                                              speculation=generator.defaults)))
+    request = GenerationRequest(generator.encode(messages=measured), args.max_new_tokens, speculation=generator.defaults)
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
@@ -58,7 +61,8 @@ def main() -> None:
     wall_ms = (time.perf_counter() - start) * 1e3
     rounds = [c.round for c in chunks if c.round is not None]
     tokens = sum(len(c.token_ids) for c in chunks)
-    print(f"{args.preset}, {args.suite} prompt {args.index + 1}: {tokens} tokens in {len(rounds)} rounds, "
+    what = "the given prompt" if args.prompt else f"{args.suite} prompt {args.index + 2}"
+    print(f"{args.preset}, {what}: {tokens} tokens in {len(rounds)} rounds, "
           f"{wall_ms:.0f} ms ({tokens / wall_ms * 1e3:.2f} tokens/s)\n")
     parts = time_parts(rounds, wall_ms)
     print("| part | ms | share of the wall time |\n| --- | ---: | ---: |")
