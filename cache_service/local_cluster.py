@@ -61,8 +61,8 @@ class LocalCluster:
         return f"redis+cluster://{HOST}:{port}"
 
     def masters(self) -> list[int]:
-        """Ports of the running masters, as a running node sees them (CLUSTER NODES)."""
-        return [n.port for n in self._running() if n.master]
+        """Ports of the running masters that serve slots, as a running node sees them (CLUSTER NODES)."""
+        return [n.port for n in self._running() if n.master and n.slots]
 
     def replicas(self) -> list[int]:
         return [n.port for n in self._running() if not n.master]
@@ -79,8 +79,9 @@ class LocalCluster:
             process.wait()
 
     def wait_ok(self, timeout_s: float = 15.0) -> None:
-        """Until every live node sees cluster_state:ok, all slots served by live masters and its
-        replication link up (a failover of a killed master takes NODE_TIMEOUT_MS plus about 1 s)."""
+        """Until every live node sees cluster_state:ok, all slots served by live masters, no master
+        without slots (a replica whose role has not reached that node yet) and its replication link up
+        (a failover of a killed master takes NODE_TIMEOUT_MS plus about 1 s)."""
         deadline = time.monotonic() + timeout_s
         while not self._ok():
             if time.monotonic() > deadline:
@@ -109,9 +110,11 @@ class LocalCluster:
             for port in live:
                 info = _fields(_command(port, "CLUSTER", "INFO"))
                 replication = _command(port, "INFO", "replication")  # parsed by redis-py
-                serving = sum(n.slots for n in self.view(port) if n.master and n.port in live and not n.failed)
+                masters = [n for n in self.view(port) if n.master and n.port in live and not n.failed]
+                serving = sum(n.slots for n in masters)
+                settled = all(n.slots for n in masters)  # no replica still seen as a master without slots
                 if (info["cluster_state"] != "ok" or int(info["cluster_slots_ok"]) != SLOTS or serving != SLOTS
-                        or replication.get("master_link_status", "up") != "up"):
+                        or not settled or replication.get("master_link_status", "up") != "up"):
                     return False
         except redis.RedisError:
             return False
