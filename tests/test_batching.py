@@ -254,6 +254,50 @@ def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
     assert torch.equal(first, with_mates)  # bitwise: batch mates change nothing
 
 
+def test_grouped_projections_change_no_bit():
+    """The packed forward's grouped projections (one GEMM for q/k/v, one for gate and up) give the
+    logits and the KV cache of the layers run one by one: chains and a tree."""
+    from specpipe.core.verification import tree_allowed, tree_position_ids
+    from specpipe.engine import native
+
+    grouped, ungrouped = tiny_model(), tiny_model()
+    native.pack_linears(grouped)
+    native.pack_linears(ungrouped)
+    for module in ungrouped.modules():
+        for attribute in ("packed_qkv", "packed_gate_up"):
+            module.__dict__.pop(attribute, None)
+    parents = [-1, 0, -1, 2, 3]
+    outputs = []
+    for model in (grouped, ungrouped):
+        kv = new_slot(model, 256)
+        prompt = batched_forward(model, [_chain(kv, list(range(5, 45)))])[0]
+        step = batched_forward(model, [_chain(kv, [7])])[0]
+        tree = batched_forward(model, [Segment(kv, (9, 10, 11, 12, 13, 14), tree_position_ids(parents, kv.length)[0],
+                                               tree_allowed(parents, 0), logit_rows=6)])[0]
+        outputs.append((prompt, step, tree, kv.keys[:, :, :kv.length], kv.values[:, :, :kv.length]))
+    for a, b in zip(*outputs):
+        assert torch.equal(a, b)
+
+
+def test_the_additive_mask_gives_the_boolean_masks_bits():
+    """batched_forward hands attention the additive mask (0, -inf) that scaled_dot_product_attention
+    makes of a boolean one in every layer, made once a forward instead: the same output, bit for bit."""
+    import torch.nn.functional as F
+
+    from specpipe.core.verification import tree_allowed
+    from specpipe.engine.batched import _allowed
+
+    torch.manual_seed(0)
+    kv = new_slot(tiny_model(), 256)
+    kv.length = 30
+    segment = Segment(kv, (1, 2, 3, 4, 5), torch.arange(30, 35), tree_allowed([-1, 0, -1, 2], 0), logit_rows=5)
+    additive = _allowed(segment, 2, torch.float32, torch.device("cpu"))
+    boolean = additive == 0
+    q, k, v = torch.randn(1, 2, 10, 16), torch.randn(1, 2, 35, 16), torch.randn(1, 2, 35, 16)
+    assert torch.equal(F.scaled_dot_product_attention(q, k, v, attn_mask=additive),
+                       F.scaled_dot_product_attention(q, k, v, attn_mask=boolean))
+
+
 def test_batch_graphs_match_the_batched_forward():
     """The graphs mode's padded batches (specpipe.engine.batched.BatchGraphs, run here without capture) give
     each session the logits and the KV of the ragged batched forward: chains and a tree, sessions of

@@ -77,6 +77,34 @@ def test_bf16_drafter_weights_stay_close():
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_packed_group_gives_its_layers_bits(bias):
+    """Layers of one input packed side by side (a layer's q/k/v, an MLP's gate and up) run as one GEMM
+    with each layer's exact output, panel padding between them included; the layers' own weights
+    become views into the group's, so running them one by one gives the same bits, on no more memory."""
+    torch.manual_seed(3)
+    layers = [native.PackedLinear(torch.nn.Linear(40, n, bias=bias)) for n in (70, 33, 33)]
+    x = torch.randn(9, 40)
+    alone = [layer(x) for layer in layers]
+    assert native.groupable(layers)
+    group = native.PackedGroup(layers)
+    for got, expected, layer in zip(group(x), alone, layers):
+        assert torch.equal(got, expected)
+        assert torch.equal(layer(x), expected)
+        assert layer.packed.untyped_storage().data_ptr() == group.packed.untyped_storage().data_ptr()
+    assert not native.groupable([layers[0], native.PackedLinear(torch.nn.Linear(41, 8, bias=bias))])
+    assert not native.groupable([layers[0], native.PackedLinear(torch.nn.Linear(40, 8, bias=not bias))])
+
+
+def test_packing_a_model_groups_its_projections():
+    model = tiny_model()
+    native.pack_linears(model)
+    for layer in model.model.layers:
+        assert isinstance(layer.self_attn.packed_qkv, native.PackedGroup)
+        assert isinstance(layer.mlp.packed_gate_up, native.PackedGroup)
+    assert native.group_projections(model) == 0  # once
+
+
 def test_bad_input_is_refused():
     packed = native.pack_weight(torch.randn(4, 8))
     with pytest.raises(ValueError, match="float32 CPU inputs"):

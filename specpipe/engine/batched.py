@@ -9,7 +9,9 @@ chunk, ancestors for a tree). The final norm and lm_head run only on the rows th
 
 Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
 (the packed GEMM computes every row the same way for every M; attention is per session), so a
-session's logits do not depend on who else is in the forward. MKL's fp32 GEMM, which runs every
+session's logits do not depend on who else is in the forward. Not yet invariant: attention within a
+session's own step (scaled_dot_product_attention's CPU kernel gives a query row bits that depend on
+the rows and keys beside it; docs/batching.md). MKL's fp32 GEMM, which runs every
 nn.Linear in eager mode, does not by itself, and differently by CPU: on a Xeon rows differed from 6
 to 16 rows on, which its strict reproducibility mode (MKL_CBWR, turned on by specpipe/__init__.py)
 removes; on an AMD EPYC, strict mode or not, rows differ for M = 1..3 and are bitwise equal for every
@@ -65,7 +67,8 @@ def service_forward(model: PreTrainedModel, mode: str, max_context: int, progres
     """The batched forward a service's scheduler runs: batched_forward, or in the graphs mode a
     BatchGraphs' (captured now, before the first request)."""
     if mode != "graphs":
-        return lambda segments: batched_forward(model, segments)
+        pad = min_rows(model)  # the model's linear layers are packed (or not) for good by now
+        return lambda segments: batched_forward(model, segments, pad)
     graphs = BatchGraphs(model, max_context)
     graphs.warm_up(progress)
     return graphs.forward
@@ -82,16 +85,17 @@ class Segment:
     logit_rows: int                 # how many of its last rows need logits (verify: n; drafter: 1; prefill: 0)
 
 
-def _allowed(segment: Segment, group: int, device: torch.device) -> torch.Tensor | None:
-    """[group * n, past + n] bool: what each of a segment's queries (a key-value head's group of
-    query heads, stacked) may see of its slot, the same in every layer (made once a forward); None
-    for a lone token, which sees every position."""
+def _allowed(segment: Segment, group: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """[group * n, past + n]: what each of a segment's queries (a key-value head's group of query
+    heads, stacked) may see of its slot, the same in every layer (made once a forward); None for a
+    lone token, which sees every position. Additive, 0 and -inf: the mask scaled_dot_product_attention
+    would make of the boolean one in each layer."""
     n, past = len(segment.token_ids), segment.kv.length
     if n == 1:
         return None
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)  # [n, past + n]
     allowed[:, past:] = segment.allowed
-    return allowed.repeat(group, 1)
+    return torch.zeros(group * n, past + n, dtype=dtype, device=device).masked_fill_(~allowed.repeat(group, 1), -torch.inf)
 
 
 def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
@@ -103,7 +107,7 @@ def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, seg
     read once per key-value head)."""
     heads, rows, head_dim = q.shape
     group = heads // k_new.shape[0]
-    out = q.new_zeros(rows, heads * head_dim)
+    out = q.new_zeros(rows, heads * head_dim) if len(segments) > 1 or len(segments[0].token_ids) < rows else None
     for segment, start, allowed in zip(segments, offsets, masks):
         n, past = len(segment.token_ids), segment.kv.length
         end = start + n
@@ -112,14 +116,17 @@ def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, seg
         queries = q[:, start:end].reshape(-1, group * n, head_dim)                # [kv_heads, group * n, head_dim]
         o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=allowed,
                                            scale=attn.scaling)                    # [1, kv_heads, group * n, head_dim]
-        out[start:end] = o[0].reshape(heads, n, head_dim).transpose(0, 1).reshape(n, -1)
+        o = o[0].reshape(heads, n, head_dim).transpose(0, 1).reshape(n, -1)
+        if out is None:  # one segment, no padding: its rows are the output
+            return o
+        out[start:end] = o
     return out
 
 
 def min_rows(model: nn.Module) -> int:
     """The rows a forward of model is padded to: MIN_GEMM_ROWS where any nn.Linear (MKL's GEMM) runs,
-    1 where every linear layer is packed (see the module docstring). A walk over the modules: tens of
-    microseconds, against milliseconds of forward."""
+    1 where every linear layer is packed (see the module docstring). A walk over the modules (about a
+    millisecond for a 30-layer model): a service takes it once (service_forward)."""
     return MIN_GEMM_ROWS if any(type(m) is nn.Linear for m in model.modules()) else 1
 
 
@@ -129,11 +136,31 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad > 0 else x
 
 
+def _project(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's q [1, heads, R, head_dim], k [1, kv_heads, R, head_dim] and v [kv_heads, R, head_dim]
+    of x [R, hidden]: one GEMM where the three projections are packed alike
+    (specpipe.engine.native.PackedGroup, the same bits as three)."""
+    shape = (x.shape[0], -1, attn.head_dim)
+    grouped = getattr(attn, "packed_qkv", None)
+    q, k, v = grouped(x) if grouped is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+    return q.view(shape).transpose(0, 1)[None], k.view(shape).transpose(0, 1)[None], v.view(shape).transpose(0, 1)
+
+
+def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    """mlp(x), its gate and up projections as one GEMM where they are packed alike (the same bits)."""
+    grouped = getattr(mlp, "packed_gate_up", None)
+    if grouped is None:
+        return mlp(x)
+    gate, up = grouped(x)
+    return mlp.down_proj(mlp.act_fn(gate) * up)
+
+
 @torch.inference_mode()
-def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
+def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: int | None = None,
+                    ) -> list[torch.Tensor | None]:
     """Feed every segment after its cached positions and append them to its slot (kv.length grows by
     n). Returns, per segment, the logits [logit_rows, vocab] (float32) of its last logit_rows rows,
-    or None where it needs none."""
+    or None where it needs none. pad: min_rows(model), where the caller has it (a service: once)."""
     inner = model.model
     device = model.device
     lengths = [len(s.token_ids) for s in segments]
@@ -142,22 +169,18 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment]) -> list
         segment.kv.reserve(segment.kv.length + n)
     ids = torch.tensor([t for s in segments for t in s.token_ids], dtype=torch.long, device=device)  # [T]
     positions = torch.cat([s.positions for s in segments]).to(device)                                # [T]
-    pad = min_rows(model)
+    pad = min_rows(model) if pad is None else pad
     ids, positions = _pad_rows(ids, pad), _pad_rows(positions, pad)                                  # [R >= T]
     hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
     cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, R, head_dim]
     group = model.config.num_attention_heads // model.config.num_key_value_heads
-    masks = [_allowed(segment, group, device) for segment in segments]
+    masks = [_allowed(segment, group, hidden.dtype, device) for segment in segments]
     for layer_idx, layer in enumerate(inner.layers):
         attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
-        shape = (x.shape[0], -1, attn.head_dim)
-        q = attn.q_proj(x).view(shape).transpose(0, 1)[None]   # [1, heads, T, head_dim]
-        k = attn.k_proj(x).view(shape).transpose(0, 1)[None]   # [1, kv_heads, T, head_dim]
-        v = attn.v_proj(x).view(shape).transpose(0, 1)         # [kv_heads, T, head_dim]
+        q, k, v = _project(attn, layer.input_layernorm(hidden))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         hidden = hidden + attn.o_proj(_attend(attn, q[0], k[0], v, segments, layer_idx, offsets, masks))
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden + _mlp(layer.mlp, layer.post_attention_layernorm(hidden))
     for segment, n in zip(segments, lengths):
         segment.kv.length += n
 

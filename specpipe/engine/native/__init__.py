@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -181,9 +182,65 @@ class PackedLinear(nn.Module):
                 f"weights={self.packed.dtype}")
 
 
+class PackedGroup:
+    """Packed linear layers of one input side by side in one weight (a layer's q/k/v projections, an
+    MLP's gate and up), run as one GEMM: one kernel call and one pass over the input instead of one
+    each. Each layer's own packed weight becomes a view into the group's, so the model's own forward
+    still runs them one by one, on the same memory. Every output column is the same FMA chain as
+    in its own layer: the group's outputs are the layers' bits."""
+
+    def __init__(self, linears: Sequence[PackedLinear]):
+        self.out_features = [linear.out_features for linear in linears]
+        padded = [linear.packed.shape[0] * linear.packed.shape[2] for linear in linears]  # panels pad to P
+        self.starts = [sum(padded[:i]) for i in range(len(linears))]  # each layer's first output column
+        self.width = sum(padded)
+        self.packed = torch.cat([linear.packed for linear in linears])
+        self.bias = None
+        if linears[0].bias is not None:
+            self.bias = torch.zeros(self.width)
+            for linear, start in zip(linears, self.starts):
+                self.bias[start : start + linear.out_features] = linear.bias
+        panel = 0
+        for linear in linears:  # the layers' weights: views into the group's (their biases stay their own)
+            panels = linear.packed.shape[0]
+            linear.packed = self.packed[panel : panel + panels]
+            panel += panels
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x [M, K] -> each layer's output [M, out_features] (column views of one [M, width])."""
+        y = packed_linear(x, self.packed, self.width, self.bias)
+        return [y[:, start : start + n] for start, n in zip(self.starts, self.out_features)]
+
+
+def groupable(linears: Sequence[nn.Module]) -> bool:
+    """Whether linears can run as one PackedGroup: packed, one input size and weight dtype, and all
+    with a bias or none."""
+    return (all(type(linear) is PackedLinear for linear in linears)
+            and len({(linear.in_features, linear.packed.dtype, linear.bias is None) for linear in linears}) == 1)
+
+
+GROUPS = {"self_attn": ("packed_qkv", ("q_proj", "k_proj", "v_proj")), "mlp": ("packed_gate_up", ("gate_proj", "up_proj"))}
+
+
+def group_projections(model: nn.Module) -> int:
+    """Give every decoder layer of a Llama-style model its PackedGroups (attribute packed_qkv of its
+    self_attn, packed_gate_up of its mlp), where its linear layers are packed alike; returns how
+    many groups were made. specpipe.engine.batched runs them; other forwards see no change."""
+    made = 0
+    for module in model.modules():
+        for child_name, (attribute, names) in GROUPS.items():
+            child = getattr(module, child_name, None)
+            linears = [getattr(child, name, None) for name in names]
+            if isinstance(child, nn.Module) and not hasattr(child, attribute) and groupable(linears):
+                setattr(child, attribute, PackedGroup(linears))
+                made += 1
+    return made
+
+
 def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
     """Replace every fp32 CPU nn.Linear in model by a PackedLinear with weights in dtype, one at a
-    time (so peak memory grows by one layer); returns how many were replaced."""
+    time (so peak memory grows by one layer), and group the projections that share an input
+    (group_projections); returns how many linear layers were replaced."""
     library()  # build (or find) the kernel first: a missing compiler fails before anything changes
     replaced = 0
     for parent in list(model.modules()):
@@ -191,4 +248,5 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
                 setattr(parent, name, PackedLinear(child, dtype))
                 replaced += 1
+    group_projections(model)
     return replaced
