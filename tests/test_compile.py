@@ -188,6 +188,18 @@ def test_models_load_in_the_dtype_asked_for():
         load_model(ModelSpec("tiny"), "cpu", "half")
 
 
+@pytest.mark.parametrize("source", ["no-such-org/no-such-model", "/no/such/model/folder"])
+def test_a_model_that_is_not_here_is_a_clear_error_never_a_download(source):
+    """Models load from local files only (a packaged model, a folder, the local Hugging Face cache)."""
+    from specpipe.config.presets import ModelSpec
+    from specpipe.core.errors import InvalidArgument
+    from specpipe.engine.models import load_model, load_tokenizer
+
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(InvalidArgument, match="is not here.*nothing is downloaded"):
+            load(ModelSpec(source))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--compile", "maybe", "hi"], "invalid choice: 'maybe'"),
     (["generate", "--compile", "off", "--draft-weights", "bf16", "--prompt", "hi"],

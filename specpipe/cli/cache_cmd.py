@@ -23,7 +23,7 @@ def register(subparsers) -> None:
                       "(env SPECPIPE_CACHE; memory is refused: the seed would die with this process)")
     seed.add_argument("--preset", default=environment().preset or DEFAULT_PRESET, choices=sorted(PRESETS),
                       help="whose verifier's tokenizer to use (default: %(default)s; env SPECPIPE_PRESET)")
-    seed.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
+    seed.add_argument("--verifier", default=None, help="local model folder, or a model id in the local Hugging Face cache, of the verifier (overrides the preset)")
     seed.add_argument("--tenant", default="", metavar="ID",
                       help="seed this tenant's learned store (docs/security.md, \"Tenants\") (default: the "
                       "default tenant's)")

@@ -114,7 +114,7 @@ def roles_to_load(args: argparse.Namespace) -> tuple[str, ...]:
 
 def models_to_prepare(args: argparse.Namespace) -> list[str]:
     """Packaged model names (specpipe.engine.packaged) the command will load, prepared or not; a role given
-    by a path or model id (--verifier / --draft-model) needs none."""
+    by a local folder or cached model id (--verifier / --draft-model) needs none."""
     from specpipe.engine import packaged
 
     roles = roles_to_load(args)

@@ -30,8 +30,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--preset", default=environment().preset or DEFAULT_PRESET, choices=sorted(PRESETS),
                        help="model pair (default: %(default)s; env SPECPIPE_PRESET)")
-    group.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
-    group.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
+    group.add_argument("--verifier", default=None, help="local model folder, or a model id in the local Hugging Face cache, of the verifier (overrides the preset)")
+    group.add_argument("--draft-model", default=None, help="local model folder, or a model id in the local Hugging Face cache, of the drafter (overrides the preset)")
     group.add_argument("--device", default=MODEL.device, help="torch device, e.g. cpu, cuda, cuda:1 (default: %(default)s)")
     add_dtype_arg(group)
     group.add_argument("--threads", type=int, default=MODEL.threads, help="torch threads per process (default: all cores)")

