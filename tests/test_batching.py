@@ -254,14 +254,30 @@ def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
     assert torch.equal(first, with_mates)  # bitwise: batch mates change nothing
 
 
-def test_grouped_projections_change_no_bit():
-    """The packed forward's grouped projections (one GEMM for q/k/v, one for gate and up) give the
-    logits and the KV cache of the layers run one by one: chains and a tree."""
+def _wide_model() -> torch.nn.Module:
+    """A random 2-layer Qwen2 whose q projection (192 columns) fills whole packed panels on every
+    CPU (P = 16, 32 or 48): its q and k columns are adjacent in the grouped GEMM's output."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=257, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("make", [tiny_model, _wide_model], ids=["tiny", "wide"])
+def test_grouped_projections_change_no_bit(make):
+    """The packed forward's grouped projections (one GEMM for q/k/v, one for gate and up; q and k
+    rotated as one where their columns are adjacent, as in the wide model) give the logits and the
+    KV cache of the layers run one by one: chains and a tree."""
     from specpipe.core.verification import tree_allowed, tree_position_ids
     from specpipe.engine import native
 
-    grouped, ungrouped = tiny_model(), tiny_model()
+    grouped, ungrouped = make(), make()
     native.pack_linears(grouped)
+    qkv = grouped.model.layers[0].self_attn.packed_qkv
+    assert qkv.starts[1] == qkv.out_features[0] or make is not _wide_model  # the joined rotation runs
     native.pack_linears(ungrouped)
     for module in ungrouped.modules():
         for attribute in ("packed_qkv", "packed_gate_up"):
@@ -277,6 +293,30 @@ def test_grouped_projections_change_no_bit():
         outputs.append((prompt, step, tree, kv.keys[:, :, :kv.length], kv.values[:, :, :kv.length]))
     for a, b in zip(*outputs):
         assert torch.equal(a, b)
+
+
+def test_the_lean_rope_and_norm_give_transformers_bits():
+    """rotate (q and k at once, four ops) and rms_norm (no casts, two ops in place) give the bits of
+    transformers' apply_rotary_pos_emb and RMSNorm, at any position, for q and k alike."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from specpipe.engine.batched import rms_norm, rope_tables, rotate
+
+    model = tiny_model()
+    inner, head_dim = model.model, model.config.hidden_size // model.config.num_attention_heads
+    torch.manual_seed(0)
+    positions = torch.tensor([0, 1, 2, 7, 300, 4095])
+    x = torch.randn(len(positions), model.config.hidden_size) * 3
+    q, k = torch.randn(1, 4, len(positions), head_dim), torch.randn(1, 2, len(positions), head_dim)
+    with torch.inference_mode():
+        cos, sin = inner.rotary_emb(x[None], positions[None])  # [1, R, head_dim]
+        q_ref, k_ref = apply_rotary_pos_emb(q, k, cos, sin)
+        tables = rope_tables(cos, sin)
+        qk = rotate(torch.cat([q[0], k[0]]).transpose(0, 1), *tables)  # [R, heads + kv_heads, head_dim]
+        assert torch.equal(qk[:, :4].transpose(0, 1), q_ref[0]) and torch.equal(qk[:, 4:].transpose(0, 1), k_ref[0])
+        for norm in (inner.layers[0].input_layernorm, inner.norm):
+            norm.weight.copy_(torch.randn_like(norm.weight))
+            assert torch.equal(rms_norm(norm, x), norm(x))
 
 
 def test_the_additive_mask_gives_the_boolean_masks_bits():

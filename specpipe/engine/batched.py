@@ -136,14 +136,49 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) if pad > 0 else x
 
 
-def _project(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A layer's q [1, heads, R, head_dim], k [1, kv_heads, R, head_dim] and v [kv_heads, R, head_dim]
-    of x [R, hidden]: one GEMM where the three projections are packed alike
-    (specpipe.engine.native.PackedGroup, the same bits as three)."""
-    shape = (x.shape[0], -1, attn.head_dim)
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary embedding's cos and sin [1, R, head_dim] (the model's rotary_emb) as [R, 1, head_dim]
+    tables for rotate, the first half of sin negated (made once a forward)."""
+    half = cos.shape[-1] // 2
+    return cos[0, :, None], torch.cat([-sin[0, :, None, :half], sin[0, :, None, half:]], dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of x [R, heads, head_dim]: transformers' x * cos + rotate_half(x) * sin in four ops for
+    its five, the same bits ((-a) * b is -(a * b), and a sum does not depend on its order)."""
+    rotated = x.roll(x.shape[-1] // 2, dims=-1).mul_(signed_sin)
+    return rotated.add_(x * cos)
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """norm(x) for a Llama / Qwen2 RMSNorm: in float32 the same ops without its two dtype casts and
+    with two of them in place (the same bits); other dtypes run the module."""
+    if x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
+        return norm(x)
+    scale = x.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()  # [R, 1]
+    return (x * scale).mul_(norm.weight)
+
+
+def _project(attn, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's q [heads, R, head_dim] and k [kv_heads, R, head_dim], rotated, and v [kv_heads, R,
+    head_dim] of x [R, hidden]: one GEMM where the three projections are packed alike
+    (specpipe.engine.native.PackedGroup, the same bits as three), and one rotation of q and k where
+    their columns are adjacent in its output."""
+    rows, head_dim = x.shape[0], attn.head_dim
     grouped = getattr(attn, "packed_qkv", None)
-    q, k, v = grouped(x) if grouped is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
-    return q.view(shape).transpose(0, 1)[None], k.view(shape).transpose(0, 1)[None], v.view(shape).transpose(0, 1)
+    if grouped is None:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    else:
+        y = grouped.run(x)  # [R, width]
+        q, k, v = grouped.split(y)
+    if grouped is not None and grouped.starts[1] == q.shape[1]:  # q | k: one [R, heads + kv_heads, head_dim]
+        heads = q.shape[1] // head_dim
+        qk = rotate(y[:, : q.shape[1] + k.shape[1]].view(rows, -1, head_dim), cos, signed_sin)
+        q, k = qk[:, :heads], qk[:, heads:]
+    else:
+        q, k = rotate(q.view(rows, -1, head_dim), cos, signed_sin), rotate(k.view(rows, -1, head_dim), cos, signed_sin)
+    return q.transpose(0, 1), k.transpose(0, 1), v.view(rows, -1, head_dim).transpose(0, 1)
 
 
 def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
@@ -172,20 +207,19 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
     pad = min_rows(model) if pad is None else pad
     ids, positions = _pad_rows(ids, pad), _pad_rows(positions, pad)                                  # [R >= T]
     hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
-    cos, sin = inner.rotary_emb(hidden[None], positions[None])                                       # [1, R, head_dim]
+    cos, signed_sin = rope_tables(*inner.rotary_emb(hidden[None], positions[None]))                  # [R, 1, head_dim]
     group = model.config.num_attention_heads // model.config.num_key_value_heads
     masks = [_allowed(segment, group, hidden.dtype, device) for segment in segments]
     for layer_idx, layer in enumerate(inner.layers):
         attn = layer.self_attn
-        q, k, v = _project(attn, layer.input_layernorm(hidden))
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        hidden = hidden + attn.o_proj(_attend(attn, q[0], k[0], v, segments, layer_idx, offsets, masks))
-        hidden = hidden + _mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+        q, k, v = _project(attn, rms_norm(layer.input_layernorm, hidden), cos, signed_sin)
+        hidden = hidden + attn.o_proj(_attend(attn, q, k, v, segments, layer_idx, offsets, masks))
+        hidden = hidden + _mlp(layer.mlp, rms_norm(layer.post_attention_layernorm, hidden))
     for segment, n in zip(segments, lengths):
         segment.kv.length += n
 
     rows = [i for s, start, n in zip(segments, offsets, lengths) for i in range(start + n - s.logit_rows, start + n)]
-    logits = model.lm_head(_pad_rows(inner.norm(hidden[rows]), pad)).float() if rows else None  # [>= len(rows), vocab]
+    logits = model.lm_head(_pad_rows(rms_norm(inner.norm, hidden[rows]), pad)).float() if rows else None  # [>= len(rows), vocab]
     synchronize(device)  # the forward's time is measured to its end (CUDA runs asynchronously)
     out, row = [], 0
     for segment in segments:

@@ -206,10 +206,16 @@ class PackedGroup:
             linear.packed = self.packed[panel : panel + panels]
             panel += panels
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """x [M, K] -> each layer's output [M, out_features] (column views of one [M, width])."""
-        y = packed_linear(x, self.packed, self.width, self.bias)
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] -> [M, width]: the layers' outputs side by side, each from its start column."""
+        return packed_linear(x, self.packed, self.width, self.bias)
+
+    def split(self, y: torch.Tensor) -> list[torch.Tensor]:
+        """run's output -> each layer's output [M, out_features] (column views)."""
         return [y[:, start : start + n] for start, n in zip(self.starts, self.out_features)]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return self.split(self.run(x))
 
 
 def groupable(linears: Sequence[nn.Module]) -> bool:
