@@ -66,7 +66,8 @@ def metrics_section() -> str:
     return "\n".join(rows)
 
 
-HEADLINE_RUNS = ("default-humaneval", "default-gsm8k", "default-mtbench", "default-smollm2-humaneval")  # bench-results/
+HEADLINE_RUNS = tuple(f"headline-128/{preset}-{suite}" for preset in ("qwen-coder", "smollm2")  # bench-results/
+                      for suite in ("humaneval", "gsm8k", "mtbench"))
 
 
 def headline_section() -> str:

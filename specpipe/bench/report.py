@@ -183,7 +183,7 @@ SUMMARY_COLUMNS = {  # column -> its heading: the results' summary table
     "over_best": "over the best transformers method", "bound": "bound (computed)", "share": "share of bound",
     "prefill": "prefill", "orchestration": "orchestration",
 }
-HEADLINE_COLUMNS = ("tokens_per_s", "over_fair", "per_prompt", "over_lookup", "over_assisted", "over_eager")  # the README's
+HEADLINE_COLUMNS = ("tokens_per_s", "decode", "over_best", "over_fair", "share", "prefill", "orchestration")  # the README's
 
 
 def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
@@ -203,7 +203,7 @@ def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
     best = max(transformers, key=lambda s: s.tokens_per_s, default=None)
     return {"label": label, "tokens_per_s": f"{ours.tokens_per_s:.2f}", "over_eager": over(summaries[0]),
             "decode": f"{ours.decode_tokens_per_s:.2f}" if ours.decode_tokens_per_s else "-",
-            "over_best": f"{over(best)} ({best.method.split(',')[0]})" if best else "-",
+            "over_best": f"{over(best)} ({best.method.split(',')[0].removeprefix('transformers ')})" if best else "-",
             "prefill": percent(ours.prefill_share, bool(ours.orchestration)),
             "orchestration": percent(ours.orchestration_share, bool(ours.orchestration)),
             "over_fair": over(fair), "per_prompt": spread(per_prompt_speedups(ours.runs, fair.runs)) if fair else "-",

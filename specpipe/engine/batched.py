@@ -167,12 +167,9 @@ def _project(attn, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
     their columns are adjacent in its output."""
     rows, head_dim = x.shape[0], attn.head_dim
     grouped = getattr(attn, "packed_qkv", None)
-    if grouped is None:
-        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    else:
-        y = grouped.run(x)  # [R, width]
-        q, k, v = grouped.split(y)
-    if grouped is not None and grouped.starts[1] == q.shape[1]:  # q | k: one [R, heads + kv_heads, head_dim]
+    y = grouped.run(x) if grouped is not None else None  # [R, width]
+    q, k, v = grouped.split(y) if y is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+    if y is not None and grouped.starts[1] == q.shape[1]:  # q | k: one [R, heads + kv_heads, head_dim]
         heads = q.shape[1] // head_dim
         qk = rotate(y[:, : q.shape[1] + k.shape[1]].view(rows, -1, head_dim), cos, signed_sin)
         q, k = qk[:, :heads], qk[:, heads:]
