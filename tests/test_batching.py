@@ -297,8 +297,9 @@ def test_grouped_projections_change_no_bit(make):
 
 def test_the_lean_rope_and_norm_give_transformers_bits():
     """rotate (q and k at once, four ops) and rms_norm (no casts, two ops in place) give the bits of
-    transformers' apply_rotary_pos_emb and RMSNorm, at any position, for q and k alike."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    transformers' RoPE (q * cos + rotate_half(q) * sin, its apply_rotary_pos_emb) and RMSNorm, at any
+    position, for q and k alike."""
+    from transformers.models.llama.modeling_llama import rotate_half
 
     from specpipe.engine.batched import rms_norm, rope_tables, rotate
 
@@ -310,8 +311,8 @@ def test_the_lean_rope_and_norm_give_transformers_bits():
     q, k = torch.randn(1, 4, len(positions), head_dim), torch.randn(1, 2, len(positions), head_dim)
     with torch.inference_mode():
         cos, sin = inner.rotary_emb(x[None], positions[None])  # [1, R, head_dim]
-        q_ref, k_ref = apply_rotary_pos_emb(q, k, cos, sin)
-        tables = rope_tables(cos, sin)
+        q_ref, k_ref = ((t * cos[:, None]) + (rotate_half(t) * sin[:, None]) for t in (q, k))
+        tables = rope_tables(cos[0], sin[0])
         qk = rotate(torch.cat([q[0], k[0]]).transpose(0, 1), *tables)  # [R, heads + kv_heads, head_dim]
         assert torch.equal(qk[:, :4].transpose(0, 1), q_ref[0]) and torch.equal(qk[:, 4:].transpose(0, 1), k_ref[0])
         for norm in (inner.layers[0].input_layernorm, inner.norm):

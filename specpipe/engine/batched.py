@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specpipe.core.verification import additive_mask
 from specpipe.engine.graphs import Graph, new_pool
@@ -137,15 +136,15 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rotary embedding's cos and sin [1, R, head_dim] (the model's rotary_emb) as [R, 1, head_dim]
-    tables for rotate, the first half of sin negated (made once a forward)."""
+    """The rotary embedding's cos and sin [..., n, head_dim] (the model's rotary_emb) as [..., n, 1,
+    head_dim] tables for rotate, the first half of sin negated (made once a forward)."""
     half = cos.shape[-1] // 2
-    return cos[0, :, None], torch.cat([-sin[0, :, None, :half], sin[0, :, None, half:]], dim=-1)
+    return cos.unsqueeze(-2), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).unsqueeze(-2)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """RoPE of x [R, heads, head_dim]: transformers' x * cos + rotate_half(x) * sin in four ops for
-    its five, the same bits ((-a) * b is -(a * b), and a sum does not depend on its order)."""
+    """RoPE of x [..., n, heads, head_dim]: transformers' x * cos + rotate_half(x) * sin in four ops
+    for its five, the same bits ((-a) * b is -(a * b), and a sum does not depend on its order)."""
     rotated = x.roll(x.shape[-1] // 2, dims=-1).mul_(signed_sin)
     return rotated.add_(x * cos)
 
@@ -204,7 +203,7 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
     pad = min_rows(model) if pad is None else pad
     ids, positions = _pad_rows(ids, pad), _pad_rows(positions, pad)                                  # [R >= T]
     hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
-    cos, signed_sin = rope_tables(*inner.rotary_emb(hidden[None], positions[None]))                  # [R, 1, head_dim]
+    cos, signed_sin = rope_tables(*(t[0] for t in inner.rotary_emb(hidden[None], positions[None])))  # [R, 1, head_dim]
     group = model.config.num_attention_heads // model.config.num_key_value_heads
     masks = [_allowed(segment, group, hidden.dtype, device) for segment in segments]
     for layer_idx, layer in enumerate(inner.layers):
@@ -288,16 +287,15 @@ class BatchGraphs:
         config = self.model.config
         group = config.num_attention_heads // config.num_key_value_heads
         mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, width]: a group's queries in one block, as in _attend
-        cos, sin = inner.rotary_emb(hidden, positions)                        # [B, n, head_dim]
+        cos, signed_sin = rope_tables(*inner.rotary_emb(hidden, positions))   # [B, n, 1, head_dim]
         for layer_idx, layer in enumerate(inner.layers):
             attn = layer.self_attn
             keys, values = self.keys[layer_idx, :b], self.values[layer_idx, :b]  # [B, kv_heads, width, head_dim]
             kv_heads, head_dim = keys.shape[1], keys.shape[3]
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(b, n, -1, head_dim).transpose(1, 2)      # [B, heads, n, head_dim]
-            k = attn.k_proj(x).view(b, n, -1, head_dim).transpose(1, 2)      # [B, kv_heads, n, head_dim]
+            q = rotate(attn.q_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(1, 2)  # [B, heads, n, head_dim]
+            k = rotate(attn.k_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(1, 2)  # [B, kv_heads, n, head_dim]
             v = attn.v_proj(x).view(b, n, -1, head_dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
             index = write[:, None, :, None].expand(b, kv_heads, n, head_dim)
             keys.scatter_(2, index, k)
             values.scatter_(2, index, v)
