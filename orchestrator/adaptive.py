@@ -29,6 +29,9 @@ what rounds cost and what they yield (the cost model: orchestrator/costs.py).
   the most expected tokens per millisecond, the draft time being spent whatever is kept. A chain
   the choice above sized is not cut where its sources' rates match those of all sources; a tree
   (--width) keeps its alternatives only where they pay for the longer verification.
+- N-gram first (a hybrid): each fresh round first looks the free n-gram drafter up; where its draft,
+  cut by the tree budget, is expected to land at least as many tokens per millisecond as a round
+  drafting k with the small model, the round verifies it alone and the model sits the round out.
 - Load (goodput): a verifier that batches puts this session's k + 1 tokens into a forward with
   the other sessions' tokens; the choice counts the tokens of the whole forward against its time,
   so a draft token is verified only where it is expected to land more often than the batch gains
@@ -45,7 +48,8 @@ import math
 import threading
 from typing import Sequence
 
-from orchestrator.costs import Sharing, best_budget, choose_draft_len, hypotheses_that_fit, node_acceptance
+from orchestrator.costs import (Sharing, best_budget, choose_draft_len, expected_tokens, hypotheses_that_fit,
+                               node_acceptance, round_ms)
 from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key, shrink
 from specpipe.core.fits import Ewma, LinearFit
 from specpipe.core.types import FREE_DRAFT_FACTOR
@@ -106,6 +110,7 @@ class AdaptiveController:
         self._entropy_bin = -1         # of the verifier at the last position
         self._since_draft = 0          # rounds in a row without a draft
         self._probe_after = PROBE_AFTER
+        self._free_first = False       # this round's free draft sufficed (n-gram first): the drafter sat it out
         self._rounds = 0
 
     def sharing(self, load: int = 1) -> Sharing:
@@ -173,19 +178,43 @@ class AdaptiveController:
         wait = max(self._probe_after, math.ceil(probe_ms / (PROBE_SHARE * max(plain_ms, 1e-3))))
         return self._since_draft + 1 >= wait
 
-    def keep(self, parents: Sequence[int], sources: Sequence[str], draft_ms: float, load: int = 1,
-             confidence: Sequence[float] | None = None) -> list[int]:
-        """The nodes of a draft (its parents, each node's source and confidence) worth verifying
-        (best_budget); all of them before any timing is known, and in a round due a probe."""
-        if self._shared.verify.line() is None or self._probe_due():
-            return list(range(len(parents)))
+    def free_suffices(self, parents: Sequence[int], sources: Sequence[str], confidence: Sequence[float] | None,
+                      draft_ms: float, k: int, load: int = 1, branch: bool = False) -> bool:
+        """N-gram first: whether the free drafter's draft (found in draft_ms), cut by the tree budget,
+        is expected to land at least as many tokens per millisecond as a round that drafts k tokens
+        with this drafter. Such a round sits the drafter out (observe(..., free=True))."""
+        verify, draft = self._shared.verify, self._shared.draft_fit(self._kind)
+        if verify.line() is None or draft.line() is None:  # nothing measured yet
+            return False
+        sharing, overhead = self.sharing(load), self._shared.overhead.predict(0)
+        probs = node_acceptance(parents, self._node_rater(sources, confidence))
+        nodes = best_budget(probs, verify.predict, draft_ms + overhead, sharing)
+        free_ms = max(draft_ms + overhead + verify.predict(sharing.others_fed + len(nodes) + 1),
+                      sharing.turns * verify.predict(sharing.others_fed + len(nodes) + 1))
+        free_rate = (sharing.others_emitted + 1 + sum(probs[v] for v in nodes)) / max(1e-6, free_ms)
+        model_ms = round_ms(k, verify.predict(sharing.others_fed + k + 1), draft.predict(k),
+                            self.hit_rate() if branch else 0.0, sharing, overhead)
+        model_rate = (sharing.others_emitted + expected_tokens(self.acceptance(), k)) / max(1e-6, model_ms)
+        self._free_first = free_rate >= model_rate
+        return self._free_first
 
+    def _node_rater(self, sources: Sequence[str], confidence: Sequence[float] | None):
+        """rate(node, depth, rank) for node_acceptance: P(node accepted | its parent was and its earlier
+        siblings were not), by rank, source and evidence."""
         def rate(node: int, depth: int, rank: int) -> float:
             if rank:
                 return self._rate(self._alternative_key(depth, rank))
             return self._node_rate(depth, sources[node], confidence[node] if confidence else -1.0)
 
-        return best_budget(node_acceptance(parents, rate), self._shared.verify.predict,
+        return rate
+
+    def keep(self, parents: Sequence[int], sources: Sequence[str], draft_ms: float, load: int = 1,
+             confidence: Sequence[float] | None = None) -> list[int]:
+        """The nodes of a draft (its parents, each node's source and confidence) worth verifying
+        (best_budget); all of them before any timing is known, and in a round due a probe."""
+        if self._shared.verify.line() is None or (self._probe_due() and not self._free_first):
+            return list(range(len(parents)))
+        return best_budget(node_acceptance(parents, self._node_rater(sources, confidence)), self._shared.verify.predict,
                            draft_ms + self._shared.overhead.predict(0), self.sharing(load))
 
     def hypotheses(self, k: int, load: int = 1) -> int:
@@ -238,8 +267,9 @@ class AdaptiveController:
                 self._shared.probe_fit(self._kind).add(0, draft_ms)
                 self._probe_after = PROBE_AFTER if accepted else min(2 * self._probe_after, MAX_PROBE_AFTER)
             self._since_draft = 0
-        else:
+        elif not self._free_first:  # a round the free draft sufficed for is not one that stopped drafting
             self._since_draft += 1
+        self._free_first = False
         self._entropy_bin = entropy_bin(entropy)
         self._rounds += 1
 

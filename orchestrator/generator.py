@@ -19,7 +19,7 @@ import uuid
 from dataclasses import replace
 from typing import Iterator, Mapping, Sequence
 
-from orchestrator.adaptive import SharedModels
+from orchestrator.adaptive import FREE_DRAFTERS, SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
 from orchestrator.generation import Generation
 from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
@@ -80,7 +80,11 @@ class Generator:
         cache: NgramCache | None = None,
         learn_global: bool = True,
         limits: Limits = DEFAULT_LIMITS,
+        shared_cores: bool = False,
     ):
+        """shared_cores: the drafters' forwards run on the verifier's cores (one process,
+        specpipe.engine.cores), so a pre-draft slows the forward beside it about as much as it hides:
+        adaptive control drafts a model's rounds sequentially there."""
         self.tokenizer = tokenizer
         self.verifier = verifier
         self.drafters = dict(drafters)
@@ -94,6 +98,7 @@ class Generator:
         self._predictor_state: dict[tuple[str, str], object] = {}  # (drafter, predictor) -> state shared by sessions
         self._adaptive = SharedModels()  # cost lines and acceptance rates that adaptive sessions learn together
         self._load = Load()
+        self.shared_cores = shared_cores
         for kind, drafter in self.drafters.items():
             check_same_vocab(kind, drafter, self.info.vocab_fingerprint)
 
@@ -169,9 +174,9 @@ class Generator:
 
     def _rounds(self, gen: Generation) -> Iterator[GenerationChunk]:
         spec = gen.request.speculation
-        proposer = self._proposer(gen)
+        policy = self._policy(spec)
+        proposer = self._proposer(gen, policy)
         schedule = self._schedule(gen, proposer)
-        policy = self._policy(spec, proposer)
         branch = isinstance(schedule, Branch)
 
         def draft_len(emitted: int | None = None) -> int:  # draft only what can still be emitted
@@ -237,23 +242,29 @@ class Generator:
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    def _proposer(self, gen: Generation) -> Proposer:
+    def _proposer(self, gen: Generation, policy: DraftPolicy) -> Proposer:
         spec = gen.request.speculation
         template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling, tenant=gen.request.tenant)
         free = self.drafters.get("ngram") if spec.drafter == "hybrid" and spec.adaptive == "on" else None
+        branch = spec.schedule == "branch"
+
+        def suffices(proposal: ProposeResult, draft_len: int) -> bool:
+            return policy.suffices(proposal, draft_len, self._load.active, branch)
+
         return Proposer(self.drafters.get(spec.drafter), spec.drafter, template, free,
-                        spec.draft_len * FREE_DRAFT_FACTOR)
+                        spec.draft_len * FREE_DRAFT_FACTOR, suffices if free is not None else None)
 
     def _schedule(self, gen: Generation, proposer: Proposer) -> Schedule:
         spec = gen.request.speculation
-        if spec.schedule != "branch" or proposer.drafter is None:
+        overlaps = not (self.shared_cores and spec.adaptive == "on" and spec.drafter not in FREE_DRAFTERS)
+        if spec.schedule != "branch" or proposer.drafter is None or not overlaps:
             return Sequential(self.verifier, proposer, self._pool)
         shared = self._predictor_state.setdefault((spec.drafter, spec.predictor), new_shared(spec.predictor))
         return Branch(self.verifier, proposer, new_predictor(spec.predictor, shared), self._pool,
                       self.info.eos_token_ids)
 
-    def _policy(self, spec: SpeculationOptions, proposer: Proposer) -> DraftPolicy:
-        if spec.adaptive == "on" and proposer.drafter is not None:
+    def _policy(self, spec: SpeculationOptions) -> DraftPolicy:
+        if spec.adaptive == "on" and self.drafters.get(spec.drafter) is not None:
             return AdaptivePolicy(self._adaptive, spec)
         return FixedPolicy(spec)
 

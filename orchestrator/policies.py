@@ -36,6 +36,9 @@ class DraftPolicy(Protocol):
     def trim(self, proposal: ProposeResult, load: int) -> ProposeResult:
         """The nodes of a fresh draft worth verifying."""
 
+    def suffices(self, free: ProposeResult, draft_len: int, load: int, branch: bool) -> bool:
+        """Whether the free drafter's draft beats a round drafting draft_len with the drafter (n-gram first)."""
+
     def observe(self, verified: Verified) -> None: ...
 
     def observe_prediction(self, hit: bool) -> None: ...
@@ -53,6 +56,9 @@ class FixedPolicy:
 
     def trim(self, proposal: ProposeResult, load: int) -> ProposeResult:
         return proposal
+
+    def suffices(self, free: ProposeResult, draft_len: int, load: int, branch: bool) -> bool:
+        return False
 
     def observe(self, verified: Verified) -> None:
         pass
@@ -82,6 +88,11 @@ class AdaptivePolicy:
             return proposal
         metrics.TRIMMED_DRAFT_TOKENS.labels(drafter=self._kind).inc(len(draft) - len(nodes))
         return replace(proposal, draft=draft.select(nodes))
+
+    def suffices(self, free: ProposeResult, draft_len: int, load: int, branch: bool) -> bool:
+        draft = free.draft
+        return self._controller.free_suffices(draft.parents, draft.node_sources(), draft.confidence, free.draft_ms,
+                                              draft_len, load, branch)
 
     def observe(self, verified: Verified) -> None:
         draft, result = verified.proposal.draft, verified.result

@@ -6,7 +6,10 @@
 
 Both keep a model drafter's cache of the session warm while the session drafts nothing (Warmer),
 and a hybrid's rounds that adaptive control gives no model draft still verify what the free n-gram
-drafter finds (Proposer.free: recurring text the store learned, the context's own repeats).
+drafter finds (Proposer.free: recurring text the store learned, the context's own repeats). A hybrid
+under adaptive control looks the free drafter up first in every fresh round, and runs the small model
+only where the lookup's draft is expected to land fewer tokens per millisecond than a model draft
+(Proposer.suffices: n-gram first).
 
 A schedule owns the session's epoch (bumped on every rollback) and yields proposals; the verdicts
 only ever come from the verifier."""
@@ -44,6 +47,7 @@ class Proposer:
     template: ProposeRequest  # session, width and sampling of every proposal
     free: Drafter | None = None  # drafts at no forward cost (n-gram) for rounds the drafter sits out
     free_len: int = 0             # ... up to this many tokens
+    suffices: Callable[[ProposeResult, int], bool] | None = None  # the free draft beats drafting k: n-gram first
 
     def propose(self, context: Sequence[int], draft_len: int, epoch: int) -> ProposeResult:
         if self.drafter is None or draft_len <= 0:
@@ -64,6 +68,14 @@ class Proposer:
         except Exception as err:
             self.failed(err)
             return NO_DRAFT
+
+    def free_first(self, context: Sequence[int], draft_len: int, room: int) -> ProposeResult | None:
+        """N-gram first: the free drafter's draft where it is expected to beat a draft of draft_len by the
+        drafter (suffices), else None (the lookup then cost about a millisecond)."""
+        if self.suffices is None:
+            return None
+        free = self.propose_free(context, room)
+        return free if len(free.draft) and self.suffices(free, draft_len) else None
 
     def warm(self, context: Sequence[int], epoch: int) -> None:
         """Have the drafter feed context without drafting (a proposal of draft_len 0)."""
@@ -110,11 +122,15 @@ class Warmer:
         self._warming = self._pool.submit(self._proposer.warm, tuple(context), epoch)
 
     def next_draft(self, context: Sequence[int], draft_len: int, epoch: int, room: int = 0) -> ProposeResult:
-        """The proposal of a round drafted afresh (draft_len 0: the drafter warmed instead, and the
-        free drafter drafts up to room tokens)."""
+        """The proposal of a round drafted afresh (draft_len 0, or a free draft that suffices: the
+        drafter warmed instead, and the free drafter drafts up to room tokens)."""
         if draft_len <= 0:
             self.idle(context, epoch)
             return self._proposer.propose_free(context, room)
+        free = self._proposer.free_first(context, draft_len, room)
+        if free is not None:
+            self.idle(context, epoch)
+            return free
         self.drafted(len(context))
         return self._proposer.propose(context, draft_len, epoch)
 

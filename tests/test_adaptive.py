@@ -22,8 +22,8 @@ from orchestrator.costs import (
 )
 from orchestrator.generator import Generator
 from specpipe.core.fits import LinearFit
-from specpipe.core.types import SpeculationOptions
-from tests.golden import assert_golden
+from specpipe.core.types import Draft, ProposeRequest, ProposeResult, SpeculationOptions
+from tests.golden import GOLDEN_PROMPTS, assert_golden
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
 
 # the embedded (memory, Redis) and distributed (gRPC + Redis) generators with every drafter kind
@@ -279,6 +279,71 @@ def test_costly_probes_wait_longer():
     assert probes[0] == PROBE_AFTER - 1  # the first probe, before its cost is known
     waits = [b - a for a, b in zip(probes, probes[1:])]
     assert waits and min(waits) >= 300.0 / (PROBE_SHARE * 260.0)
+
+
+def test_a_hybrid_verifies_the_lookup_alone_where_it_beats_a_model_draft():
+    """N-gram first: with model drafts that land at 20 ms a token, a long context draft that lands is
+    verified without the model, while a one-token lookup is not enough; a round the lookup sufficed
+    for does not count toward a probe, nor is its draft verified whole as a probe's would be."""
+    controller = AdaptiveController(SharedModels(), "hybrid", k_max=4, m_max=1)
+    assert not controller.free_suffices(chain(8), ("context",) * 8, None, 0.5, 4)  # nothing measured yet
+    for _ in range(40):  # T(n) = 250 + 5 n
+        controller.observe(4, 4, 250.0 + 5.0 * 5, 80.0, 1.0, sources=("model",) * 4)
+        controller.observe(8, 8, 250.0 + 5.0 * 9, 0.5, 1.0, sources=("context",) * 8, free=True)
+    k = controller.draft_len()
+    assert k == 4
+    assert not controller.free_suffices(chain(1), ("context",), None, 0.5, k)  # 2 tokens in 255 ms < 5 in 355
+    assert controller.free_suffices(chain(8), ("context",) * 8, None, 0.5, k)  # 9 tokens in 295 ms
+    for _ in range(3 * PROBE_AFTER):  # rounds the lookup suffices for, in a row
+        assert controller.free_suffices(chain(8), ("context",) * 8, None, 0.5, k)
+        assert len(controller.keep(chain(32), ("global",) * 32, 0.5, confidence=(0.3,) * 32)) <= 4
+        controller.observe(8, 8, 250.0 + 5.0 * 9, 0.5, 1.0, sources=("context",) * 8, free=True)
+    assert len(controller.keep(chain(32), ("global",) * 32, 0.5, confidence=(0.3,) * 32)) <= 4  # no probe due
+
+
+class Scripted:
+    """A drafter that returns one draft and records the draft lengths it was asked for."""
+
+    def __init__(self, draft: Draft):
+        self.draft, self.asked = draft, []
+
+    def propose(self, request: ProposeRequest) -> ProposeResult:
+        self.asked.append(request.draft_len)
+        return ProposeResult(self.draft if request.draft_len else Draft(), 1.0)
+
+
+@pytest.mark.parametrize("suffices", [True, False])
+def test_n_gram_first_runs_the_model_only_where_the_lookup_does_not_suffice(suffices):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.schedules import Proposer, Warmer
+
+    model = Scripted(Draft.chain([5, 6, 7, 8]))
+    lookup = Scripted(Draft.chain([1, 2, 3], sources=("context",) * 3))
+    proposer = Proposer(model, "hybrid", ProposeRequest("s", (), 0), lookup, 16, lambda free, k: suffices)
+    with ThreadPoolExecutor(1) as pool:
+        warmer = Warmer(pool, proposer)
+        proposal = warmer.next_draft((9,) * 40, 4, 0, room=16)
+        warmer.close()
+    assert lookup.asked == [16]
+    assert proposal.draft.tokens == ((1, 2, 3) if suffices else (5, 6, 7, 8))
+    assert model.asked == ([0] if suffices else [4])  # sitting out, the model is only warmed
+
+
+def test_in_one_process_a_model_drafter_drafts_sequentially(tiny_tokenizer, tiny_verifier, tiny_drafter, references):
+    """Where the drafter shares the verifier's cores, adaptive control issues no pre-drafts (they would
+    slow the forward beside them about as much as they hide); apart, the branch schedule issues them.
+    The output is the verifier's either way."""
+    from specpipe.core.types import GenerationRequest
+    from tests.golden import run
+
+    prompt_ids, reference = references[GOLDEN_PROMPTS[0]]
+    spec = SpeculationOptions(drafter="model", schedule="branch", adaptive="on", draft_len=4)
+    for shared_cores in (True, False):
+        gen = Generator(tiny_tokenizer, tiny_verifier, {"model": tiny_drafter}, shared_cores=shared_cores)
+        tokens, chunks = run(gen, GenerationRequest(prompt_ids, MAX_NEW_TOKENS, speculation=spec))
+        assert tokens == reference
+        assert any(chunk.round.hypotheses for chunk in chunks) is not shared_cores
 
 
 ADAPTIVE = {

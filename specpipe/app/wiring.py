@@ -134,7 +134,8 @@ def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] |
         drafter = ModelDrafter.load(drafter_spec, model.device, model.torch_dtype, **forward)
     drafters = build_drafters(kinds, store, drafter, verifier.info())
     return Generator(load_tokenizer(verifier_spec), verifier, drafters, config.speculation,
-                     store if uses_store else None, limits=config.verifier.limits)  # the store is fed only if drafted from
+                     store if uses_store else None,  # the store is fed only if drafted from
+                     limits=config.verifier.limits, shared_cores=model.on_cpu)
 
 
 def orchestrator_generator(config: OrchestratorConfig):

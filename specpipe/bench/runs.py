@@ -186,8 +186,8 @@ def own_generator(generator, kind: str, learn_global: bool):
 
     if kind not in STORE_DRAFTERS:
         return Generator(generator.tokenizer, generator.verifier, generator.drafters, generator.defaults,
-                         generator.cache, learn_global=False)
+                         generator.cache, learn_global=False, shared_cores=generator.shared_cores)
     store = InMemoryNgramCache()
     drafters = build_drafters((kind,), store, generator.drafters.get("model"), generator.info)
     return Generator(generator.tokenizer, generator.verifier, drafters, generator.defaults, store,
-                     learn_global=learn_global)
+                     learn_global=learn_global, shared_cores=generator.shared_cores)
