@@ -48,8 +48,8 @@ import math
 import threading
 from typing import Sequence
 
-from orchestrator.costs import (Sharing, best_budget, choose_draft_len, expected_tokens, hypotheses_that_fit,
-                               node_acceptance, round_ms)
+from orchestrator.costs import (Sharing, best_budget, best_budget_rate, choose_draft_len, hypotheses_that_fit,
+                               node_acceptance, round_rate)
 from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key, shrink
 from specpipe.core.fits import Ewma, LinearFit
 from specpipe.core.types import FREE_DRAFT_FACTOR
@@ -110,7 +110,8 @@ class AdaptiveController:
         self._entropy_bin = -1         # of the verifier at the last position
         self._since_draft = 0          # rounds in a row without a draft
         self._probe_after = PROBE_AFTER
-        self._free_first = False       # this round's free draft sufficed (n-gram first): the drafter sat it out
+        # this round's free draft sufficed (n-gram first), the drafter sitting it out: (its parents, the nodes kept)
+        self._free_first: tuple[Sequence[int], list[int]] | None = None
         self._rounds = 0
 
     def sharing(self, load: int = 1) -> Sharing:
@@ -182,21 +183,18 @@ class AdaptiveController:
                       draft_ms: float, k: int, load: int = 1, branch: bool = False) -> bool:
         """N-gram first: whether the free drafter's draft (found in draft_ms), cut by the tree budget,
         is expected to land at least as many tokens per millisecond as a round that drafts k tokens
-        with this drafter. Such a round sits the drafter out (observe(..., free=True))."""
+        with this drafter. Such a round sits the drafter out (observe(..., free=True)); keep() then
+        returns the cut already made."""
         verify, draft = self._shared.verify, self._shared.draft_fit(self._kind)
         if verify.line() is None or draft.line() is None:  # nothing measured yet
             return False
         sharing, overhead = self.sharing(load), self._shared.overhead.predict(0)
-        probs = node_acceptance(parents, self._node_rater(sources, confidence))
-        nodes = best_budget(probs, verify.predict, draft_ms + overhead, sharing)
-        free_ms = max(draft_ms + overhead + verify.predict(sharing.others_fed + len(nodes) + 1),
-                      sharing.turns * verify.predict(sharing.others_fed + len(nodes) + 1))
-        free_rate = (sharing.others_emitted + 1 + sum(probs[v] for v in nodes)) / max(1e-6, free_ms)
-        model_ms = round_ms(k, verify.predict(sharing.others_fed + k + 1), draft.predict(k),
-                            self.hit_rate() if branch else 0.0, sharing, overhead)
-        model_rate = (sharing.others_emitted + expected_tokens(self.acceptance(), k)) / max(1e-6, model_ms)
-        self._free_first = free_rate >= model_rate
-        return self._free_first
+        nodes, free_rate = best_budget_rate(node_acceptance(parents, self._node_rater(sources, confidence)),
+                                            verify.predict, draft_ms + overhead, sharing)
+        model_rate = round_rate(self.acceptance(), k, verify.predict, draft.predict,
+                                self.hit_rate() if branch else 0.0, sharing, overhead)
+        self._free_first = (parents, nodes) if free_rate >= model_rate else None
+        return self._free_first is not None
 
     def _node_rater(self, sources: Sequence[str], confidence: Sequence[float] | None):
         """rate(node, depth, rank) for node_acceptance: P(node accepted | its parent was and its earlier
@@ -212,7 +210,9 @@ class AdaptiveController:
              confidence: Sequence[float] | None = None) -> list[int]:
         """The nodes of a draft (its parents, each node's source and confidence) worth verifying
         (best_budget); all of them before any timing is known, and in a round due a probe."""
-        if self._shared.verify.line() is None or (self._probe_due() and not self._free_first):
+        if self._free_first is not None and self._free_first[0] is parents:  # the free draft free_suffices cut
+            return list(self._free_first[1])
+        if self._shared.verify.line() is None or self._probe_due():
             return list(range(len(parents)))
         return best_budget(node_acceptance(parents, self._node_rater(sources, confidence)), self._shared.verify.predict,
                            draft_ms + self._shared.overhead.predict(0), self.sharing(load))
@@ -267,9 +267,9 @@ class AdaptiveController:
                 self._shared.probe_fit(self._kind).add(0, draft_ms)
                 self._probe_after = PROBE_AFTER if accepted else min(2 * self._probe_after, MAX_PROBE_AFTER)
             self._since_draft = 0
-        elif not self._free_first:  # a round the free draft sufficed for is not one that stopped drafting
+        elif self._free_first is None:  # a round the free draft sufficed for is not one that stopped drafting
             self._since_draft += 1
-        self._free_first = False
+        self._free_first = None
         self._entropy_bin = entropy_bin(entropy)
         self._rounds += 1
 

@@ -67,15 +67,21 @@ def round_ms(k: int, verify_ms: float, draft_ms: float, hit_rate: float, sharing
     return max(alone, sharing.turns * verify_ms, sharing.drafter_turns * draft_ms)
 
 
+def round_rate(acceptance: Sequence[float], k: int, verify_ms, draft_ms, hit_rate: float = 0.0,
+               sharing: Sharing = ALONE, overhead_ms: float = 0.0) -> float:
+    """Expected tokens per millisecond of a round of k drafts, the tokens of the whole forward counted
+    (sharing). verify_ms(n): T(n) for n tokens fed; draft_ms(k): time to draft k tokens;
+    acceptance: a_1..a_kmax."""
+    cost = round_ms(k, verify_ms(sharing.others_fed + k + 1), draft_ms(k), hit_rate, sharing, overhead_ms)
+    return (sharing.others_emitted + expected_tokens(acceptance, k)) / max(1e-6, cost)
+
+
 def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: int, hit_rate: float = 0.0,
                      sharing: Sharing = ALONE, overhead_ms: float = 0.0) -> int:
-    """The k in 0..k_max with the most expected tokens per millisecond, the tokens of the whole
-    forward counted (sharing). verify_ms(n): T(n) for n tokens fed; draft_ms(k): time to draft k
-    tokens; acceptance: a_1..a_kmax."""
+    """The k in 0..k_max with the most expected tokens per millisecond (round_rate)."""
     best_k, best_rate = 0, 0.0
     for k in range(0, k_max + 1):
-        cost = round_ms(k, verify_ms(sharing.others_fed + k + 1), draft_ms(k), hit_rate, sharing, overhead_ms)
-        rate = (sharing.others_emitted + expected_tokens(acceptance, k)) / max(1e-6, cost)
+        rate = round_rate(acceptance, k, verify_ms, draft_ms, hit_rate, sharing, overhead_ms)
         if rate > best_rate * (1 + 1e-9):  # ties go to the shorter draft
             best_k, best_rate = k, rate
     return best_k
@@ -101,11 +107,17 @@ def node_acceptance(parents: Sequence[int], rate) -> list[float]:
 
 
 def best_budget(probs: Sequence[float], verify_ms, spent_ms: float, sharing: Sharing = ALONE) -> list[int]:
-    """After drafting: the nodes to verify. The m most likely nodes (a node is never more likely
-    than its parent, so they form a tree) yield 1 + the sum of their probs tokens; m is the count
-    with the most tokens per millisecond when spent_ms (draft, overheads) is paid whatever m is,
-    the whole forward counted as in choose_draft_len; verify_ms(n): T(n) for n tokens fed. Ties go
-    to the smaller tree. Node indices, ascending."""
+    """After drafting: the nodes to verify (best_budget_rate)."""
+    return best_budget_rate(probs, verify_ms, spent_ms, sharing)[0]
+
+
+def best_budget_rate(probs: Sequence[float], verify_ms, spent_ms: float,
+                     sharing: Sharing = ALONE) -> tuple[list[int], float]:
+    """The nodes to verify and their expected tokens per millisecond. The m most likely nodes (a
+    node is never more likely than its parent, so they form a tree) yield 1 + the sum of their
+    probs tokens; m is the count with the most tokens per millisecond when spent_ms (draft,
+    overheads) is paid whatever m is, the whole forward counted as in choose_draft_len;
+    verify_ms(n): T(n) for n tokens fed. Ties go to the smaller tree. Node indices, ascending."""
     order = sorted(range(len(probs)), key=lambda v: (-probs[v], v))
     best_m, best_rate, tokens = 0, 0.0, 1.0 + sharing.others_emitted
     for m in range(len(order) + 1):
@@ -114,7 +126,7 @@ def best_budget(probs: Sequence[float], verify_ms, spent_ms: float, sharing: Sha
         rate = tokens / max(1e-6, spent_ms + forward_ms, sharing.turns * forward_ms)
         if rate > best_rate * (1 + 1e-9):
             best_m, best_rate = m, rate
-    return sorted(order[:best_m])
+    return sorted(order[:best_m]), best_rate
 
 
 def hypotheses_that_fit(verify_ms: float, draft_ms: float, m_max: int) -> int:

@@ -174,10 +174,9 @@ class Generator:
 
     def _rounds(self, gen: Generation) -> Iterator[GenerationChunk]:
         spec = gen.request.speculation
-        policy = self._policy(spec)
-        proposer = self._proposer(gen, policy)
-        schedule = self._schedule(gen, proposer)
-        branch = isinstance(schedule, Branch)
+        policy, branch = self._policy(spec), self._branch(spec)
+        proposer = self._proposer(gen, policy, branch)
+        schedule = self._schedule(gen, proposer, branch)
 
         def draft_len(emitted: int | None = None) -> int:  # draft only what can still be emitted
             return min(policy.draft_len(self._load.active, branch), gen.room(emitted))
@@ -242,11 +241,10 @@ class Generator:
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    def _proposer(self, gen: Generation, policy: DraftPolicy) -> Proposer:
+    def _proposer(self, gen: Generation, policy: DraftPolicy, branch: bool) -> Proposer:
         spec = gen.request.speculation
         template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling, tenant=gen.request.tenant)
         free = self.drafters.get("ngram") if spec.drafter == "hybrid" and spec.adaptive == "on" else None
-        branch = spec.schedule == "branch"
 
         def suffices(proposal: ProposeResult, draft_len: int) -> bool:
             return policy.suffices(proposal, draft_len, self._load.active, branch)
@@ -254,10 +252,17 @@ class Generator:
         return Proposer(self.drafters.get(spec.drafter), spec.drafter, template, free,
                         spec.draft_len * FREE_DRAFT_FACTOR, suffices if free is not None else None)
 
-    def _schedule(self, gen: Generation, proposer: Proposer) -> Schedule:
+    def _branch(self, spec: SpeculationOptions) -> bool:
+        """Whether a generation runs the branch schedule: asked for, with a drafter, and under adaptive
+        control not where a model's pre-drafts would take the verifier's cores (shared_cores; the free
+        n-gram drafter issues none)."""
+        if spec.schedule != "branch" or self.drafters.get(spec.drafter) is None:
+            return False
+        return not (self.shared_cores and spec.adaptive == "on" and spec.drafter not in FREE_DRAFTERS)
+
+    def _schedule(self, gen: Generation, proposer: Proposer, branch: bool) -> Schedule:
         spec = gen.request.speculation
-        overlaps = not (self.shared_cores and spec.adaptive == "on" and spec.drafter not in FREE_DRAFTERS)
-        if spec.schedule != "branch" or proposer.drafter is None or not overlaps:
+        if not branch:
             return Sequential(self.verifier, proposer, self._pool)
         shared = self._predictor_state.setdefault((spec.drafter, spec.predictor), new_shared(spec.predictor))
         return Branch(self.verifier, proposer, new_predictor(spec.predictor, shared), self._pool,

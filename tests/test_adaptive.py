@@ -293,7 +293,9 @@ def test_a_hybrid_verifies_the_lookup_alone_where_it_beats_a_model_draft():
     k = controller.draft_len()
     assert k == 4
     assert not controller.free_suffices(chain(1), ("context",), None, 0.5, k)  # 2 tokens in 255 ms < 5 in 355
-    assert controller.free_suffices(chain(8), ("context",) * 8, None, 0.5, k)  # 9 tokens in 295 ms
+    lookup = chain(8)
+    assert controller.free_suffices(lookup, ("context",) * 8, None, 0.5, k)  # 9 tokens in 295 ms
+    assert controller.keep(lookup, ("context",) * 8, 0.5) == list(range(8))  # the cut it made
     for _ in range(3 * PROBE_AFTER):  # rounds the lookup suffices for, in a row
         assert controller.free_suffices(chain(8), ("context",) * 8, None, 0.5, k)
         assert len(controller.keep(chain(32), ("global",) * 32, 0.5, confidence=(0.3,) * 32)) <= 4
