@@ -424,24 +424,34 @@ def test_adaptive_is_the_default_unless_a_draft_length_is_fixed(argv, adaptive, 
 
 
 @pytest.mark.parametrize("argv, drafter_service, drafter", [
-    (["generate", "--prompt", "x"], False, "ngram"),                   # embedded: the small model shares the cores
-    (["bench"], False, "ngram"),
+    (["generate", "--prompt", "x"], False, "hybrid"),                 # qwen-coder: a 0.5B drafter of its own
+    (["generate", "--prompt", "x", "--preset", "smollm2"], False, "ngram"),  # its drafter: its own first layers
+    (["generate", "--prompt", "x", "--preset", "tiny", "--draft-model", "d"], False, "hybrid"),
+    (["bench"], False, "hybrid"),
+    (["bench", "--preset", "tiny"], False, "ngram"),
     (["up"], False, "hybrid"),                                         # a drafter service on a core of its own
     (["serve", "orchestrator", "--verifier-addr", "v:1", "--drafter-addr", "d:2"], False, "hybrid"),
     (["serve", "orchestrator", "--verifier-addr", "v:1"], False, "ngram"),  # no drafter service to draft with
     (["serve", "orchestrator"], True, "hybrid"),                       # Ray: the drafter deployment
     (["up", "--drafter", "model"], False, "model"),                    # a drafter given is the drafter
+    (["generate", "--prompt", "x", "--drafter", "ngram"], False, "ngram"),
 ])
-def test_the_default_drafter_is_the_hybrid_where_a_drafter_service_drafts(argv, drafter_service, drafter):
+def test_the_default_drafter_is_the_hybrid_where_a_small_model_of_its_own_drafts(argv, drafter_service, drafter):
+    """The hybrid where a drafter service drafts, or in one process where the preset's drafter is a
+    separate small model; the n-gram drafter where it would be the verifier's own first layers (a large
+    share of a verify) or no model is there to draft."""
     from specpipe.cli import options
     from specpipe.cli.main import build_parser
-    from specpipe.config.services import speculation
+    from specpipe.config.services import generator_config, orchestrator_config, speculation
 
-    spec = speculation(vars(build_parser().parse_args(argv)), drafter_service)
+    values = vars(build_parser().parse_args(argv))
+    in_process = argv[0] in ("generate", "bench")
+    spec = (generator_config(values).speculation if in_process else
+            orchestrator_config(values, drafter_service).speculation)
     assert spec.drafter == drafter
-    if not drafter_service:
-        flags = options.speculation_flags(spec)  # what `up` passes to its orchestrator
-        assert flags[flags.index("--drafter") + 1] == drafter
+    flags = options.speculation_flags(spec)  # what `up` passes to its orchestrator
+    assert speculation(vars(build_parser().parse_args([*argv, *flags])), drafter_service,
+                       in_process) == spec
 
 
 def test_free_drafts_are_sized_by_their_evidence():

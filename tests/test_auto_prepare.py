@@ -19,7 +19,8 @@ QWEN = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]  # verifier, drafter
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["generate", "--prompt", "x", "--preset", "qwen-coder"], QWEN[:1]),  # the n-gram drafter by default
+    (["generate", "--prompt", "x", "--preset", "qwen-coder"], QWEN),  # the hybrid by default: its drafter too
+    (["generate", "--prompt", "x", "--preset", "qwen-coder", "--drafter", "ngram"], QWEN[:1]),
     (["generate", "--prompt", "x", "--preset", "qwen-coder", "--drafter", "model"], QWEN),
     (["generate", "--prompt", "x", "--preset", "smollm2"], ["smollm2-135m"]),
     (["generate", "--prompt", "x", "--preset", "tiny"], []),

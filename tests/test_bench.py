@@ -156,7 +156,7 @@ def test_the_bound_with_a_verify_cost_per_draft_length():
 
 def test_headline_is_the_default_configuration_and_else_labelled():
     from specpipe.bench.measure import MethodSpec, MethodSummary, PromptRun
-    from specpipe.bench.report import headline, spread, summary_table
+    from specpipe.bench.report import from_json, headline, is_default, spread, summary_table, to_json
     from specpipe.core.types import SpeculationOptions
 
     d = SpeculationOptions()
@@ -167,7 +167,8 @@ def test_headline_is_the_default_configuration_and_else_labelled():
     def summary(name, tokens_per_s, spec=None, seconds=(1.0, 2.0)):
         runs = [PromptRun(str(i), 3, (1,) * 4, s) for i, s in enumerate(seconds)]
         return MethodSummary(name, 8, sum(seconds), tokens_per_s, 1.0, 1.0, 0.0, 2, 2, spec=spec, runs=runs,
-                             bound=2.0 if spec else 0.0, bound_share=0.5 if spec else 0.0)
+                             bound=2.0 if spec else 0.0, bound_share=0.5 if spec else 0.0,
+                             default=is_default(spec, d))
 
     base = summary("verifier-only generate()", 1.0, seconds=(4.0, 4.0))
     fair = summary("verifier-only generate(), 2 threads, packed", 2.0, seconds=(2.0, 2.0))
@@ -187,6 +188,15 @@ def test_headline_is_the_default_configuration_and_else_labelled():
     both = [summary("specpipe default, learning", 4.0, replace(default, learn_global=True)),
             summary("specpipe default, not learning", 3.0, replace(default, learn_global=False))]
     assert headline([base, *both])[0] is both[0 if default_learning() else 1]
+    # the default is the models': with a drafter of their own, the hybrid (the bench marks it), and a
+    # file from before the mark reads the n-gram drafter's as the default
+    hybrid = summary("specpipe hybrid", 3.5, replace(default, drafter="hybrid"))
+    ours = headline([base, replace(runs[3], default=False), replace(hybrid, default=True)])
+    assert ours == (replace(hybrid, default=True), "default configuration")
+    old = to_json([base, runs[3], hybrid], {})
+    for m in old["methods"]:
+        del m["default"]
+    assert [s.default for s in from_json(old)] == [False, True, False]
 
 
 def test_time_parts_add_up_to_the_wall_time():

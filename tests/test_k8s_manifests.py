@@ -80,11 +80,11 @@ def test_grace_period_covers_prestop_drain_and_margin(objects):
 
 
 def test_the_orchestrator_speculates_with_the_served_defaults(objects):
-    from specpipe.core.types import SERVED_DRAFTER, SpeculationOptions
+    from specpipe.core.types import DRAFTER_WITH_MODEL, SpeculationOptions
 
     config = {k: v for cm in of_kind(objects, "ConfigMap") if cm["metadata"]["name"].startswith("specpipe-config")
               for k, v in cm["data"].items()}
-    assert config["SPECPIPE_DRAFTER"] == SERVED_DRAFTER  # the drafter runs in pods of its own
+    assert config["SPECPIPE_DRAFTER"] == DRAFTER_WITH_MODEL  # the drafter runs in pods of its own
     defaults = SpeculationOptions()
     assert (config["SPECPIPE_SCHEDULE"], config["SPECPIPE_ADAPTIVE"]) == (defaults.schedule, defaults.adaptive)
 

@@ -1,13 +1,15 @@
 #!/bin/bash
 # The headline (README, docs/results "The default configuration against baselines on equal footing"):
-# specpipe with default flags (embedded, as `specpipe generate` runs it: --compile auto, the n-gram
-# drafter, the branch schedule, adaptive control, learning; the process pinned to 2 cores, shared by
-# the verifier and the drafter) against transformers on the same 2 cores and the same packed weights
-# (generate(), assisted generation, prompt lookup at 4 and 10 tokens), and eager generate() on one
-# core, labelled. 20 HumanEval, 10 GSM8K and 8 MT-Bench prompts (every category in turn).
-# PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128) and SUITES
-# (default "humaneval gsm8k mtbench") change the run; it writes bench-results/headline-$TOKENS/
-# $PRESET-$SUITE.json and the docs/results section headline-$TOKENS-$PRESET.
+# specpipe with default flags (embedded, as `specpipe generate` runs it: --compile auto, the default
+# drafter of the preset (qwen-coder: the hybrid, n-gram first; smollm2: the n-gram drafter), the branch
+# schedule, adaptive control, learning; the process pinned to 2 cores, shared by the verifier and the
+# drafter) against transformers on the same 2 cores and the same packed weights (generate(), assisted
+# generation, prompt lookup at 4 and 10 tokens), and eager generate() on one core, labelled. 20
+# HumanEval, 10 GSM8K and 8 MT-Bench prompts (every category in turn).
+# PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128), SUITES (default
+# "humaneval gsm8k mtbench") and BASELINES (default generate,generate-threads,assisted,prompt-lookup;
+# without generate, the slowest row, a run takes about a third less) change the run; it writes
+# bench-results/headline-$TOKENS/$PRESET-$SUITE.json and the docs/results section headline-$TOKENS-$PRESET.
 # On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval about 50.
 # (The 48-token run of 2026-11-24 on the AVX2 host: bench-results/default-*.json.)
 set -e
@@ -15,12 +17,13 @@ cd "$(dirname "$0")/../.."
 tokens=${TOKENS:-128}
 preset=${PRESET:-qwen-coder}
 suites=${SUITES:-humaneval gsm8k mtbench}
+baselines=${BASELINES:-generate,generate-threads,assisted,prompt-lookup}
 out=bench-results/headline-$tokens
 mkdir -p "$out"
 declare -A limit=([humaneval]=20 [gsm8k]=10 [mtbench]=8)
 files=()
 for suite in $suites; do
-  specpipe bench --preset "$preset" --max-new-tokens "$tokens" --baselines generate,generate-threads,assisted,prompt-lookup \
+  specpipe bench --preset "$preset" --max-new-tokens "$tokens" --baselines "$baselines" \
     --suite "$suite" --limit "${limit[$suite]}" --json "$out/$preset-$suite.json"
   files+=("$out/$preset-$suite.json")
 done

@@ -38,7 +38,9 @@ def pipeline_cores(config: BenchConfig, methods: list, cores: list[int]) -> list
 
 def run(config: BenchConfig) -> int:
     from specpipe.bench.measure import benchmark, specpipe_method
-    from specpipe.bench.report import detail_table, markdown_table, sweep_table, time_table, to_json
+    from specpipe.bench.report import detail_table, is_default, markdown_table, sweep_table, time_table, to_json
+    from specpipe.config.services import in_process_default
+    from specpipe.core.types import DRAFTER_WITH_MODEL, SpeculationOptions
     from specpipe.bench.runs import (
         bench_prompts,
         embedded_generators,
@@ -73,7 +75,10 @@ def run(config: BenchConfig) -> int:
         reference = specs[none].name() if compiled else None
         references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
         by_name = {spec.name(): spec for spec in specs.values()}
-        summaries = [replace(s, spec=by_name.get(s.method)) for s in benchmark(prompts, runs, references)]
+        default = in_process_default(config.model) if config.transport == "embedded" else \
+            replace(SpeculationOptions(), drafter=DRAFTER_WITH_MODEL)  # a drafter service drafts
+        summaries = [replace(s, spec=by_name.get(s.method), default=is_default(by_name.get(s.method), default))
+                     for s in benchmark(prompts, runs, references)]
     print(markdown_table(summaries))
     print()
     print(detail_table(summaries))

@@ -121,6 +121,7 @@ class MethodSummary:
     bound: float = 0.0
     bound_share: float = 0.0
     spec: MethodSpec | None = None  # a specpipe method's settings; None for a transformers baseline
+    default: bool = False           # ran the product's default configuration for the run's models (report.headline)
     runs: list[PromptRun] = field(default_factory=list, repr=False)
 
 

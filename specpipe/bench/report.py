@@ -35,6 +35,7 @@ def from_json(data: dict) -> list[MethodSummary]:
         fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
         fields["orchestration"] = dict(fields.get("orchestration", {}))
         fields["spec"] = MethodSpec(**fields["spec"]) if fields.get("spec") else None
+        fields.setdefault("default", is_default(fields["spec"]))  # a file from before the field: the n-gram default
         summaries.append(MethodSummary(**{**fields, "runs": runs}))
     return summaries
 
@@ -140,10 +141,11 @@ def best_specpipe(summaries: list[MethodSummary]) -> MethodSummary | None:
     return max(ours, key=lambda s: s.tokens_per_s, default=None)
 
 
-def is_default(spec: MethodSpec | None) -> bool:
-    """Whether a method ran the product's default configuration: default speculation options, the
-    compiled forward (`--compile auto` on a host with a C compiler), no added hop delay."""
-    return spec is not None and spec.speculation() == SpeculationOptions() and spec.compiled and not spec.hop_delay_ms
+def is_default(spec: MethodSpec | None, default: SpeculationOptions = SpeculationOptions()) -> bool:
+    """Whether a method ran the product's default configuration: default speculation options (for its
+    models: specpipe.config.services.in_process_default), the compiled forward (`--compile auto` on a
+    host with a C compiler), no added hop delay."""
+    return spec is not None and spec.speculation() == default and spec.compiled and not spec.hop_delay_ms
 
 
 def headline(summaries: list[MethodSummary]) -> tuple[MethodSummary | None, str]:
@@ -151,7 +153,7 @@ def headline(summaries: list[MethodSummary]) -> tuple[MethodSummary | None, str]
     learning on and off, the one with the default learning), else the fastest (labelled)."""
     from specpipe.bench.methods import default_learning
 
-    defaults = [s for s in summaries if is_default(s.spec)]
+    defaults = [s for s in summaries if s.default]
     default = next((s for s in defaults if s.spec.learn_global == default_learning()), next(iter(defaults), None))
     if default is not None:
         return default, "default configuration"

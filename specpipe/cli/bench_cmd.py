@@ -86,7 +86,7 @@ def register(subparsers) -> None:
                        "measured HumanEval, GSM8K and MT-Bench rates, %(default)s)")
     curve.add_argument("--plot", default=None, metavar="PNG", help="write the curves as a PNG plot")
     options.add_model_args(parser)
-    options.add_speculation_args(parser)
+    options.add_speculation_args(parser, in_process=True)
     options.add_hop_delay_arg(parser)
     # A thread per core the process may use (after pinning); a method is adaptive unless it names a
     # fixed /K (or --adaptive off).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -28,7 +29,7 @@ def register(subparsers) -> None:
                         "(default: the default tenant)")
     security_args.add_client_tls_args(parser, " of --addr")
     options.add_model_args(parser)
-    options.add_speculation_args(parser)
+    options.add_speculation_args(parser, in_process=True)
     options.add_sampling_args(parser)
     parser.set_defaults(func=run)
 
@@ -44,9 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
         tls, token = security_args.client_security(args)
         client = GenerationClient(args.addr, tls=tls, auth_token=token)
+        spec = speculation(vars(args))
+        if args.drafter is None:  # the server's default drafter (empty fields take the server's defaults)
+            spec = dataclasses.replace(spec, drafter="")
         chunks = client.generate(
             prompt=prompt, messages=messages, max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
-            sampling=options.sampling_params(args), speculation=speculation(vars(args)), tenant=args.tenant,
+            sampling=options.sampling_params(args), speculation=spec, tenant=args.tenant,
         )
     else:
         from specpipe.app.wiring import embedded_generator

@@ -102,7 +102,10 @@ def roles_to_load(args: argparse.Namespace) -> tuple[str, ...]:
     if command == "generate":
         if args.addr:
             return ()
-        return ("verifier",) if args.drafter in ("ngram", "none") else ("verifier", "drafter")
+        from specpipe.config.services import speculation
+
+        drafter = speculation(vars(args), in_process=True).drafter
+        return ("verifier",) if drafter in ("ngram", "none") else ("verifier", "drafter")
     if command == "serve":
         return {"verifier": ("verifier",), "drafter": ("drafter",), "orchestrator": ("verifier",)}.get(args.role, ())
     if command == "bench":

@@ -16,7 +16,7 @@ from specpipe.core.types import (
     FREE_DRAFT_FACTOR,
     PREDICTORS,
     SCHEDULES,
-    SERVED_DRAFTER,
+    DRAFTER_WITH_MODEL,
     SamplingParams,
     SpeculationOptions,
 )
@@ -68,15 +68,18 @@ def add_compile_arg(parser) -> None:
                         "(default: %(default)s)")
 
 
-def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = DEFAULT.drafter) -> None:
-    """drafter: the --drafter default; None: SERVED_DRAFTER when --drafter-addr is given, else the
-    embedded default (speculation_options)."""
+def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = None, in_process: bool = False) -> None:
+    """drafter: the --drafter default; None: resolved by specpipe.config.services.speculation, from
+    --drafter-addr, or in_process (the command drafts in its own process) from the models."""
     group = parser.add_argument_group("speculation")
-    default = {None: f"{SERVED_DRAFTER} with --drafter-addr, else {DEFAULT.drafter}"}.get(drafter, drafter)
+    own = [name for name, p in PRESETS.items() if p.drafter_layers is None]
+    default = drafter or (f"{DRAFTER_WITH_MODEL} where the preset's drafter is a separate small model ({', '.join(own)}, "
+                          f"or --draft-model), else {DEFAULT.drafter}" if in_process else
+                          f"{DRAFTER_WITH_MODEL} with --drafter-addr, else {DEFAULT.drafter}")
     group.add_argument("--drafter", default=drafter, choices=DRAFTER_KINDS,
-                       help="draft source: the small model, the n-gram store, both merged into one tree, or none "
-                       f"(the verifier alone); where a drafter service drafts on a core or host of its own, "
-                       f"{SERVED_DRAFTER} is the default (default: {default})")
+                       help="draft source: the small model, the n-gram store, both merged into one tree (the "
+                       "n-gram lookup first, the small model where it does not suffice), or none (the verifier "
+                       f"alone) (default: {default})")
     group.add_argument("--cache", default=environment().cache or "memory", metavar="URL",
                        help="n-gram store: memory (this process), redis (`specpipe up` only: starts a local "
                        "redis-server), redis://[:password@]host:port/db, rediss://... (TLS) or grpc://host:port "

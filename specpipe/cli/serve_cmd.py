@@ -59,7 +59,7 @@ def register(subparsers) -> None:
                                help="how long to wait at start for the verifier (loading its model) "
                                "(default: %(default)s)")
             options.add_hop_delay_arg(group)
-            options.add_speculation_args(sub, drafter=None)  # by --drafter-addr
+            options.add_speculation_args(sub)  # by --drafter-addr
             security_args.add_learn_global_arg(sub)
         if role in ("verifier", "orchestrator"):
             options.add_admission_args(sub, role)

@@ -17,7 +17,7 @@ from specpipe.cli import options, security_args
 from specpipe.config.env import environment
 from specpipe.config.presets import DEFAULT_PRESET, PRESETS
 from specpipe.config.services import UpConfig, model_config, speculation
-from specpipe.core.types import SERVED_DRAFTER
+from specpipe.core.types import DRAFTER_WITH_MODEL
 
 
 def register(subparsers) -> None:
@@ -52,7 +52,7 @@ def register(subparsers) -> None:
     parser.add_argument("--verifier-flags", default="", metavar="FLAGS",
                         help='more `specpipe serve verifier` flags for every verifier replica, e.g. '
                         '"--max-batch-tokens 1024 --gather-grace 0"')
-    options.add_speculation_args(parser, drafter=SERVED_DRAFTER)
+    options.add_speculation_args(parser, drafter=DRAFTER_WITH_MODEL)
     options.add_hop_delay_arg(parser)
     security_args.add_learn_global_arg(parser)
     parser.set_defaults(func=run)

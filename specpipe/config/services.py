@@ -9,7 +9,7 @@ differs (docs/cli.md, docs/ray.md)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from specpipe.core.types import (
     FIXED_DRAFT_LEN,
     PREDICTORS,
     SCHEDULES,
-    SERVED_DRAFTER,
+    DRAFTER_WITH_MODEL,
     SpeculationOptions,
 )
 
@@ -261,19 +261,28 @@ def tls_files(values: Mapping[str, Any]) -> TlsFiles | None:
     return TlsFiles(**given) if given else None
 
 
-def speculation(values: Mapping[str, Any], drafter_service: bool = False) -> SpeculationOptions:
+def in_process_default(model: ModelConfig) -> SpeculationOptions:
+    """The product's speculation in one process with these models: the defaults, drafting with
+    DRAFTER_WITH_MODEL where the drafter is a separate small model (not the verifier's own first layers)."""
+    own_model = model.specs()[1].num_layers is None
+    return replace(DEFAULT_SPECULATION, drafter=DRAFTER_WITH_MODEL) if own_model else DEFAULT_SPECULATION
+
+
+def speculation(values: Mapping[str, Any], drafter_service: bool = False, in_process: bool = False) -> SpeculationOptions:
     """draft_len alone fixes the depth; adaptive alone, or neither, chooses it up to a cap. A drafter
-    left out: SERVED_DRAFTER where a drafter service drafts (drafter_service, as on Ray, or a
-    drafter_addr given), else the embedded default."""
+    left out: DRAFTER_WITH_MODEL where a drafter service drafts (drafter_service, as on Ray, or a
+    drafter_addr given); in_process, in_process_default's; else the n-gram default."""
     draft_len, adaptive = values.get("draft_len"), values.get("adaptive")
     adaptive = adaptive or ("off" if draft_len is not None else DEFAULT_SPECULATION.adaptive)
     draft_len = draft_len or (DEFAULT_SPECULATION.draft_len if adaptive == "on" else FIXED_DRAFT_LEN)
     served = drafter_service or bool(values.get("drafter_addr"))
+    drafter = (DRAFTER_WITH_MODEL if served else in_process_default(model_config(values)).drafter if in_process
+               else DEFAULT_SPECULATION.drafter)
     hypotheses = values.get("hypotheses") or DEFAULT_SPECULATION.hypotheses
     if hypotheses == "all":
         hypotheses = ALL_HYPOTHESES
     options = SpeculationOptions(
-        drafter=values.get("drafter") or (SERVED_DRAFTER if served else DEFAULT_SPECULATION.drafter),
+        drafter=values.get("drafter") or drafter,
         draft_len=draft_len, width=values.get("width") or DEFAULT_SPECULATION.width,
         schedule=values.get("schedule") or DEFAULT_SPECULATION.schedule,
         predictor=values.get("predictor") or DEFAULT_SPECULATION.predictor, hypotheses=int(hypotheses),
@@ -316,7 +325,7 @@ def seed_config(values: Mapping[str, Any]) -> SeedConfig:
 
 
 def generator_config(values: Mapping[str, Any]) -> GeneratorConfig:
-    return GeneratorConfig(verifier_config(values), speculation(values), values.get("cache") or "memory")
+    return GeneratorConfig(verifier_config(values), speculation(values, in_process=True), values.get("cache") or "memory")
 
 
 # --- the settings each role takes (the Ray application's YAML keys) ----------------------------

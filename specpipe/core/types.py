@@ -148,10 +148,13 @@ ADAPTIVE = ("off", "on")
 ADAPTIVE_DRAFT_LEN = 8  # k: the cap of adaptive control, the default
 FREE_DRAFT_FACTOR = 4   # adaptive control asks a drafter whose drafts cost nothing (n-gram) for up to this times k
 FIXED_DRAFT_LEN = 4     # k with adaptive control off when no draft length is given
-# The drafter where a drafter service drafts on a core or host of its own (`up`, `serve orchestrator
-# --drafter-addr`, Kubernetes, Ray); SpeculationOptions.drafter where the small model would share the
-# verifier's cores (embedded). Measured: docs/results/2026-11-25-load-curve-256-tokens.md, "Warm drafters, and the hybrid as the served default".
-SERVED_DRAFTER = "hybrid"
+# The drafter where a small model of its own can draft: a drafter service on a core or host of its own
+# (`up`, `serve orchestrator --drafter-addr`, Kubernetes, Ray), or in one process a preset (or
+# --draft-model) whose drafter is a separate small model, drafting only where the n-gram lookup does not
+# suffice. SpeculationOptions.drafter where the drafter would be the verifier's own first layers, or no
+# drafter service is there. Measured: docs/results/2026-11-25-load-curve-256-tokens.md ("Warm drafters,
+# and the hybrid as the served default") and docs/results/2026-11-27-drafter-choice.md.
+DRAFTER_WITH_MODEL = "hybrid"
 
 
 @dataclass(frozen=True)
