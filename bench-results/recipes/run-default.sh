@@ -6,10 +6,9 @@
 # drafter) against transformers on the same 2 cores and the same packed weights (generate(), assisted
 # generation, prompt lookup at 4 and 10 tokens), and eager generate() on one core, labelled. 20
 # HumanEval, 10 GSM8K and 8 MT-Bench prompts (every category in turn).
-# PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128), SUITES (default
-# "humaneval gsm8k mtbench") and BASELINES (default generate,generate-threads,assisted,prompt-lookup;
-# without generate, the slowest row, a run takes about a third less) change the run; it writes
-# bench-results/headline-$TOKENS/$PRESET-$SUITE.json and the docs/results section headline-$TOKENS-$PRESET.
+# PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128) and SUITES
+# (default "humaneval gsm8k mtbench") change the run; it writes bench-results/headline-$TOKENS/
+# $PRESET-$SUITE.json and the docs/results section headline-$TOKENS-$PRESET.
 # On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval about 50.
 # (The 48-token run of 2026-11-24 on the AVX2 host: bench-results/default-*.json.)
 set -e
@@ -17,13 +16,12 @@ cd "$(dirname "$0")/../.."
 tokens=${TOKENS:-128}
 preset=${PRESET:-qwen-coder}
 suites=${SUITES:-humaneval gsm8k mtbench}
-baselines=${BASELINES:-generate,generate-threads,assisted,prompt-lookup}
 out=bench-results/headline-$tokens
 mkdir -p "$out"
 declare -A limit=([humaneval]=20 [gsm8k]=10 [mtbench]=8)
 files=()
 for suite in $suites; do
-  specpipe bench --preset "$preset" --max-new-tokens "$tokens" --baselines "$baselines" \
+  specpipe bench --preset "$preset" --max-new-tokens "$tokens" --baselines generate,generate-threads,assisted,prompt-lookup \
     --suite "$suite" --limit "${limit[$suite]}" --json "$out/$preset-$suite.json"
   files+=("$out/$preset-$suite.json")
 done
