@@ -39,8 +39,6 @@ def pipeline_cores(config: BenchConfig, methods: list, cores: list[int]) -> list
 def run(config: BenchConfig) -> int:
     from specpipe.bench.measure import benchmark, specpipe_method
     from specpipe.bench.report import detail_table, is_default, markdown_table, sweep_table, time_table, to_json
-    from specpipe.config.services import in_process_default
-    from specpipe.core.types import DRAFTER_WITH_MODEL, SpeculationOptions
     from specpipe.bench.runs import (
         bench_prompts,
         embedded_generators,
@@ -48,6 +46,8 @@ def run(config: BenchConfig) -> int:
         own_generator,
         transformers_runs,
     )
+    from specpipe.config.services import in_process_default
+    from specpipe.core.types import DRAFTER_WITH_MODEL, SpeculationOptions
 
     methods = parse_methods(config)
     compiled = forward_mode(config.model) != "eager"

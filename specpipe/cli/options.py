@@ -13,10 +13,10 @@ from specpipe.core.types import (
     ADAPTIVE,
     ALL_HYPOTHESES,
     DRAFTER_KINDS,
+    DRAFTER_WITH_MODEL,
     FREE_DRAFT_FACTOR,
     PREDICTORS,
     SCHEDULES,
-    DRAFTER_WITH_MODEL,
     SamplingParams,
     SpeculationOptions,
 )

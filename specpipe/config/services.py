@@ -20,10 +20,10 @@ from specpipe.core.types import (
     ADAPTIVE,
     ALL_HYPOTHESES,
     DRAFTER_KINDS,
+    DRAFTER_WITH_MODEL,
     FIXED_DRAFT_LEN,
     PREDICTORS,
     SCHEDULES,
-    DRAFTER_WITH_MODEL,
     SpeculationOptions,
 )
 
