@@ -46,8 +46,7 @@ def run(config: BenchConfig) -> int:
         own_generator,
         transformers_runs,
     )
-    from specpipe.config.services import in_process_default
-    from specpipe.core.types import DRAFTER_WITH_MODEL, SpeculationOptions
+    from specpipe.config.services import in_process_default, speculation
 
     methods = parse_methods(config)
     compiled = forward_mode(config.model) != "eager"
@@ -76,7 +75,7 @@ def run(config: BenchConfig) -> int:
         references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
         by_name = {spec.name(): spec for spec in specs.values()}
         default = in_process_default(config.model) if config.transport == "embedded" else \
-            replace(SpeculationOptions(), drafter=DRAFTER_WITH_MODEL)  # a drafter service drafts
+            speculation({}, drafter_service=True)
         summaries = [replace(s, spec=by_name.get(s.method), default=is_default(by_name.get(s.method), default))
                      for s in benchmark(prompts, runs, references)]
     print(markdown_table(summaries))
