@@ -51,10 +51,12 @@ class Nodes:
 
 
 def draft_steps(context: Sequence[int], cached: int, draft_len: int, width: int, sampling: SamplingParams,
-                max_q_entries: int, chunk: int) -> Generator[list[int], torch.Tensor, Draft]:
+                max_q_entries: int, chunk: int, stop_confidence: float = 0.0) -> Generator[list[int], torch.Tensor, Draft]:
     """Draft draft_len levels after context, whose first `cached` tokens (< len(context)) the cache
     holds: yields the tokens to feed (context[cached:] in chunks of at most `chunk`, then each chain
-    token but the last), receives the logits [vocab] after them, returns the draft."""
+    token but the last), receives the logits [vocab] after them, returns the draft. A greedy chain
+    ends early after a token of probability below stop_confidence: what follows it would mostly be
+    drafted for nothing."""
     for start in range(cached, len(context), chunk):
         logits = yield list(context[start : start + chunk])
     nodes = Nodes()
@@ -73,6 +75,8 @@ def draft_steps(context: Sequence[int], cached: int, draft_len: int, width: int,
         chain_parent, parent = parent, nodes.add(token, parent, probs, other, q)
         for alternative in alternatives:  # siblings of the chain node: leaves of the tree
             nodes.add(alternative, chain_parent, probs, -1)
+        if sampling.greedy and nodes.confidence[parent] < stop_confidence:
+            break
         if depth + 1 < draft_len:
             logits = yield [token]
     return nodes.draft(sampled=not sampling.greedy)

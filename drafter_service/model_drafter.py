@@ -128,7 +128,8 @@ class ModelDrafter:
             width = request.width if request.sampling.greedy else 1
             chunk = self._scheduler.config.prefill_chunk if self._scheduler else len(context)
             steps = self._on_branch(session, branch, request.epoch, draft_steps(
-                context, len(branch.tokens), draft_len, width, request.sampling, self._max_q_entries, chunk))
+                context, len(branch.tokens), draft_len, width, request.sampling, self._max_q_entries, chunk,
+                request.stop_confidence))
             draft = self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler else self._alone(branch, steps)
         finally:
             branch.busy = False

@@ -63,6 +63,8 @@ PROBE_AFTER = 4           # rounds without a draft before drafting one token to 
 MAX_PROBE_AFTER = 64      # ... doubling after each failed probe, up to this many
 PROBE_SHARE = 0.03        # ... and never so often that probes take more than this share of plain rounds' time
 FREE_DRAFTERS = ("ngram",)  # drafters whose drafts cost nothing: asked for FREE_DRAFT_FACTOR x the cap, the tree budget cuts
+STOP_CONFIDENCE = 0.4     # a model's greedy chain ends after a token it gives less (transformers' assisted generation's
+                          # assistant_confidence_threshold): the cap bounds a draft, its confidence ends it
 EVIDENCE_SOURCES = ("global",)  # sources whose nodes' confidences are evidence (the learned store's matches)
 
 

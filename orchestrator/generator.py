@@ -19,7 +19,7 @@ import uuid
 from dataclasses import replace
 from typing import Iterator, Mapping, Sequence
 
-from orchestrator.adaptive import FREE_DRAFTERS, SharedModels
+from orchestrator.adaptive import FREE_DRAFTERS, STOP_CONFIDENCE, SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
 from orchestrator.generation import Generation
 from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
@@ -243,7 +243,8 @@ class Generator:
 
     def _proposer(self, gen: Generation, policy: DraftPolicy, branch: bool) -> Proposer:
         spec = gen.request.speculation
-        template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling, tenant=gen.request.tenant)
+        template = ProposeRequest(gen.session_id, (), 0, spec.width, gen.request.sampling, tenant=gen.request.tenant,
+                                  stop_confidence=STOP_CONFIDENCE if spec.adaptive == "on" else 0.0)
         free = self.drafters.get("ngram") if spec.drafter == "hybrid" and spec.adaptive == "on" else None
 
         def suffices(proposal: ProposeResult, draft_len: int) -> bool:

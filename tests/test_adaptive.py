@@ -8,7 +8,14 @@ import random
 
 import pytest
 
-from orchestrator.adaptive import PROBE_AFTER, PROBE_SHARE, AdaptiveController, SharedModels, entropy_bin
+from orchestrator.adaptive import (
+    PROBE_AFTER,
+    PROBE_SHARE,
+    STOP_CONFIDENCE,
+    AdaptiveController,
+    SharedModels,
+    entropy_bin,
+)
 from orchestrator.costs import (
     ALONE,
     Sharing,
@@ -346,6 +353,32 @@ def test_in_one_process_a_model_drafter_drafts_sequentially(tiny_tokenizer, tiny
         tokens, chunks = run(gen, GenerationRequest(prompt_ids, MAX_NEW_TOKENS, speculation=spec))
         assert tokens == reference
         assert any(chunk.round.hypotheses for chunk in chunks) is not shared_cores
+
+
+def test_adaptive_control_ends_a_model_chain_at_low_confidence(tiny_tokenizer, tiny_verifier, tiny_drafter, references):
+    """Under adaptive control the draft length is a cap and the model's confidence ends a chain
+    (STOP_CONFIDENCE); a fixed draft length asks for every level."""
+    from specpipe.core.types import GenerationRequest
+    from tests.golden import run
+
+    class Recording:
+        def __init__(self, drafter):
+            self.drafter, self.stops = drafter, set()
+
+        def propose(self, request: ProposeRequest) -> ProposeResult:
+            self.stops.add(request.stop_confidence)
+            return self.drafter.propose(request)
+
+        def __getattr__(self, name):
+            return getattr(self.drafter, name)
+
+    prompt_ids, reference = references[GOLDEN_PROMPTS[0]]
+    for adaptive, stop in (("on", STOP_CONFIDENCE), ("off", 0.0)):
+        drafter = Recording(tiny_drafter)
+        gen = Generator(tiny_tokenizer, tiny_verifier, {"model": drafter})
+        spec = SpeculationOptions(drafter="model", adaptive=adaptive, draft_len=4)
+        assert run(gen, GenerationRequest(prompt_ids, MAX_NEW_TOKENS, speculation=spec))[0] == reference
+        assert drafter.stops == {stop}
 
 
 ADAPTIVE = {

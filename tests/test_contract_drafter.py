@@ -103,6 +103,18 @@ def test_stale_epoch_is_aborted(drafter):
     drafter.release(sid)
 
 
+def test_a_greedy_chain_ends_after_its_first_token_below_stop_confidence(drafter):
+    full = drafter.propose(ProposeRequest(session(), CONTEXT, 6, 1, GREEDY)).draft
+    levels = sorted(set(full.confidence))
+    for stop in (0.0, (levels[0] + levels[-1]) / 2, 1.0):  # 0: every level; 1: the first token alone
+        cut = next((i + 1 for i, c in enumerate(full.confidence) if c < stop), len(full))
+        short = drafter.propose(ProposeRequest(session(), CONTEXT, 6, 1, GREEDY, stop_confidence=stop)).draft
+        assert short.tokens == full.tokens[:cut]
+    sampled = [drafter.propose(ProposeRequest(session(), CONTEXT, 6, 1, SAMPLED, stop_confidence=stop)).draft
+               for stop in (0.0, 1.0)]  # sampling drafts every level
+    assert sampled[0].tokens == sampled[1].tokens and len(sampled[0]) == 6
+
+
 def test_predictor_hints_cross_the_wire(cluster):
     sid = session()
     local = cluster.drafter.propose(ProposeRequest(sid, CONTEXT, 3, 2, GREEDY))

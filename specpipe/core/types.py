@@ -130,6 +130,7 @@ class ProposeRequest:
     sampling: SamplingParams = GREEDY
     epoch: int = 0  # branch schedule: the session's rollback count; a drafter aborts a proposal older than it saw
     tenant: str = ""  # whose learned store drafts (specpipe.core.tenancy); "" = the default tenant
+    stop_confidence: float = 0.0  # greedy: the chain ends after a token the drafter gives less; 0 = all draft_len
 
 
 @dataclass(frozen=True)

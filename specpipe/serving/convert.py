@@ -88,12 +88,13 @@ def propose_request_to_proto(request: types.ProposeRequest, method: str = "") ->
     return drafter_pb2.ProposeRequest(
         session_id=request.session_id, context=request.context, draft_len=request.draft_len, width=request.width,
         sampling=sampling_to_proto(request.sampling), method=method, epoch=request.epoch, tenant=request.tenant,
+        stop_confidence=request.stop_confidence,
     )
 
 
 def propose_request_from_proto(msg: drafter_pb2.ProposeRequest) -> types.ProposeRequest:
     return types.ProposeRequest(msg.session_id, tuple(msg.context), msg.draft_len, msg.width,
-                                sampling_from_proto(msg.sampling), msg.epoch, msg.tenant)
+                                sampling_from_proto(msg.sampling), msg.epoch, msg.tenant, msg.stop_confidence)
 
 
 def propose_result_to_proto(result: types.ProposeResult) -> drafter_pb2.ProposeReply:

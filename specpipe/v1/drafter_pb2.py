@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specpipe/v1/drafter.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"\x14\n\x12\x44rafterInfoRequest\"\xb9\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x07\x63ontext\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x11\n\tdraft_len\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specpipe.v1.SamplingParams\x12\x0e\n\x06method\x18\x06 \x01(\t\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x0e\n\x06tenant\x18\x08 \x01(\t\"\xc7\x01\n\x0cProposeReply\x12%\n\x05\x64raft\x18\x01 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12\x10\n\x08\x64raft_ms\x18\x02 \x01(\x01\x12-\n\x07sources\x18\x03 \x03(\x0e\x32\x18.specpipe.v1.DraftSourceB\x02\x10\x01\x12\x16\n\nconfidence\x18\x04 \x03(\x02\x42\x02\x10\x01\x12\x15\n\trunner_up\x18\x05 \x03(\x05\x42\x02\x10\x01\x12 \n\x14runner_up_confidence\x18\x06 \x03(\x02\x42\x02\x10\x01\x32\xd0\x01\n\x07\x44rafter\x12?\n\x04Info\x12\x1f.specpipe.v1.DrafterInfoRequest\x1a\x16.specpipe.v1.ModelInfo\x12\x41\n\x07Propose\x12\x1b.specpipe.v1.ProposeRequest\x1a\x19.specpipe.v1.ProposeReply\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specpipe/v1/drafter.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"\x14\n\x12\x44rafterInfoRequest\"\xd2\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x07\x63ontext\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x11\n\tdraft_len\x18\x03 \x01(\x05\x12\r\n\x05width\x18\x04 \x01(\x05\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specpipe.v1.SamplingParams\x12\x0e\n\x06method\x18\x06 \x01(\t\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x17\n\x0fstop_confidence\x18\t \x01(\x02\"\xc7\x01\n\x0cProposeReply\x12%\n\x05\x64raft\x18\x01 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12\x10\n\x08\x64raft_ms\x18\x02 \x01(\x01\x12-\n\x07sources\x18\x03 \x03(\x0e\x32\x18.specpipe.v1.DraftSourceB\x02\x10\x01\x12\x16\n\nconfidence\x18\x04 \x03(\x02\x42\x02\x10\x01\x12\x15\n\trunner_up\x18\x05 \x03(\x05\x42\x02\x10\x01\x12 \n\x14runner_up_confidence\x18\x06 \x03(\x02\x42\x02\x10\x01\x32\xd0\x01\n\x07\x44rafter\x12?\n\x04Info\x12\x1f.specpipe.v1.DrafterInfoRequest\x1a\x16.specpipe.v1.ModelInfo\x12\x41\n\x07Propose\x12\x1b.specpipe.v1.ProposeRequest\x1a\x19.specpipe.v1.ProposeReply\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,9 +45,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTERINFOREQUEST']._serialized_start=68
   _globals['_DRAFTERINFOREQUEST']._serialized_end=88
   _globals['_PROPOSEREQUEST']._serialized_start=91
-  _globals['_PROPOSEREQUEST']._serialized_end=276
-  _globals['_PROPOSEREPLY']._serialized_start=279
-  _globals['_PROPOSEREPLY']._serialized_end=478
-  _globals['_DRAFTER']._serialized_start=481
-  _globals['_DRAFTER']._serialized_end=689
+  _globals['_PROPOSEREQUEST']._serialized_end=301
+  _globals['_PROPOSEREPLY']._serialized_start=304
+  _globals['_PROPOSEREPLY']._serialized_end=503
+  _globals['_DRAFTER']._serialized_start=506
+  _globals['_DRAFTER']._serialized_end=714
 # @@protoc_insertion_point(module_scope)

@@ -12,7 +12,7 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "context", "draft_len", "width", "sampling", "method", "epoch", "tenant")
+    __slots__ = ("session_id", "context", "draft_len", "width", "sampling", "method", "epoch", "tenant", "stop_confidence")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class ProposeRequest(_message.Message):
     METHOD_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    STOP_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     context: _containers.RepeatedScalarFieldContainer[int]
     draft_len: int
@@ -29,7 +30,8 @@ class ProposeRequest(_message.Message):
     method: str
     epoch: int
     tenant: str
-    def __init__(self, session_id: _Optional[str] = ..., context: _Optional[_Iterable[int]] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., method: _Optional[str] = ..., epoch: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    stop_confidence: float
+    def __init__(self, session_id: _Optional[str] = ..., context: _Optional[_Iterable[int]] = ..., draft_len: _Optional[int] = ..., width: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., method: _Optional[str] = ..., epoch: _Optional[int] = ..., tenant: _Optional[str] = ..., stop_confidence: _Optional[float] = ...) -> None: ...
 
 class ProposeReply(_message.Message):
     __slots__ = ("draft", "draft_ms", "sources", "confidence", "runner_up", "runner_up_confidence")
