@@ -3,6 +3,7 @@ the default configuration, one process: each arm on a generator of its own, the 
 prompt (the order alternating), so a host's drift hits both; every arm's output must be the same.
 
     python3 bench-results/recipes/stop-confidence-ab.py --suite mtbench --limit 8 --stops 0,0.4
+    python3 bench-results/recipes/stop-confidence-ab.py --prompts bench-results/engine-2026-11-27/outside-prompts.jsonl
 """
 
 import argparse
@@ -11,13 +12,14 @@ import time
 
 import orchestrator.generator
 from specpipe.app.wiring import embedded_generator
-from specpipe.bench.prompts import load_suite
+from specpipe.bench.prompts import load_prompts_file, load_suite
 from specpipe.config.services import generator_config
 from specpipe.core.types import GenerationRequest
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--preset", default="qwen-coder")
 parser.add_argument("--suite", default="mtbench")
+parser.add_argument("--prompts", default=None, help="a JSONL prompt file instead of --suite")
 parser.add_argument("--limit", type=int, default=8)
 parser.add_argument("--max-new-tokens", type=int, default=128)
 parser.add_argument("--stops", default="0,0.4", help="the arms: STOP_CONFIDENCE values (0 = no stop)")
@@ -28,7 +30,8 @@ stops = [float(s) for s in args.stops.split(",")]
 config = generator_config({"preset": args.preset})
 generators = {stop: embedded_generator(config) for stop in stops}
 rows, totals = [], {stop: [0.0, 0] for stop in stops}
-for i, prompt in enumerate(load_suite(args.suite, args.limit)):
+prompts = load_prompts_file(args.prompts, args.limit) if args.prompts else load_suite(args.suite, args.limit)
+for i, prompt in enumerate(prompts):
     ids = generators[stops[0]].encode(messages=prompt.messages)
     outputs = set()
     for stop in stops if i % 2 == 0 else stops[::-1]:
