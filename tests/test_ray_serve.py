@@ -60,8 +60,11 @@ def start_local_ray(**kwargs) -> None:
         import psutil
 
         for child in psutil.Process().children(recursive=True):  # that start's GCS, raylet and helpers
-            if child.name().startswith(("gcs_server", "raylet", "ray::")) or "site-packages/ray/" in " ".join(child.cmdline()):
-                child.kill()
+            try:
+                if child.name().startswith(("gcs_server", "raylet", "ray::")) or "site-packages/ray/" in " ".join(child.cmdline()):
+                    child.kill()
+            except psutil.Error:  # gone already
+                pass
         ray.shutdown()
         ray.init(**kwargs)
 
