@@ -27,7 +27,7 @@ def reference(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
 
 
-@pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96)])
+@pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96), (50, 1100)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_matches_float64(n, k, bias, dtype):
@@ -44,11 +44,11 @@ def test_packed_linear_matches_float64(n, k, bias, dtype):
 
 def test_batch_invariant_and_thread_invariant():
     """Each output element is one FMA chain over k: a row's bits do not depend on its batch mates,
-    its row block or the thread count."""
+    its row block, the chunks of k that several row blocks take in turn, or the thread count."""
     torch.manual_seed(0)
-    w, b = torch.randn(300, 200), torch.randn(300)
+    w, b = torch.randn(300, 1100), torch.randn(300)
     packed = native.pack_weight(w)
-    x = torch.randn(19, 200)
+    x = torch.randn(19, 1100)
     torch.set_num_threads(1)
     together = native.packed_linear(x, packed, 300, b)
     for i in range(len(x)):

@@ -7,8 +7,10 @@
  * little more.
  *
  * Layout: w is packed once into column panels of P = NV * VL output columns, [ceil(N/P)][K][P]
- * (zero-padded), so a panel streams contiguously. A row block of MR rows keeps MR x NV vector
- * accumulators in registers; larger M takes several row blocks while the panel sits in L2.
+ * (zero-padded), so a panel streams contiguously, prefetched ahead of the FMAs so that a block's
+ * arithmetic does not stall the stream. A row block of MR rows keeps MR x NV vector accumulators in
+ * registers; larger M takes several row blocks over each chunk of KC input features in turn, so
+ * that the chunk, read from memory once, sits in L2 for all of them.
  *
  * Every output element is one fused multiply-add chain over k = 0..K-1, whatever M is and whichever
  * row block or thread computes it: a token's logits do not depend on how many tokens share its
@@ -18,7 +20,7 @@
  * the host's vector width (AVX-512: 16 floats, AVX2: 8, NEON and SSE: 4).
  */
 #include <stddef.h>
-#include <string.h>
+#include <stdlib.h>
 
 /* VL floats a vector, NV vectors a panel row, MR rows a block: MR * NV accumulators, NV weight
  * vectors and a broadcast fit the register file. */
@@ -50,13 +52,24 @@ typedef unsigned int vu __attribute__((vector_size(VL * sizeof(int))));
 static inline vf load_f32(const float *w) { return *(const vf *)w; }
 static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_convertvector(*(const vh *)w, vu) << 16); }
 
+/* The row block's accumulators live in registers over one chunk of KC input features and in the
+ * panel's buffer between chunks (stored and reloaded as they are, so every output keeps one FMA
+ * chain over k = 0..K-1). Where M needs several row blocks, each chunk of the panel (KC x P weights)
+ * is read from memory once and stays in L2 while every row block uses it. */
+#define KC 512
+/* How far ahead of the FMAs the weight stream is prefetched, in panel rows (k). */
+#define PREFETCH 64
+
 #define ROW_BLOCK(R, T, WT)                                                                                \
-    static void row_block_##T##_##R(const float *x, size_t K, const WT *panel, float *y, size_t ldy,      \
-                                    const float *b, size_t ncols) {                                        \
+    static void row_block_##T##_##R(const float *x, size_t K, size_t k0, size_t k1, const WT *panel,       \
+                                    float *buf) {                                                          \
         vf acc[R][NV];                                                                                     \
         for (int r = 0; r < R; r++)                                                                        \
-            for (int v = 0; v < NV; v++) acc[r][v] = (vf){0};                                              \
-        for (size_t k = 0; k < K; k++) {                                                                   \
+            for (int v = 0; v < NV; v++) acc[r][v] = k0 ? *(vf *)(buf + r * P + v * VL) : (vf){0};         \
+        for (size_t k = k0; k < k1; k++) {                                                                 \
+            if (R > 1) /* one row is bound by memory alone; a block's FMAs must not stall the stream */    \
+                for (size_t o = 0; o < P * sizeof(WT); o += 64)                                            \
+                    __builtin_prefetch((const char *)(panel + (k + PREFETCH) * P) + o);                    \
             vf wv[NV];                                                                                     \
             for (int v = 0; v < NV; v++) wv[v] = load_##T(panel + k * P + v * VL);                         \
             for (int r = 0; r < R; r++) {                                                                  \
@@ -64,40 +77,48 @@ static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_conv
                 for (int v = 0; v < NV; v++) acc[r][v] += xr * wv[v];                                      \
             }                                                                                              \
         }                                                                                                  \
-        for (int r = 0; r < R; r++) {                                                                      \
-            float out[P];                                                                                  \
-            memcpy(out, acc[r], sizeof(out));                                                              \
-            for (size_t c = 0; c < ncols; c++) y[r * ldy + c] = b ? out[c] + b[c] : out[c];                \
-        }                                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int v = 0; v < NV; v++) *(vf *)(buf + r * P + v * VL) = acc[r][v];                        \
     }
 
-/* x [M][K], w packed [ceil(N/P)][K][P], b [N] or NULL, y [M][N]; panels split across threads. */
+/* x [M][K], w packed [ceil(N/P)][K][P], b [N] or NULL, y [M][N]; panels split across threads, each
+ * with a buffer of M x P accumulators. */
 #define PACKED_LINEAR(T, WT)                                                                               \
     ROW_BLOCK(1, T, WT) ROW_BLOCK(2, T, WT) ROW_BLOCK(3, T, WT) ROW_BLOCK(4, T, WT)                        \
     ROW_BLOCK(5, T, WT) ROW_BLOCK(6, T, WT) ROW_BLOCK(7, T, WT) ROW_BLOCK(8, T, WT)                        \
     void specpipe_packed_linear_##T(const float *x, size_t M, size_t K, const WT *w, size_t N,             \
                                     const float *b, float *y, int threads) {                               \
         long panels = (long)((N + P - 1) / P);                                                             \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1)")                 \
-        for (long j = 0; j < panels; j++) {                                                                \
-            const WT *panel = w + (size_t)j * K * P;                                                       \
-            size_t col = (size_t)j * P;                                                                    \
-            size_t ncols = N - col < P ? N - col : P;                                                      \
-            const float *bj = b ? b + col : NULL;                                                          \
-            for (size_t m = 0; m < M; m += MR) { /* the panel stays in L2 across row blocks */             \
-                const float *xm = x + m * K;                                                               \
-                float *ym = y + m * N + col;                                                               \
-                switch (M - m < MR ? M - m : MR) {                                                         \
-                case 1: row_block_##T##_1(xm, K, panel, ym, N, bj, ncols); break;                          \
-                case 2: row_block_##T##_2(xm, K, panel, ym, N, bj, ncols); break;                          \
-                case 3: row_block_##T##_3(xm, K, panel, ym, N, bj, ncols); break;                          \
-                case 4: row_block_##T##_4(xm, K, panel, ym, N, bj, ncols); break;                          \
-                case 5: row_block_##T##_5(xm, K, panel, ym, N, bj, ncols); break;                          \
-                case 6: row_block_##T##_6(xm, K, panel, ym, N, bj, ncols); break;                          \
-                case 7: row_block_##T##_7(xm, K, panel, ym, N, bj, ncols); break;                          \
-                case 8: row_block_##T##_8(xm, K, panel, ym, N, bj, ncols); break;                          \
+        size_t kc = M <= MR ? K : KC; /* one row block: one chunk */                                       \
+        _Pragma("omp parallel num_threads(threads) if (threads > 1)") {                                    \
+            float *buf = aligned_alloc(64, (M * P * sizeof(float) + 63) / 64 * 64);                        \
+            _Pragma("omp for schedule(static)")                                                            \
+            for (long j = 0; j < panels; j++) {                                                            \
+                const WT *panel = w + (size_t)j * K * P;                                                   \
+                size_t col = (size_t)j * P;                                                                \
+                size_t ncols = N - col < P ? N - col : P;                                                  \
+                for (size_t k0 = 0; k0 < K; k0 += kc) {                                                    \
+                    size_t k1 = K - k0 < kc ? K : k0 + kc;                                                 \
+                    for (size_t m = 0; m < M; m += MR) {                                                   \
+                        const float *xm = x + m * K;                                                       \
+                        float *bm = buf + m * P;                                                           \
+                        switch (M - m < MR ? M - m : MR) {                                                 \
+                        case 1: row_block_##T##_1(xm, K, k0, k1, panel, bm); break;                        \
+                        case 2: row_block_##T##_2(xm, K, k0, k1, panel, bm); break;                        \
+                        case 3: row_block_##T##_3(xm, K, k0, k1, panel, bm); break;                        \
+                        case 4: row_block_##T##_4(xm, K, k0, k1, panel, bm); break;                        \
+                        case 5: row_block_##T##_5(xm, K, k0, k1, panel, bm); break;                        \
+                        case 6: row_block_##T##_6(xm, K, k0, k1, panel, bm); break;                        \
+                        case 7: row_block_##T##_7(xm, K, k0, k1, panel, bm); break;                        \
+                        case 8: row_block_##T##_8(xm, K, k0, k1, panel, bm); break;                        \
+                        }                                                                                  \
+                    }                                                                                      \
                 }                                                                                          \
+                for (size_t r = 0; r < M; r++)                                                             \
+                    for (size_t c = 0; c < ncols; c++)                                                     \
+                        y[r * N + col + c] = b ? buf[r * P + c] + b[col + c] : buf[r * P + c];             \
             }                                                                                              \
+            free(buf);                                                                                     \
         }                                                                                                  \
     }
 
