@@ -9,7 +9,7 @@
 # PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128) and SUITES
 # (default "humaneval gsm8k mtbench") change the run; it writes bench-results/headline-$TOKENS/
 # $PRESET-$SUITE.json and the docs/results section headline-$TOKENS-$PRESET.
-# On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval about 50.
+# On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval 35 to 55 (by host).
 # (The 48-token run of 2026-11-24 on the AVX2 host: bench-results/default-*.json.)
 set -e
 cd "$(dirname "$0")/../.."

@@ -7,14 +7,12 @@ prompt (the order alternating), so a host's drift hits both; every arm's output 
 """
 
 import argparse
-import json
-import time
 
 import orchestrator.generator
+from arms import run_arms, write_json
 from specpipe.app.wiring import embedded_generator
 from specpipe.bench.prompts import load_prompts_file, load_suite
 from specpipe.config.services import generator_config
-from specpipe.core.types import GenerationRequest
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--preset", default="qwen-coder")
@@ -29,29 +27,7 @@ args = parser.parse_args()
 stops = [float(s) for s in args.stops.split(",")]
 config = generator_config({"preset": args.preset})
 generators = {stop: embedded_generator(config) for stop in stops}
-rows, totals = [], {stop: [0.0, 0] for stop in stops}
 prompts = load_prompts_file(args.prompts, args.limit) if args.prompts else load_suite(args.suite, args.limit)
-for i, prompt in enumerate(prompts):
-    ids = generators[stops[0]].encode(messages=prompt.messages)
-    outputs = set()
-    for stop in stops if i % 2 == 0 else stops[::-1]:
-        orchestrator.generator.STOP_CONFIDENCE = stop
-        start = time.perf_counter()
-        chunks = list(generators[stop].generate(GenerationRequest(ids, args.max_new_tokens, speculation=config.speculation)))
-        seconds = time.perf_counter() - start
-        tokens = tuple(t for chunk in chunks for t in chunk.token_ids)
-        rounds = [chunk.round for chunk in chunks if chunk.round is not None]
-        outputs.add(tokens)
-        totals[stop][0] += seconds
-        totals[stop][1] += len(tokens)
-        rows.append({"prompt": prompt.id, "stop": stop, "tokens": len(tokens), "seconds": seconds,
-                     **{field: sum(getattr(r, field) for r in rounds) for field in ("drafted", "accepted")},
-                     "rounds": len(rounds)})
-        print(f"{prompt.id} stop {stop}: {len(tokens) / seconds:.2f} tokens/s", flush=True)
-    assert len(outputs) == 1, f"{prompt.id}: the arms' outputs differ"
-summary = {str(stop): {"tokens": n, "seconds": s, "tokens_per_s": n / s} for stop, (s, n) in totals.items()}
-for stop, row in summary.items():
-    print(f"stop {stop}: {row['tokens_per_s']:.3f} tokens/s over {row['tokens']} tokens")
-if args.json:
-    with open(args.json, "w") as f:
-        json.dump({"args": vars(args), "summary": summary, "prompts": rows}, f, indent=1)
+rows, summary = run_arms(generators, prompts, args.max_new_tokens, config.speculation, "stop",
+                        before=lambda stop: setattr(orchestrator.generator, "STOP_CONFIDENCE", stop))
+write_json(args.json, args, summary, rows)
