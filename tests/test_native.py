@@ -27,7 +27,7 @@ def reference(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
 
 
-@pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96), (50, 1100)])
+@pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96), (50, 1100), (9, 0)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_matches_float64(n, k, bias, dtype):

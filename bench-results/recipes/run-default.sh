@@ -6,22 +6,25 @@
 # drafter) against transformers on the same 2 cores and the same packed weights (generate(), assisted
 # generation, prompt lookup at 4 and 10 tokens), and eager generate() on one core, labelled. 20
 # HumanEval, 10 GSM8K and 8 MT-Bench prompts (every category in turn).
-# PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128) and SUITES
-# (default "humaneval gsm8k mtbench") change the run; it writes bench-results/headline-$TOKENS/
-# $PRESET-$SUITE.json and the docs/results section headline-$TOKENS-$PRESET.
-# On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval 35 to 55 (by host).
+# PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128), SUITES
+# (default "humaneval gsm8k mtbench") and BASELINES (default every transformers method) change the run;
+# it writes bench-results/headline-$TOKENS/$PRESET-$SUITE.json and the docs/results section
+# headline-$TOKENS-$PRESET.
+# On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval 35 to 55 (by host);
+# on the 2-core Xeon of 2026-11-27, smollm2 at 256 tokens without assisted generation 43 minutes.
 # (The 48-token run of 2026-11-24 on the AVX2 host: bench-results/default-*.json.)
 set -e
 cd "$(dirname "$0")/../.."
 tokens=${TOKENS:-128}
 preset=${PRESET:-qwen-coder}
 suites=${SUITES:-humaneval gsm8k mtbench}
+baselines=${BASELINES:-generate,generate-threads,assisted,prompt-lookup}
 out=bench-results/headline-$tokens
 mkdir -p "$out"
 declare -A limit=([humaneval]=20 [gsm8k]=10 [mtbench]=8)
 files=()
 for suite in $suites; do
-  specpipe bench --preset "$preset" --max-new-tokens "$tokens" --baselines generate,generate-threads,assisted,prompt-lookup \
+  specpipe bench --preset "$preset" --max-new-tokens "$tokens" --baselines "$baselines" \
     --suite "$suite" --limit "${limit[$suite]}" --json "$out/$preset-$suite.json"
   files+=("$out/$preset-$suite.json")
 done

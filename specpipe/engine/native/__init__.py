@@ -125,7 +125,7 @@ def library() -> ctypes.CDLL:
     lib.specpipe_panel_width.restype = ctypes.c_int
     for suffix in WEIGHT_DTYPES.values():
         kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
-        kernel.restype = None
+        kernel.restype = ctypes.c_int
         kernel.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return lib
@@ -142,9 +142,10 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
         raise ValueError(f"packed weights are float32 or bfloat16, not {dtype}")
     n, k = weight.shape
     p = panel_width()
-    padded = torch.zeros((n + p - 1) // p * p, k, dtype=dtype)
+    panels = (n + p - 1) // p
+    padded = torch.zeros(panels * p, k, dtype=dtype)
     padded[:n] = weight
-    return padded.view(-1, p, k).transpose(1, 2).contiguous()
+    return padded.view(panels, p, k).transpose(1, 2).contiguous()
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -157,8 +158,9 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias
         raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
     y = torch.empty(m, out_features, dtype=torch.float32)
     kernel = getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[packed.dtype]}")
-    kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
-           y.data_ptr(), cores.threads())
+    if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
+              y.data_ptr(), cores.threads()):
+        raise MemoryError(f"packed linear layer: no memory for the accumulators of {m} rows")
     return y
 
 

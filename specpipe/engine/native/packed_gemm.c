@@ -21,6 +21,7 @@
  */
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* VL floats a vector, NV vectors a panel row, MR rows a block: MR * NV accumulators, NV weight
  * vectors and a broadcast fit the register file. */
@@ -86,14 +87,22 @@ static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_conv
 #define PACKED_LINEAR(T, WT)                                                                               \
     ROW_BLOCK(1, T, WT) ROW_BLOCK(2, T, WT) ROW_BLOCK(3, T, WT) ROW_BLOCK(4, T, WT)                        \
     ROW_BLOCK(5, T, WT) ROW_BLOCK(6, T, WT) ROW_BLOCK(7, T, WT) ROW_BLOCK(8, T, WT)                        \
-    void specpipe_packed_linear_##T(const float *x, size_t M, size_t K, const WT *w, size_t N,             \
-                                    const float *b, float *y, int threads) {                               \
+    int specpipe_packed_linear_##T(const float *x, size_t M, size_t K, const WT *w, size_t N,              \
+                                   const float *b, float *y, int threads) {                                \
         long panels = (long)((N + P - 1) / P);                                                             \
         size_t kc = M <= MR ? K : KC; /* one row block: one chunk */                                       \
+        size_t bytes = (M * P * sizeof(float) + 63) / 64 * 64;                                             \
+        int failed = 0;                                                                                    \
         _Pragma("omp parallel num_threads(threads) if (threads > 1)") {                                    \
-            float *buf = aligned_alloc(64, (M * P * sizeof(float) + 63) / 64 * 64);                        \
+            float *buf = aligned_alloc(64, bytes);                                                         \
+            if (!buf) {                                                                                    \
+                _Pragma("omp atomic write") failed = 1;                                                    \
+            } else if (!K) { /* no input features: y is the bias (or zero) */                              \
+                memset(buf, 0, bytes);                                                                     \
+            }                                                                                              \
             _Pragma("omp for schedule(static)")                                                            \
             for (long j = 0; j < panels; j++) {                                                            \
+                if (!buf) continue;                                                                        \
                 const WT *panel = w + (size_t)j * K * P;                                                   \
                 size_t col = (size_t)j * P;                                                                \
                 size_t ncols = N - col < P ? N - col : P;                                                  \
@@ -120,6 +129,7 @@ static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_conv
             }                                                                                              \
             free(buf);                                                                                     \
         }                                                                                                  \
+        return failed ? -1 : 0; /* -1: a thread's accumulator buffer could not be allocated */             \
     }
 
 int specpipe_panel_width(void) { return P; }
