@@ -26,13 +26,15 @@ batch's shape: batch invariance is this module's on the CPU, not yet on a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
+from transformers import activations
 
 from specpipe.core.verification import additive_mask
 from specpipe.engine.graphs import Graph, new_pool
@@ -41,6 +43,7 @@ from specpipe.engine.runner import bucket
 
 SUPPORTED_TYPES = ("llama", "qwen2")  # decoder layers of the same shape (Qwen2 adds q/k/v biases)
 MIN_GEMM_ROWS = 4                     # fewer rows are padded where MKL runs: see the module docstring
+SILU_MODULES = (nn.SiLU, getattr(activations, "SiLUActivation", nn.SiLU))  # activations whose forward is F.silu
 
 
 def supports(model: PreTrainedModel) -> str | None:
@@ -66,8 +69,9 @@ def service_forward(model: PreTrainedModel, mode: str, max_context: int, progres
     """The batched forward a service's scheduler runs: batched_forward, or in the graphs mode a
     BatchGraphs' (captured now, before the first request)."""
     if mode != "graphs":
-        pad = min_rows(model)  # the model's linear layers are packed (or not) for good by now
-        return lambda segments: batched_forward(model, segments, pad)
+        # the model's linear layers are packed (or not) for good by now
+        pad, layers = min_rows(model), layer_plans(model)
+        return lambda segments: batched_forward(model, segments, pad, layers)
     graphs = BatchGraphs(model, max_context)
     graphs.warm_up(progress)
     return graphs.forward
@@ -97,7 +101,7 @@ def _allowed(segment: Segment, group: int, dtype: torch.dtype, device: torch.dev
     return torch.zeros(group * n, past + n, dtype=dtype, device=device).masked_fill_(~allowed.repeat(group, 1), -torch.inf)
 
 
-def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
+def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
             layer: int, offsets: Sequence[int], masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim] (rows: the segments' tokens,
     then padding); masks: each segment's _allowed. Returns [rows, heads * head_dim], zero on padding rows.
@@ -114,7 +118,7 @@ def _attend(attn, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, seg
         keys, values = segment.kv.view(layer, past + n)  # [kv_heads, past + n, head_dim]
         queries = q[:, start:end].reshape(-1, group * n, head_dim)                # [kv_heads, group * n, head_dim]
         o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=allowed,
-                                           scale=attn.scaling)                    # [1, kv_heads, group * n, head_dim]
+                                           scale=scaling)                    # [1, kv_heads, group * n, head_dim]
         o = o[0].reshape(heads, n, head_dim).transpose(0, 1).reshape(n, -1)
         if out is None:  # one segment, no padding: its rows are the output
             return o
@@ -154,44 +158,108 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     with two of them in place (the same bits); other dtypes run the module."""
     if x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
         return norm(x)
-    scale = x.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()  # [R, 1]
-    return (x * scale).mul_(norm.weight)
+    return _rms_norm_f32(norm.weight, norm.variance_epsilon, x)
 
 
-def _project(attn, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+def _rms_norm_f32(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Tensor:
+    scale = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()  # [R, 1]
+    return (x * scale).mul_(weight)
+
+
+def _norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """rms_norm of norm as a function of x, for a model whose activations are its weight's dtype."""
+    if norm.weight.dtype != torch.float32:
+        return norm
+    return functools.partial(_rms_norm_f32, norm.weight, norm.variance_epsilon)
+
+
+def _linear(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A linear layer as a function of x [R, in]: a packed layer's kernel bound once, else the module."""
+    bound = getattr(module, "bound", None)
+    return bound() if bound is not None else module
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """A decoder layer's parts as the batched forward calls them, looked up once: a forward would
+    otherwise pay microseconds for every module attribute and nn.Module call, tens of them a layer
+    (about a third of a decode step's time for a 135M model on a CPU). The same ops, the same bits."""
+
+    input_norm: Callable[[torch.Tensor], torch.Tensor]
+    post_norm: Callable[[torch.Tensor], torch.Tensor]
+    qkv: Callable[[torch.Tensor], torch.Tensor] | None  # q, k, v as one GEMM (a PackedGroup), or None
+    qkv_columns: tuple[tuple[int, int], ...]            # ... each projection's (first column, width) in its output
+    projections: tuple[Callable, Callable, Callable]    # q, k, v one by one (no group)
+    o_proj: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # gate and up as one GEMM, or None
+    gate_up_columns: tuple[tuple[int, int], ...]
+    mlp: nn.Module                                      # the MLP as a module (no group)
+    down_proj: Callable[[torch.Tensor], torch.Tensor]
+    act_fn: Callable[[torch.Tensor], torch.Tensor]
+    head_dim: int
+    scaling: float
+
+
+def _columns(group) -> tuple[tuple[int, int], ...]:
+    return tuple(zip(group.starts, group.out_features)) if group is not None else ()
+
+
+def layer_plans(model: PreTrainedModel) -> tuple[LayerPlan, ...]:
+    """Every decoder layer's LayerPlan. Made once a model is packed (or not) for good: a service makes
+    them once (service_forward), batched_forward without them makes them each call."""
+    plans = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, gate_up = getattr(attn, "packed_qkv", None), getattr(mlp, "packed_gate_up", None)
+        plans.append(LayerPlan(
+            _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm),
+            qkv.bound() if qkv is not None else None, _columns(qkv),
+            (_linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj)), _linear(attn.o_proj),
+            gate_up.bound() if gate_up is not None else None, _columns(gate_up), mlp, _linear(mlp.down_proj),
+            F.silu if type(mlp.act_fn) in SILU_MODULES else mlp.act_fn, attn.head_dim, attn.scaling))
+    return tuple(plans)
+
+
+def _project(plan: LayerPlan, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's q [heads, R, head_dim] and k [kv_heads, R, head_dim], rotated, and v [kv_heads, R,
     head_dim] of x [R, hidden]: one GEMM where the three projections are packed alike
     (specpipe.engine.native.PackedGroup, the same bits as three), and one rotation of q and k where
     their columns are adjacent in its output."""
-    rows, head_dim = x.shape[0], attn.head_dim
-    grouped = getattr(attn, "packed_qkv", None)
-    y = grouped.run(x) if grouped is not None else None  # [R, width]
-    q, k, v = grouped.split(y) if y is not None else (attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
-    if y is not None and grouped.starts[1] == q.shape[1]:  # q | k: one [R, heads + kv_heads, head_dim]
-        heads = q.shape[1] // head_dim
-        qk = rotate(y[:, : q.shape[1] + k.shape[1]].view(rows, -1, head_dim), cos, signed_sin)
-        q, k = qk[:, :heads], qk[:, heads:]
-    else:
+    rows, head_dim = x.shape[0], plan.head_dim
+    if plan.qkv is None:
+        q, k, v = (projection(x) for projection in plan.projections)
         q, k = rotate(q.view(rows, -1, head_dim), cos, signed_sin), rotate(k.view(rows, -1, head_dim), cos, signed_sin)
+    else:
+        y = plan.qkv(x)  # [R, width]
+        (_, q_width), (k_start, k_width), (v_start, v_width) = plan.qkv_columns  # q starts at column 0
+        v = y[:, v_start : v_start + v_width]
+        if k_start == q_width:  # q | k: one [R, heads + kv_heads, head_dim]
+            qk = rotate(y[:, : q_width + k_width].view(rows, -1, head_dim), cos, signed_sin)
+            q, k = qk[:, : q_width // head_dim], qk[:, q_width // head_dim :]
+        else:
+            q = rotate(y[:, :q_width].view(rows, -1, head_dim), cos, signed_sin)
+            k = rotate(y[:, k_start : k_start + k_width].view(rows, -1, head_dim), cos, signed_sin)
     return q.transpose(0, 1), k.transpose(0, 1), v.view(rows, -1, head_dim).transpose(0, 1)
 
 
-def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
-    """mlp(x), its gate and up projections as one GEMM where they are packed alike (the same bits)."""
-    grouped = getattr(mlp, "packed_gate_up", None)
-    if grouped is None:
-        return mlp(x)
-    gate, up = grouped(x)
-    return mlp.down_proj(mlp.act_fn(gate) * up)
+def _mlp(plan: LayerPlan, x: torch.Tensor) -> torch.Tensor:
+    """The MLP of x, its gate and up projections as one GEMM where they are packed alike (the same bits)."""
+    if plan.gate_up is None:
+        return plan.mlp(x)
+    y = plan.gate_up(x)
+    (gate_start, gate_width), (up_start, up_width) = plan.gate_up_columns
+    gate, up = y[:, gate_start : gate_start + gate_width], y[:, up_start : up_start + up_width]
+    return plan.down_proj(plan.act_fn(gate) * up)
 
 
 @torch.inference_mode()
 def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: int | None = None,
-                    ) -> list[torch.Tensor | None]:
+                    layers: Sequence[LayerPlan] | None = None) -> list[torch.Tensor | None]:
     """Feed every segment after its cached positions and append them to its slot (kv.length grows by
     n). Returns, per segment, the logits [logit_rows, vocab] (float32) of its last logit_rows rows,
-    or None where it needs none. pad: min_rows(model), where the caller has it (a service: once)."""
+    or None where it needs none. pad: min_rows(model), layers: layer_plans(model), where the caller
+    has them (a service: once)."""
     inner = model.model
     device = model.device
     lengths = [len(s.token_ids) for s in segments]
@@ -206,11 +274,10 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
     cos, signed_sin = rope_tables(*(t[0] for t in inner.rotary_emb(hidden[None], positions[None])))  # [R, 1, head_dim]
     group = model.config.num_attention_heads // model.config.num_key_value_heads
     masks = [_allowed(segment, group, hidden.dtype, device) for segment in segments]
-    for layer_idx, layer in enumerate(inner.layers):
-        attn = layer.self_attn
-        q, k, v = _project(attn, rms_norm(layer.input_layernorm, hidden), cos, signed_sin)
-        hidden = hidden + attn.o_proj(_attend(attn, q, k, v, segments, layer_idx, offsets, masks))
-        hidden = hidden + _mlp(layer.mlp, rms_norm(layer.post_attention_layernorm, hidden))
+    for layer_idx, plan in enumerate(layers if layers is not None else layer_plans(model)):
+        q, k, v = _project(plan, plan.input_norm(hidden), cos, signed_sin)
+        hidden = hidden + plan.o_proj(_attend(plan.scaling, q, k, v, segments, layer_idx, offsets, masks))
+        hidden = hidden + _mlp(plan, plan.post_norm(hidden))
     for segment, n in zip(segments, lengths):
         segment.kv.length += n
 

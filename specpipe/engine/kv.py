@@ -56,9 +56,9 @@ class SlotKV:
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
-    @torch.inference_mode()
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """keys / values: [num_kv_heads, n, head_dim] for positions [start, start + n) (reserved before)."""
+        """keys / values: [num_kv_heads, n, head_dim] for positions [start, start + n) (reserved before),
+        within the forward's inference mode (entering it again for every layer cost more than the write)."""
         n = keys.shape[1]
         self.keys[layer, :, start : start + n] = keys
         self.values[layer, :, start : start + n] = values

@@ -148,20 +148,35 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     return padded.view(panels, p, k).transpose(1, 2).contiguous()
 
 
+def _kernel(dtype: torch.dtype):
+    """The kernel function for packed weights of dtype."""
+    return getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[dtype]}")
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] float32 -> x @ W^T + bias, [M, out_features]; W as pack_weight gave it."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"packed linear layers take float32 CPU inputs, got {x.dtype} on {x.device}")
-    x = x.contiguous()
-    m, k = x.shape
-    if k != packed.shape[1]:
-        raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
-    y = torch.empty(m, out_features, dtype=torch.float32)
-    kernel = getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[packed.dtype]}")
-    if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
-              y.data_ptr(), cores.threads()):
-        raise MemoryError(f"packed linear layer: no memory for the accumulators of {m} rows")
-    return y
+    return bound_linear(packed, out_features, bias)(x)
+
+
+def bound_linear(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
+    """packed_linear over one weight as a function of x (float32, on the CPU), its kernel looked up
+    once: what a forward that calls a layer every token binds once (specpipe.engine.batched)."""
+    kernel, in_features = _kernel(packed.dtype), packed.shape[1]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        m, k = x.shape
+        if k != in_features:
+            raise ValueError(f"input has {k} features, the layer takes {in_features}")
+        y = torch.empty(m, out_features, dtype=torch.float32)
+        if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
+                  y.data_ptr(), cores.threads()):
+            raise MemoryError(f"packed linear layer: no memory for the accumulators of {m} rows")
+        return y
+
+    return run
 
 
 class PackedLinear(nn.Module):
@@ -178,6 +193,10 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = packed_linear(x.reshape(-1, self.in_features), self.packed, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def bound(self):
+        """This layer as bound_linear: x [M, in_features] -> [M, out_features]."""
+        return bound_linear(self.packed, self.out_features, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -211,6 +230,10 @@ class PackedGroup:
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, width]: the layers' outputs side by side, each from its start column."""
         return packed_linear(x, self.packed, self.width, self.bias)
+
+    def bound(self):
+        """run as bound_linear: x [M, K] -> [M, width]."""
+        return bound_linear(self.packed, self.width, self.bias)
 
     def split(self, y: torch.Tensor) -> list[torch.Tensor]:
         """run's output -> each layer's output [M, out_features] (column views)."""
