@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import activations
 
 from specpipe.core.verification import additive_mask
 from specpipe.engine.graphs import Graph, new_pool
@@ -43,7 +42,6 @@ from specpipe.engine.runner import bucket
 
 SUPPORTED_TYPES = ("llama", "qwen2")  # decoder layers of the same shape (Qwen2 adds q/k/v biases)
 MIN_GEMM_ROWS = 4                     # fewer rows are padded where MKL runs: see the module docstring
-SILU_MODULES = (nn.SiLU, getattr(activations, "SiLUActivation", nn.SiLU))  # activations whose forward is F.silu
 
 
 def supports(model: PreTrainedModel) -> str | None:
@@ -200,23 +198,20 @@ class LayerPlan:
     scaling: float
 
 
-def _columns(group) -> tuple[tuple[int, int], ...]:
-    return tuple(zip(group.starts, group.out_features)) if group is not None else ()
-
-
 def layer_plans(model: PreTrainedModel) -> tuple[LayerPlan, ...]:
     """Every decoder layer's LayerPlan. Made once a model is packed (or not) for good: a service makes
     them once (service_forward), batched_forward without them makes them each call."""
     plans = []
+    silu = getattr(model.config, "hidden_act", None) == "silu"  # the activation transformers runs as F.silu
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, gate_up = getattr(attn, "packed_qkv", None), getattr(mlp, "packed_gate_up", None)
         plans.append(LayerPlan(
             _norm(layer.input_layernorm), _norm(layer.post_attention_layernorm),
-            qkv.bound() if qkv is not None else None, _columns(qkv),
+            qkv.bound() if qkv is not None else None, qkv.columns if qkv is not None else (),
             (_linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj)), _linear(attn.o_proj),
-            gate_up.bound() if gate_up is not None else None, _columns(gate_up), mlp, _linear(mlp.down_proj),
-            F.silu if type(mlp.act_fn) in SILU_MODULES else mlp.act_fn, attn.head_dim, attn.scaling))
+            gate_up.bound() if gate_up is not None else None, gate_up.columns if gate_up is not None else (),
+            mlp, _linear(mlp.down_proj), F.silu if silu else mlp.act_fn, attn.head_dim, attn.scaling))
     return tuple(plans)
 
 

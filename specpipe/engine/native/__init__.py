@@ -157,26 +157,25 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias
     """x [M, K] float32 -> x @ W^T + bias, [M, out_features]; W as pack_weight gave it."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"packed linear layers take float32 CPU inputs, got {x.dtype} on {x.device}")
-    return bound_linear(packed, out_features, bias)(x)
+    return _run(_kernel(packed.dtype), packed, out_features, bias, x)
 
 
 def bound_linear(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
     """packed_linear over one weight as a function of x (float32, on the CPU), its kernel looked up
     once: what a forward that calls a layer every token binds once (specpipe.engine.batched)."""
-    kernel, in_features = _kernel(packed.dtype), packed.shape[1]
+    return functools.partial(_run, _kernel(packed.dtype), packed, out_features, bias)
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        m, k = x.shape
-        if k != in_features:
-            raise ValueError(f"input has {k} features, the layer takes {in_features}")
-        y = torch.empty(m, out_features, dtype=torch.float32)
-        if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
-                  y.data_ptr(), cores.threads()):
-            raise MemoryError(f"packed linear layer: no memory for the accumulators of {m} rows")
-        return y
 
-    return run
+def _run(kernel, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    m, k = x.shape
+    if k != packed.shape[1]:
+        raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
+    y = torch.empty(m, out_features, dtype=torch.float32)
+    if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
+              y.data_ptr(), cores.threads()):
+        raise MemoryError(f"packed linear layer: no memory for the accumulators of {m} rows")
+    return y
 
 
 class PackedLinear(nn.Module):
@@ -227,20 +226,14 @@ class PackedGroup:
             linear.packed = self.packed[panel : panel + panels]
             panel += panels
 
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] -> [M, width]: the layers' outputs side by side, each from its start column."""
-        return packed_linear(x, self.packed, self.width, self.bias)
+    @property
+    def columns(self) -> tuple[tuple[int, int], ...]:
+        """Each layer's (first column, out_features) in the group's output."""
+        return tuple(zip(self.starts, self.out_features))
 
     def bound(self):
-        """run as bound_linear: x [M, K] -> [M, width]."""
+        """The group as bound_linear: x [M, K] -> [M, width], the layers' outputs side by side."""
         return bound_linear(self.packed, self.width, self.bias)
-
-    def split(self, y: torch.Tensor) -> list[torch.Tensor]:
-        """run's output -> each layer's output [M, out_features] (column views)."""
-        return [y[:, start : start + n] for start, n in zip(self.starts, self.out_features)]
-
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return self.split(self.run(x))
 
 
 def groupable(linears: Sequence[nn.Module]) -> bool:
