@@ -71,6 +71,21 @@ class LocalCluster:
         """The cluster as the node on port sees it."""
         return [_parse_node(line) for line in _command(port, "CLUSTER", "NODES").splitlines() if line]
 
+    def sync(self, port: int, timeout_s: float = 5.0) -> None:
+        """Until every replica of the master on port has acknowledged its replication stream up to now:
+        replication is asynchronous, so a master killed right after a write may take the write with it
+        (replicas acknowledge about once a second)."""
+        written = _command(port, "INFO", "replication")["master_repl_offset"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = _command(port, "INFO", "replication")  # slave<i>: {"offset": acknowledged, ...}
+            acked = [value["offset"] for key, value in info.items() if key.startswith("slave") and isinstance(value, dict)]
+            if acked and min(acked) >= written:
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the replicas of redis node {port} did not acknowledge its writes in {timeout_s} s")
+            time.sleep(0.05)
+
     def kill(self, port: int) -> None:
         """SIGKILL the node on port (no shutdown, no goodbye to the others): a crashed server."""
         process = self.servers[port].process

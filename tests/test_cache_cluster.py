@@ -158,6 +158,7 @@ def test_a_killed_master_fails_fast_then_its_replica_serves(fresh_cluster):
         both(stores, "lookup", sid, [7, 8], 3, 1, tenant)
     cluster_store = stores[1]
 
+    fresh_cluster.sync(doomed)  # the replica has lost's table (else a kill may take the last writes with it)
     fresh_cluster.kill(doomed)
     failing = []
     for _ in range(2):
