@@ -42,12 +42,14 @@ def test_packed_linear_matches_float64(n, k, bias, dtype):
         torch.testing.assert_close(native.packed_linear(x, packed, n, b), reference(x, stored, b), atol=1e-4, rtol=1e-4)
 
 
-def test_batch_invariant_and_thread_invariant():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_invariant_and_thread_invariant(dtype):
     """Each output element is one FMA chain over k: a row's bits do not depend on its batch mates,
-    its row block, the chunks of k that several row blocks take in turn, or the thread count."""
+    its row block, the chunks of k that several row blocks take in turn (bf16 weights widened once a
+    chunk there, as they come for one row block), or the thread count."""
     torch.manual_seed(0)
     w, b = torch.randn(300, 1100), torch.randn(300)
-    packed = native.pack_weight(w)
+    packed = native.pack_weight(w, dtype)
     x = torch.randn(19, 1100)
     torch.set_num_threads(1)
     together = native.packed_linear(x, packed, 300, b)

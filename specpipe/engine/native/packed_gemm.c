@@ -10,7 +10,8 @@
  * (zero-padded), so a panel streams contiguously, prefetched ahead of the FMAs so that a block's
  * arithmetic does not stall the stream. A row block of MR rows keeps MR x NV vector accumulators in
  * registers; larger M takes several row blocks over each chunk of KC input features in turn, so
- * that the chunk, read from memory once, sits in L2 for all of them.
+ * that the chunk, read from memory once, sits in L2 for all of them (bf16 weights widened once, by
+ * the first row block).
  *
  * Every output element is one fused multiply-add chain over k = 0..K-1, whatever M is and whichever
  * row block or thread computes it: a token's logits do not depend on how many tokens share its
@@ -61,18 +62,24 @@ static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_conv
 /* How far ahead of the FMAs the weight stream is prefetched, in panel rows (k). */
 #define PREFETCH 64
 
-#define ROW_BLOCK(R, T, WT)                                                                                \
-    static void row_block_##T##_##R(const float *x, size_t K, size_t k0, size_t k1, const WT *panel,       \
-                                    float *buf) {                                                          \
+#define ROW_BLOCK(R, T, WT, KEEP)                                                                          \
+    static void row_block_##T##_##R(const float *x, size_t K, size_t k0, size_t k1, const WT *w,           \
+                                    float *buf, float *wide) {                                             \
+        /* w: the panel at row k0, so w[(k - k0) * P + c] is the weight of input k, column c. wide: where  \
+         * to keep the weights as loaded (fp32) for the chunk's other row blocks, or NULL; KEEP: 0 where   \
+         * they never need keeping (fp32 weights) */                                                       \
         vf acc[R][NV];                                                                                     \
         for (int r = 0; r < R; r++)                                                                        \
             for (int v = 0; v < NV; v++) acc[r][v] = k0 ? *(vf *)(buf + r * P + v * VL) : (vf){0};         \
         for (size_t k = k0; k < k1; k++) {                                                                 \
+            const WT *wk = w + (k - k0) * P;                                                               \
             if (R > 1) /* one row is bound by memory alone; a block's FMAs must not stall the stream */    \
                 for (size_t o = 0; o < P * sizeof(WT); o += 64)                                            \
-                    __builtin_prefetch((const char *)(panel + (k + PREFETCH) * P) + o);                    \
+                    __builtin_prefetch((const char *)(wk + PREFETCH * P) + o);                             \
             vf wv[NV];                                                                                     \
-            for (int v = 0; v < NV; v++) wv[v] = load_##T(panel + k * P + v * VL);                         \
+            for (int v = 0; v < NV; v++) wv[v] = load_##T(wk + v * VL);                                    \
+            if (KEEP && wide)                                                                              \
+                for (int v = 0; v < NV; v++) *(vf *)(wide + (k - k0) * P + v * VL) = wv[v];                \
             for (int r = 0; r < R; r++) {                                                                  \
                 float xr = x[r * K + k];                                                                   \
                 for (int v = 0; v < NV; v++) acc[r][v] += xr * wv[v];                                      \
@@ -82,45 +89,56 @@ static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_conv
             for (int v = 0; v < NV; v++) *(vf *)(buf + r * P + v * VL) = acc[r][v];                        \
     }
 
+/* row_block_<T>[R]: the row block of R rows (R <= MR). */
+#define ROW_BLOCKS(T, WT, KEEP)                                                                            \
+    ROW_BLOCK(1, T, WT, KEEP) ROW_BLOCK(2, T, WT, KEEP) ROW_BLOCK(3, T, WT, KEEP)                          \
+    ROW_BLOCK(4, T, WT, KEEP) ROW_BLOCK(5, T, WT, KEEP) ROW_BLOCK(6, T, WT, KEEP)                          \
+    ROW_BLOCK(7, T, WT, KEEP) ROW_BLOCK(8, T, WT, KEEP)                                                    \
+    static void (*const row_block_##T[9])(const float *, size_t, size_t, size_t, const WT *, float *,      \
+                                          float *) = {NULL,                 row_block_##T##_1,             \
+                                                      row_block_##T##_2,    row_block_##T##_3,             \
+                                                      row_block_##T##_4,    row_block_##T##_5,             \
+                                                      row_block_##T##_6,    row_block_##T##_7,             \
+                                                      row_block_##T##_8};
+
+ROW_BLOCKS(f32, float, 0)
+ROW_BLOCKS(bf16, unsigned short, 1)
+
 /* x [M][K], w packed [ceil(N/P)][K][P], b [N] or NULL, y [M][N]; panels split across threads, each
- * with a buffer of M x P accumulators. */
-#define PACKED_LINEAR(T, WT)                                                                               \
-    ROW_BLOCK(1, T, WT) ROW_BLOCK(2, T, WT) ROW_BLOCK(3, T, WT) ROW_BLOCK(4, T, WT)                        \
-    ROW_BLOCK(5, T, WT) ROW_BLOCK(6, T, WT) ROW_BLOCK(7, T, WT) ROW_BLOCK(8, T, WT)                        \
+ * with a buffer of M x P accumulators. With bf16 weights and several row blocks (WIDEN), the first
+ * row block of a chunk keeps the weights it widened in a second buffer (KC x P floats, in L2) and
+ * the others read them there, rather than each widening the chunk again. */
+#define PACKED_LINEAR(T, WT, WIDEN)                                                                        \
     int specpipe_packed_linear_##T(const float *x, size_t M, size_t K, const WT *w, size_t N,              \
                                    const float *b, float *y, int threads) {                                \
         long panels = (long)((N + P - 1) / P);                                                             \
         size_t kc = M <= MR ? K : KC; /* one row block: one chunk */                                       \
         size_t bytes = (M * P * sizeof(float) + 63) / 64 * 64;                                             \
+        int widen = WIDEN && M > MR;                                                                       \
         int failed = 0;                                                                                    \
         _Pragma("omp parallel num_threads(threads) if (threads > 1)") {                                    \
             float *buf = aligned_alloc(64, bytes);                                                         \
-            if (!buf) {                                                                                    \
+            float *wide = widen ? aligned_alloc(64, KC * P * sizeof(float)) : NULL;                        \
+            int ready = buf && (wide || !widen);                                                           \
+            if (!ready) {                                                                                  \
                 _Pragma("omp atomic write") failed = 1;                                                    \
             } else if (!K) { /* no input features: y is the bias (or zero) */                              \
                 memset(buf, 0, bytes);                                                                     \
             }                                                                                              \
             _Pragma("omp for schedule(static)")                                                            \
             for (long j = 0; j < panels; j++) {                                                            \
-                if (!buf) continue;                                                                        \
+                if (!ready) continue;                                                                      \
                 const WT *panel = w + (size_t)j * K * P;                                                   \
                 size_t col = (size_t)j * P;                                                                \
                 size_t ncols = N - col < P ? N - col : P;                                                  \
                 for (size_t k0 = 0; k0 < K; k0 += kc) {                                                    \
                     size_t k1 = K - k0 < kc ? K : k0 + kc;                                                 \
                     for (size_t m = 0; m < M; m += MR) {                                                   \
-                        const float *xm = x + m * K;                                                       \
-                        float *bm = buf + m * P;                                                           \
-                        switch (M - m < MR ? M - m : MR) {                                                 \
-                        case 1: row_block_##T##_1(xm, K, k0, k1, panel, bm); break;                        \
-                        case 2: row_block_##T##_2(xm, K, k0, k1, panel, bm); break;                        \
-                        case 3: row_block_##T##_3(xm, K, k0, k1, panel, bm); break;                        \
-                        case 4: row_block_##T##_4(xm, K, k0, k1, panel, bm); break;                        \
-                        case 5: row_block_##T##_5(xm, K, k0, k1, panel, bm); break;                        \
-                        case 6: row_block_##T##_6(xm, K, k0, k1, panel, bm); break;                        \
-                        case 7: row_block_##T##_7(xm, K, k0, k1, panel, bm); break;                        \
-                        case 8: row_block_##T##_8(xm, K, k0, k1, panel, bm); break;                        \
-                        }                                                                                  \
+                        size_t rows = M - m < MR ? M - m : MR;                                             \
+                        if (m && wide)                                                                     \
+                            row_block_f32[rows](x + m * K, K, k0, k1, wide, buf + m * P, NULL);            \
+                        else                                                                               \
+                            row_block_##T[rows](x + m * K, K, k0, k1, panel + k0 * P, buf + m * P, wide);  \
                     }                                                                                      \
                 }                                                                                          \
                 for (size_t r = 0; r < M; r++)                                                             \
@@ -128,11 +146,12 @@ static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_conv
                         y[r * N + col + c] = b ? buf[r * P + c] + b[col + c] : buf[r * P + c];             \
             }                                                                                              \
             free(buf);                                                                                     \
+            free(wide);                                                                                    \
         }                                                                                                  \
-        return failed ? -1 : 0; /* -1: a thread's accumulator buffer could not be allocated */             \
+        return failed ? -1 : 0; /* -1: a thread's buffers could not be allocated */                        \
     }
 
 int specpipe_panel_width(void) { return P; }
 
-PACKED_LINEAR(f32, float)
-PACKED_LINEAR(bf16, unsigned short)
+PACKED_LINEAR(f32, float, 0)
+PACKED_LINEAR(bf16, unsigned short, 1)
