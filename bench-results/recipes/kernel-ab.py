@@ -3,7 +3,7 @@ each built as specpipe.engine.native builds it (the host compiler, its FLAGS, Op
 verifier, the kernels in turn at every forward (the order alternating), best of --repeats; every
 forward's logits must be the same bits under both kernels.
 
-    python3 bench-results/recipes/kernel-ab.py --before d69ada6^ --after d69ada6
+    python3 bench-results/recipes/kernel-ab.py --before d69ada6^ --after d69ada6 [--weights bf16]
 """
 
 import argparse
@@ -29,6 +29,7 @@ parser.add_argument("--sizes", default="1,2,4,8,12,16,24,64", help="k: new token
 parser.add_argument("--context", type=int, default=300, help="cached tokens before each forward")
 parser.add_argument("--repeats", type=int, default=7)
 parser.add_argument("--threads", type=int, default=2)
+parser.add_argument("--weights", default="fp32", choices=("fp32", "bf16"), help="the packed weights' precision")
 args = parser.parse_args()
 
 
@@ -48,7 +49,7 @@ with tempfile.TemporaryDirectory() as tmp:
     kernels = {revision: build(revision, pathlib.Path(tmp)) for revision in (args.before, args.after)}
     current = [kernels[args.before]]
     native.library = functools.partial(lambda box: box[0], current)  # the packed layers call library() each time
-    runner = runners.Runner(load_model(ModelSpec(PRESETS[args.preset].verifier)), "packed")
+    runner = runners.Runner(load_model(ModelSpec(PRESETS[args.preset].verifier)), "packed", weights=args.weights)
     cache = runner.new_cache()
     runner.forward(cache, [(7 * i + 10) % 1000 for i in range(args.context)])
     sizes = [int(s) for s in args.sizes.split(",")]
