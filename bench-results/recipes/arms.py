@@ -9,8 +9,8 @@ from specpipe.core.types import GenerationRequest
 
 
 def run_arms(generators: dict, prompts, max_new_tokens: int, speculation, name: str, before=None) -> tuple[list, dict]:
-    """generators: arm -> embedded generator; before(arm), if given, runs ahead of each arm's turn.
-    Returns the per-prompt rows and arm -> {tokens, seconds, tokens_per_s}."""
+    """generators: arm -> embedded generator; speculation: the requests' options, or arm -> options;
+    before(arm), if given, runs ahead of each arm's turn. Returns the per-prompt rows and arm -> {tokens, seconds, tokens_per_s}."""
     arms = list(generators)
     rows, totals = [], {arm: [0.0, 0] for arm in arms}
     for i, prompt in enumerate(prompts):
@@ -20,7 +20,8 @@ def run_arms(generators: dict, prompts, max_new_tokens: int, speculation, name: 
             if before is not None:
                 before(arm)
             start = time.perf_counter()
-            chunks = list(generators[arm].generate(GenerationRequest(ids, max_new_tokens, speculation=speculation)))
+            options = speculation[arm] if isinstance(speculation, dict) else speculation
+            chunks = list(generators[arm].generate(GenerationRequest(ids, max_new_tokens, speculation=options)))
             seconds = time.perf_counter() - start
             tokens = tuple(t for chunk in chunks for t in chunk.token_ids)
             rounds = [chunk.round for chunk in chunks if chunk.round is not None]
