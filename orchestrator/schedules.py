@@ -174,8 +174,7 @@ class Sequential:
         self._warmer = Warmer(pool, proposer)
 
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
-        if draft_len <= 0:  # the drafter feeds the prompt while the verifier prefills
-            self._warmer.idle(gen.context, self.epoch)
+        """Prefill, then draft (a warm-up, where the round drafts nothing, overlaps the first rounds)."""
         self.prefill_ms = prefill(self._verifier, gen)
         return self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
 
@@ -206,7 +205,12 @@ class Branch:
         return self._scheduler.epoch
 
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
-        """The first draft (and the drafter's own prefill) runs while the verifier prefills."""
+        """The first draft (and the drafter's own prefill) runs while the verifier prefills. A round that
+        drafts nothing prefills first: its drafter's warm-up can wait for the first rounds, and on
+        shared cores it would slow the prefill, so the first token."""
+        if draft_len <= 0:
+            self.prefill_ms = prefill(self._verifier, gen)
+            return self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
         prefilling = self._pool.submit(prefill, self._verifier, gen)
         proposal = self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
         self.prefill_ms = prefilling.result()

@@ -93,3 +93,37 @@ def test_a_drafter_without_a_cache_is_not_warmed(tiny_tokenizer, tiny_verifier):
     run(generator, GenerationRequest(ids, NEW_TOKENS, speculation=SpeculationOptions(
         drafter="ngram", draft_len=0, adaptive="off")))
     assert drafter.calls == []
+
+
+class Ordered:
+    """Wraps a verifier or drafter: appends (name, call) to a shared log as each prefill ends and each
+    proposal starts."""
+
+    def __init__(self, inner, name: str, log: list):
+        self._inner, self._name, self._log = inner, name, log
+
+    def __getattr__(self, attr):
+        return getattr(self._inner, attr)
+
+    def prefill(self, *args, **kwargs):
+        result = self._inner.prefill(*args, **kwargs)
+        self._log.append((self._name, "prefilled"))
+        return result
+
+    def propose(self, request):
+        self._log.append((self._name, f"propose {request.draft_len}"))
+        return self._inner.propose(request)
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "branch"])
+def test_a_first_round_that_drafts_nothing_warms_the_drafter_after_the_prefill(
+        tiny_tokenizer, tiny_verifier, tiny_drafter, schedule):
+    """On shared cores a warm-up beside the prefill would delay the first token; it waits for it."""
+    log: list = []
+    generator = Generator(tiny_tokenizer, Ordered(tiny_verifier, "verifier", log),
+                          {"model": Ordered(tiny_drafter, "drafter", log)})
+    ids = tuple(tiny_tokenizer(GOLDEN_PROMPTS[0])["input_ids"])
+    speculation = SpeculationOptions(drafter="model", draft_len=0, adaptive="off", schedule=schedule)
+    tokens, _ = run(generator, GenerationRequest(ids, 8, speculation=speculation))
+    assert tokens == reference_greedy(tiny_verifier.model, ids, 8)
+    assert log[:2] == [("verifier", "prefilled"), ("drafter", "propose 0")]
