@@ -2,10 +2,29 @@
 turn on every prompt (the order alternating), so a host's drift hits all alike; every arm's output
 must be the same."""
 
+import argparse
 import json
 import time
 
+from specpipe.bench.prompts import load_prompts_file, load_suite
 from specpipe.core.types import GenerationRequest
+
+
+def arm_parser(doc: str, limit: int = 8) -> argparse.ArgumentParser:
+    """The arguments every A/B recipe takes (the model preset, the prompts, the answers' length, the
+    JSON); the recipe adds its arms'."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--preset", default="qwen-coder")
+    parser.add_argument("--suite", default="mtbench")
+    parser.add_argument("--prompts", default=None, help="a JSONL prompt file instead of --suite")
+    parser.add_argument("--limit", type=int, default=limit)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--json", default=None, help="write the per-prompt results here")
+    return parser
+
+
+def arm_prompts(args):
+    return load_prompts_file(args.prompts, args.limit) if args.prompts else load_suite(args.suite, args.limit)
 
 
 def run_arms(generators: dict, prompts, max_new_tokens: int, speculation, name: str, before=None) -> tuple[list, dict]:

@@ -8,15 +8,13 @@ arms in turn on every prompt (the order alternating). Not in the product: it los
     python3 bench-results/recipes/draft-vocab-ab.py --suite mtbench --limit 4 --sizes 0,32768,65536
 """
 
-import argparse
 import math
 
 import torch
 from torch import nn
 
-from arms import run_arms, write_json
+from arms import arm_parser, arm_prompts, run_arms, write_json
 from specpipe.app.wiring import embedded_generator
-from specpipe.bench.prompts import load_prompts_file, load_suite
 from specpipe.config.services import generator_config
 from specpipe.engine import native
 
@@ -41,17 +39,12 @@ class VocabHead(nn.Module):
         return out.view(*x.shape[:-1], self.vocab)
 
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--suite", default="mtbench")
-parser.add_argument("--prompts", default=None, help="a JSONL prompt file instead of --suite")
-parser.add_argument("--limit", type=int, default=4)
-parser.add_argument("--max-new-tokens", type=int, default=128)
+parser = arm_parser(__doc__, limit=4)
 parser.add_argument("--sizes", default="0,32768,65536", help="the arms: V (0 = the whole vocabulary)")
-parser.add_argument("--json", default=None, help="write the per-prompt results here")
 args = parser.parse_args()
 
 sizes = [int(s) for s in args.sizes.split(",")]
-config = generator_config({"preset": "qwen-coder"})
+config = generator_config({"preset": args.preset})
 generators = {}
 for size in sizes:
     generator = embedded_generator(config)
@@ -59,6 +52,6 @@ for size in sizes:
         drafter = generator.drafters["model"]
         drafter.model.lm_head = VocabHead(drafter.model.lm_head, size, list(drafter.info().eos_token_ids))
     generators[size] = generator
-prompts = load_prompts_file(args.prompts, args.limit) if args.prompts else load_suite(args.suite, args.limit)
+prompts = arm_prompts(args)
 rows, summary = run_arms(generators, prompts, args.max_new_tokens, config.speculation, "size")
 write_json(args.json, args, summary, rows)

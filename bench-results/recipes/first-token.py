@@ -6,23 +6,18 @@ it again with PYTHONPATH=<a worktree of another revision> for an A/B.
     python3 bench-results/recipes/first-token.py --verifier-weights bf16
 """
 
-import argparse
 import json
 import time
 from dataclasses import replace
 
+from arms import arm_parser, arm_prompts
 from specpipe.app.wiring import embedded_generator
-from specpipe.bench.prompts import load_suite
 from specpipe.config.services import generator_config
 from specpipe.core.types import GenerationRequest
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--preset", default="qwen-coder")
+parser = arm_parser(__doc__, limit=3)
 parser.add_argument("--verifier-weights", default="fp32", choices=("fp32", "bf16"))
-parser.add_argument("--suite", default="humaneval")
-parser.add_argument("--limit", type=int, default=3)
-parser.add_argument("--max-new-tokens", type=int, default=16)
-parser.add_argument("--json", default=None, help="write the per-prompt results here")
+parser.set_defaults(suite="humaneval", max_new_tokens=16)
 args = parser.parse_args()
 
 config = generator_config({"preset": args.preset, "verifier_weights": args.verifier_weights})
@@ -30,7 +25,7 @@ generator = embedded_generator(config)
 arms = {"k=0": replace(config.speculation, draft_len=0, adaptive="off"),
         "verifier alone": replace(config.speculation, drafter="none")}
 rows = []
-for i, prompt in enumerate(load_suite(args.suite, args.limit)):
+for i, prompt in enumerate(arm_prompts(args)):
     ids = generator.encode(messages=prompt.messages)
     outputs = set()
     for arm in (list(arms) if i % 2 == 0 else list(reversed(arms))):
