@@ -73,9 +73,13 @@ class AlwaysWrong:
         pass
 
 
+PRE_DRAFT_START = 0.15  # s: the schedule submits a round's pre-draft right after its verify call
+
+
 class PreDraftFirst:
     """Verification waits for the round's pre-draft (a proposal that starts after the verification
-    did, if one starts within 0.5 s) to answer, so each pre-draft is finished before its verdict."""
+    did, if one starts within PRE_DRAFT_START s) to answer, so each pre-draft is finished before its
+    verdict. Rounds with no pre-draft (the last ones) wait the whole PRE_DRAFT_START."""
 
     def __init__(self, verifier, drafter):
         self._verifier, self._drafter = verifier, drafter
@@ -99,7 +103,7 @@ class PreDraftFirst:
     def verify(self, *args, **kwargs):
         with self._changed:
             started = self._started
-            if self._changed.wait_for(lambda: self._started > started, timeout=0.5):
+            if self._changed.wait_for(lambda: self._started > started, timeout=PRE_DRAFT_START):
                 self._changed.wait_for(lambda: self._answered == self._started, timeout=10)
         return self._verifier.verify(*args, **kwargs)
 

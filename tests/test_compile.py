@@ -82,8 +82,9 @@ def test_slot_bounds_the_context(model):
 @pytest.fixture(scope="module", params=["packed", "packed bf16", "graphs", "graphs unbatched"])
 def compiled(request, tiny_tokenizer):
     """A compiled verifier and drafter (tiny preset) behind one generator over an in-memory store
-    (packed bf16: the verifier's packed weights in bf16, a model of its own that speculation must
-    reproduce exactly)."""
+    (packed: the drafter's weights in int8, as --draft-weights auto packs them; packed bf16: the
+    verifier's packed weights in bf16, a model of its own that speculation must reproduce exactly,
+    and the drafter's in bf16)."""
     from drafter_service.model_drafter import ModelDrafter
     from specpipe.config.presets import model_specs
     from verifier_service.verifier import ModelVerifier
@@ -92,7 +93,8 @@ def compiled(request, tiny_tokenizer):
     mode, batching = request.param.split()[0], not request.param.endswith("unbatched")
     weights = "bf16" if request.param.endswith("bf16") else "fp32"
     verifier = ModelVerifier.load(verifier_spec, mode=mode, buckets=BUCKETS, batching=batching, weights=weights)
-    drafter = ModelDrafter.load(drafter_spec, mode=mode, buckets=BUCKETS, batching=batching)
+    drafter_weights = {"packed": "int8", "packed bf16": "bf16"}.get(request.param, "fp32")
+    drafter = ModelDrafter.load(drafter_spec, mode=mode, buckets=BUCKETS, batching=batching, weights=drafter_weights)
     return generator_with(InMemoryNgramCache(), tiny_tokenizer, verifier, drafter)
 
 

@@ -29,34 +29,52 @@ def reference(x, w, b):
 
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96), (50, 1100), (9, 0)])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def packed_in(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """w packed in dtype: (the packed weight, its scales or None, the fp32 weight the kernel multiplies by)."""
+    if dtype == torch.int8:
+        q, scale = native.quantize_int8(w)
+        return native.pack_weight(q, dtype), scale, q.float() * scale[:, None]
+    return native.pack_weight(w, dtype), None, w.to(dtype).float()  # bf16 weights are exact in fp32
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (7, 5), (257, 64), (100, 33), (1536, 96), (50, 1100), (9, 0)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_packed_linear_matches_float64(n, k, bias, dtype):
     torch.manual_seed(n * k)
     w, b = torch.randn(n, k), torch.randn(n) if bias else None
-    packed = native.pack_weight(w, dtype)
-    assert packed.dtype == dtype
-    assert packed.shape == ((n + native.panel_width() - 1) // native.panel_width(), k, native.panel_width())
-    stored = w.to(dtype).float()  # what the kernel multiplies by: bf16 weights are exact in fp32
+    weight, scale, stored = packed_in(w, dtype)
+    assert weight.dtype == dtype
+    assert weight.shape == ((n + native.panel_width() - 1) // native.panel_width(), k, native.panel_width())
     for m in (1, 2, 3, 5, 8, 9, 17, 40):  # one row block, several, and partial ones
         x = torch.randn(m, k)
-        torch.testing.assert_close(native.packed_linear(x, packed, n, b), reference(x, stored, b), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(native.packed_linear(x, weight, n, b, scale), reference(x, stored, b),
+                                   atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_weights_keep_each_rows_largest_value():
+    w = torch.tensor([[0.5, -2.0, 1.0], [0.0, 0.0, 0.0], [3.0, 0.03, -0.01]])
+    q, scale = native.quantize_int8(w)
+    assert q.dtype == torch.int8 and q.abs().amax(dim=1).tolist() == [127, 0, 127]
+    torch.testing.assert_close(scale, torch.tensor([2.0 / 127, 1.0, 3.0 / 127]))
+    assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_batch_invariant_and_thread_invariant(dtype):
     """Each output element is one FMA chain over k: a row's bits do not depend on its batch mates,
-    its row block, the chunks of k that several row blocks take in turn (bf16 weights widened once a
-    chunk there, as they come for one row block), or the thread count."""
+    its row block, the chunks of k that several row blocks take in turn (narrow weights widened once
+    a chunk there, as they come for one row block), or the thread count."""
     torch.manual_seed(0)
     w, b = torch.randn(300, 1100), torch.randn(300)
-    packed = native.pack_weight(w, dtype)
+    weight, scale, _ = packed_in(w, dtype)
     x = torch.randn(19, 1100)
     torch.set_num_threads(1)
-    together = native.packed_linear(x, packed, 300, b)
+    together = native.packed_linear(x, weight, 300, b, scale)
     for i in range(len(x)):
-        assert torch.equal(native.packed_linear(x[i : i + 1], packed, 300, b)[0], together[i])
+        assert torch.equal(native.packed_linear(x[i : i + 1], weight, 300, b, scale)[0], together[i])
     torch.set_num_threads(2)
-    assert torch.equal(native.packed_linear(x, packed, 300, b), together)
+    assert torch.equal(native.packed_linear(x, weight, 300, b, scale), together)
 
 
 def test_packed_model_gives_the_eager_logits():
@@ -69,23 +87,25 @@ def test_packed_model_gives_the_eager_logits():
         torch.testing.assert_close(packed(ids).logits, eager(ids).logits, atol=1e-4, rtol=1e-4)
 
 
-def test_bf16_drafter_weights_stay_close():
-    eager, packed = tiny_model(), tiny_model()
-    native.pack_linears(packed, torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
+def test_narrow_drafter_weights_stay_close(dtype):
+    eager, narrow = tiny_model(), tiny_model()
+    native.pack_linears(narrow, dtype)
     ids = torch.tensor([[5, 17, 99, 3, 250, 8]])
     with torch.inference_mode():
-        a, b = packed(ids).logits, eager(ids).logits
-    assert (a - b).abs().max() < 0.05 * b.abs().max()  # bf16 keeps 8 bits of mantissa
+        a, b = narrow(ids).logits, eager(ids).logits
+    assert (a - b).abs().max() < 0.05 * b.abs().max()  # bf16 keeps 8 bits of mantissa, int8 7 of a row's range
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
 @pytest.mark.parametrize("bias", [True, False])
-def test_a_packed_group_gives_its_layers_bits(bias):
+def test_a_packed_group_gives_its_layers_bits(bias, dtype):
     """Layers of one input packed side by side (a layer's q/k/v, an MLP's gate and up) run as one GEMM
     with each layer's exact output, panel padding between them included; the layers' own weights
     become views into the group's, so running them one by one gives the same bits, on no more memory."""
     torch.manual_seed(3)
-    layers = [native.PackedLinear(torch.nn.Linear(40, n, bias=bias)) for n in (70, 33, 33)]
+    layers = [native.PackedLinear(torch.nn.Linear(40, n, bias=bias), dtype) for n in (70, 33, 33)]
     x = torch.randn(9, 40)
     alone = [layer(x) for layer in layers]
     assert native.groupable(layers)
@@ -114,8 +134,12 @@ def test_bad_input_is_refused():
         native.packed_linear(torch.randn(2, 8, dtype=torch.float64), packed, 4)
     with pytest.raises(ValueError, match="the layer takes 8"):
         native.packed_linear(torch.randn(2, 7), packed, 4)
-    with pytest.raises(ValueError, match="float32 or bfloat16"):
+    with pytest.raises(ValueError, match="float32, bfloat16 or int8"):
         native.pack_weight(torch.randn(4, 8), torch.float16)
+    with pytest.raises(ValueError, match="int8 packed weights take their scales"):
+        native.packed_linear(torch.randn(2, 8), native.pack_weight(torch.zeros(4, 8, dtype=torch.int8), torch.int8), 4)
+    with pytest.raises(ValueError, match="int8 packed weights take their scales"):
+        native.packed_linear(torch.randn(2, 8), packed, 4, scale=torch.ones(4))
 
 
 def test_no_compiler_is_a_clear_error(tmp_path):
@@ -135,6 +159,7 @@ def _generate(env_home: str, home: str, *flags: str) -> subprocess.CompletedProc
                            "--max-new-tokens", "4", "--json", *flags], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow  # builds the kernel afresh and starts three CLI processes
 def test_a_read_only_home_builds_the_kernel_elsewhere_or_runs_eager(tmp_path):
     """A models volume mounted read-only (as the manifests do) is no place for the kernel: it goes to
     the user's cache; where nothing is writable, --compile auto runs eager after one warning line and

@@ -4,6 +4,9 @@ verifier, the kernels in turn at every forward (the order alternating), best of 
 forward's logits must be the same bits under both kernels.
 
     python3 bench-results/recipes/kernel-ab.py --before d69ada6^ --after d69ada6 [--weights bf16]
+
+Both revisions must take the kernel arguments of this checkout (the int8 weights' scales came with
+2026-11-29: compare revisions from then on, or revisions from before it in a checkout of before it).
 """
 
 import argparse

@@ -48,7 +48,7 @@ def drafter_forward(model: ModelConfig) -> dict:
     """The model drafter's forward options (ModelDrafter keywords)."""
     mode, weights = forward_mode(model), model.draft_weights
     if weights == "auto":
-        weights = "bf16" if mode == "packed" else "fp32"
+        weights = "int8" if mode == "packed" else "fp32"
     if weights != "fp32" and mode != "packed":
         raise InvalidArgument(f"--draft-weights {weights} packs the drafter's weights: it needs the CPU kernel "
                               "(--compile on, or auto with a C compiler) and a CPU --device")

@@ -16,8 +16,8 @@ from specpipe.core.errors import InvalidArgument
 @dataclass(frozen=True)
 class BaselineModels:
     """What the transformers baselines run on: eager is the verifier in eager fp32 (the one-core row);
-    verifier and drafter are on specpipe's weights path (packed, and the drafter bf16, when specpipe's
-    are), so that a baseline differs from specpipe only in how it decodes."""
+    verifier and drafter are on specpipe's weights path (packed when specpipe's are, the drafter in
+    its --draft-weights), so that a baseline differs from specpipe only in how it decodes."""
 
     eager: object
     verifier: object

@@ -54,9 +54,9 @@ def add_compile_arg(parser) -> None:
                         "graphs on CUDA; on: always (an error without a compiler); off: eager (default: %(default)s)")
     parser.add_argument("--draft-weights", default=MODEL.draft_weights, choices=DRAFT_WEIGHTS,
                         help="the weights of the drafter's packed linear layers (CPU kernel only): bf16 streams "
-                        "half the bytes per token, with fp32 arithmetic; it changes what the drafter proposes, never "
-                        "what is emitted (the verifier's weights are --verifier-weights). auto: bf16 when the CPU kernel "
-                        "runs, else fp32 (default: %(default)s)")
+                        "half the bytes per token, int8 (a scale per output feature) a quarter, with fp32 arithmetic; "
+                        "they change what the drafter proposes, never what is emitted (the verifier's weights are "
+                        "--verifier-weights). auto: int8 when the CPU kernel runs, else fp32 (default: %(default)s)")
     parser.add_argument("--verifier-weights", default=MODEL.verifier_weights, choices=VERIFIER_WEIGHTS,
                         help="the weights of the verifier's packed linear layers (CPU kernel only): bf16 streams "
                         "half the bytes per token, with fp32 arithmetic, and changes the model: the output is then "

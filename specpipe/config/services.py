@@ -29,7 +29,7 @@ from specpipe.core.types import (
 
 DTYPES = ("auto", "float32", "bfloat16")
 COMPILE = ("auto", "off", "on")
-DRAFT_WEIGHTS = ("auto", "fp32", "bf16")
+DRAFT_WEIGHTS = ("auto", "fp32", "bf16", "int8")
 VERIFIER_WEIGHTS = ("fp32", "bf16")
 DEFAULT_SPECULATION = SpeculationOptions()  # the product's defaults (specpipe.core.types)
 GATHER_GRACE_SHARE = 0.5  # of a forward's predicted time: the longest a verifier forward waits for decoding sessions

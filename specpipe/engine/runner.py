@@ -212,7 +212,7 @@ def static_inputs(past_len: int, n: int, tree_parents: Sequence[int] | None, siz
 
 
 MODES = ("eager", "packed", "graphs")
-PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
 class Runner:
@@ -221,7 +221,7 @@ class Runner:
 
     def __init__(self, model: PreTrainedModel, mode: str = "eager", max_context: int = STATIC_MAX_CONTEXT,
                  buckets: Sequence[int] = BUCKETS, weights: str = "fp32"):
-        """weights: the packed linear layers' fp32, or bf16 (packed mode only).
+        """weights: the packed linear layers' fp32, or bf16 or int8 (packed mode only).
         max_context, buckets: the graphs mode's slot length and forward sizes."""
         if mode not in MODES:
             raise ValueError(f"unknown forward mode {mode!r}; choose from {', '.join(MODES)}")

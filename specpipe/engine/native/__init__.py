@@ -8,9 +8,10 @@ the kernel's key includes the CPU, so it is built where it runs). Why: BLAS is
 slow exactly at the 1-32 rows that decoding and verification feed (packed_gemm.c says more), and
 torch.compile on CPU lowers fp32 linears to the same BLAS calls.
 
-Weights are packed in fp32 (the verifier: its logits must be its own) or, for a drafter, in bf16:
-half the bytes to stream per token, fp32 arithmetic; a drafter's rounding changes which tokens it
-proposes, never which tokens are emitted.
+Weights are packed in fp32 (the verifier: its logits must be its own), in bf16 (half the bytes to
+stream per token, fp32 arithmetic) or, for a drafter, in int8 with a scale per output feature (a
+quarter of the bytes; round(w / scale), scale = max |w| of the feature's row / 127): a drafter's
+rounding changes which tokens it proposes, never which tokens are emitted.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def build(cc: str | None = None) -> Path:
     return target
 
 
-WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # packed weight dtype -> kernel suffix
+WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "i8"}  # packed weight dtype -> kernel suffix
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,7 +128,7 @@ def library() -> ctypes.CDLL:
         kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
         kernel.restype = ctypes.c_int
         kernel.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
-                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -136,10 +137,10 @@ def panel_width() -> int:
 
 
 def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[N, K] -> [ceil(N / P), K, P] in dtype (float32 or bfloat16): column panels of P output
-    features, zero-padded."""
+    """[N, K] -> [ceil(N / P), K, P] in dtype (float32, bfloat16, or int8 for weights quantize_int8
+    gave): column panels of P output features, zero-padded."""
     if dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"packed weights are float32 or bfloat16, not {dtype}")
+        raise ValueError(f"packed weights are float32, bfloat16 or int8, not {dtype}")
     n, k = weight.shape
     p = panel_width()
     panels = (n + p - 1) // p
@@ -148,32 +149,47 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     return padded.view(panels, p, k).transpose(1, 2).contiguous()
 
 
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] -> (int8 [N, K], float32 scales [N]): each output feature's row symmetric, its largest
+    |w| at 127 (an all-zero or empty row: scale 1)."""
+    weight = weight.float()
+    scale = weight.abs().amax(dim=1) / 127 if weight.shape[1] else torch.zeros(weight.shape[0])
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.contiguous()
+
+
 def _kernel(dtype: torch.dtype):
     """The kernel function for packed weights of dtype."""
     return getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[dtype]}")
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] float32 -> x @ W^T + bias, [M, out_features]; W as pack_weight gave it."""
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
+                  scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 -> (x @ W^T) * scale + bias, [M, out_features]; W as pack_weight gave it
+    (scale: int8 weights' per-feature scales, else None)."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"packed linear layers take float32 CPU inputs, got {x.dtype} on {x.device}")
-    return _run(_kernel(packed.dtype), packed, out_features, bias, x)
+    return _run(_kernel(packed.dtype), packed, out_features, bias, scale, x)
 
 
-def bound_linear(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
+def bound_linear(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
+                 scale: torch.Tensor | None = None):
     """packed_linear over one weight as a function of x (float32, on the CPU), its kernel looked up
     once: what a forward that calls a layer every token binds once (specpipe.engine.batched)."""
-    return functools.partial(_run, _kernel(packed.dtype), packed, out_features, bias)
+    return functools.partial(_run, _kernel(packed.dtype), packed, out_features, bias, scale)
 
 
-def _run(kernel, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+def _run(kernel, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, scale: torch.Tensor | None,
+         x: torch.Tensor) -> torch.Tensor:
+    if (scale is None) != (packed.dtype != torch.int8):
+        raise ValueError("int8 packed weights take their scales, and only they")
     x = x.contiguous()
     m, k = x.shape
     if k != packed.shape[1]:
         raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
     y = torch.empty(m, out_features, dtype=torch.float32)
-    if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if bias is None else bias.data_ptr(),
-              y.data_ptr(), cores.threads()):
+    if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if scale is None else scale.data_ptr(),
+              None if bias is None else bias.data_ptr(), y.data_ptr(), cores.threads()):
         raise MemoryError(f"packed linear layer: no memory for the accumulators of {m} rows")
     return y
 
@@ -185,17 +201,21 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         with torch.no_grad():
-            self.register_buffer("packed", pack_weight(linear.weight.detach(), dtype))
+            weight, scale = linear.weight.detach(), None
+            if dtype == torch.int8:
+                weight, scale = quantize_int8(weight)
+            self.register_buffer("packed", pack_weight(weight, dtype))
             bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
         self.register_buffer("bias", bias)
+        self.register_buffer("scale", scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = packed_linear(x.reshape(-1, self.in_features), self.packed, self.out_features, self.bias)
+        y = packed_linear(x.reshape(-1, self.in_features), self.packed, self.out_features, self.bias, self.scale)
         return y.view(*x.shape[:-1], self.out_features)
 
     def bound(self):
         """This layer as bound_linear: x [M, in_features] -> [M, out_features]."""
-        return bound_linear(self.packed, self.out_features, self.bias)
+        return bound_linear(self.packed, self.out_features, self.bias, self.scale)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -215,16 +235,22 @@ class PackedGroup:
         self.starts = [sum(padded[:i]) for i in range(len(linears))]  # each layer's first output column
         self.width = sum(padded)
         self.packed = torch.cat([linear.packed for linear in linears])
-        self.bias = None
-        if linears[0].bias is not None:
-            self.bias = torch.zeros(self.width)
-            for linear, start in zip(linears, self.starts):
-                self.bias[start : start + linear.out_features] = linear.bias
+        self.bias = self._columns(linears, "bias")
+        self.scale = self._columns(linears, "scale")
         panel = 0
         for linear in linears:  # the layers' weights: views into the group's (their biases stay their own)
             panels = linear.packed.shape[0]
             linear.packed = self.packed[panel : panel + panels]
             panel += panels
+
+    def _columns(self, linears: Sequence[PackedLinear], name: str) -> torch.Tensor | None:
+        """The layers' per-feature vectors (bias, scale) side by side at their columns, zero between."""
+        if getattr(linears[0], name) is None:
+            return None
+        side_by_side = torch.zeros(self.width)
+        for linear, start in zip(linears, self.starts):
+            side_by_side[start : start + linear.out_features] = getattr(linear, name)
+        return side_by_side
 
     @property
     def columns(self) -> tuple[tuple[int, int], ...]:
@@ -233,7 +259,7 @@ class PackedGroup:
 
     def bound(self):
         """The group as bound_linear: x [M, K] -> [M, width], the layers' outputs side by side."""
-        return bound_linear(self.packed, self.width, self.bias)
+        return bound_linear(self.packed, self.width, self.bias, self.scale)
 
 
 def groupable(linears: Sequence[nn.Module]) -> bool:

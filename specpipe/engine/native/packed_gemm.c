@@ -1,4 +1,4 @@
-/* Small-M fp32 GEMM for decoding and verification: y[M][N] = x[M][K] @ w[N][K]^T (+ b[N]).
+/* Small-M GEMM with fp32 arithmetic for decoding and verification: y[M][N] = x[M][K] @ w[N][K]^T (+ b[N]).
  *
  * Speculative decoding feeds 1 to ~32 tokens per forward, where BLAS sgemm is at its weakest: on
  * the reference CPUs, MKL takes more than twice as long for M=8 as for M=1 on a 1536x8960 weight,
@@ -10,7 +10,7 @@
  * (zero-padded), so a panel streams contiguously, prefetched ahead of the FMAs so that a block's
  * arithmetic does not stall the stream. A row block of MR rows keeps MR x NV vector accumulators in
  * registers; larger M takes several row blocks over each chunk of KC input features in turn, so
- * that the chunk, read from memory once, sits in L2 for all of them (bf16 weights widened once, by
+ * that the chunk, read from memory once, sits in L2 for all of them (bf16 and int8 weights widened once, by
  * the first row block).
  *
  * Every output element is one fused multiply-add chain over k = 0..K-1, whatever M is and whichever
@@ -23,6 +23,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* VL floats a vector, NV vectors a panel row, MR rows a block: MR * NV accumulators, NV weight
  * vectors and a broadcast fit the register file. */
@@ -48,11 +51,26 @@
 typedef float vf __attribute__((vector_size(VL * sizeof(float)), aligned(sizeof(float))));
 typedef unsigned short vh __attribute__((vector_size(VL * sizeof(short)), aligned(sizeof(short))));
 typedef unsigned int vu __attribute__((vector_size(VL * sizeof(int))));
+typedef signed char vb __attribute__((vector_size(VL)));
+typedef int vi __attribute__((vector_size(VL * sizeof(int))));
 
-/* Weights in fp32, or in bf16 (the upper half of an fp32: widened in a register, so the weights
- * stream at half the bytes while the arithmetic stays fp32). */
+/* Weights in fp32, in bf16 (the upper half of an fp32: widened in a register, so the weights stream
+ * at half the bytes while the arithmetic stays fp32), or in int8 with a scale per output column
+ * (a quarter of the bytes; the scale multiplies the column's sum once, after its FMA chain). */
 static inline vf load_f32(const float *w) { return *(const vf *)w; }
 static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_convertvector(*(const vh *)w, vu) << 16); }
+static inline vf load_i8(const signed char *w) { /* sign-extend, convert: the compiler's generic vector
+                                                   * conversion loads int8 byte by byte */
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)w)));
+#elif defined(__AVX2__)
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)w)));
+#else
+    vb v;
+    memcpy(&v, w, sizeof v);
+    return __builtin_convertvector(__builtin_convertvector(v, vi), vf);
+#endif
+}
 
 /* The row block's accumulators live in registers over one chunk of KC input features and in the
  * panel's buffer between chunks (stored and reloaded as they are, so every output keeps one FMA
@@ -103,14 +121,16 @@ static inline vf load_bf16(const unsigned short *w) { return (vf)(__builtin_conv
 
 ROW_BLOCKS(f32, float, 0)
 ROW_BLOCKS(bf16, unsigned short, 1)
+ROW_BLOCKS(i8, signed char, 1)
 
-/* x [M][K], w packed [ceil(N/P)][K][P], b [N] or NULL, y [M][N]; panels split across threads, each
- * with a buffer of M x P accumulators. With bf16 weights and several row blocks (WIDEN), the first
- * row block of a chunk keeps the weights it widened in a second buffer (KC x P floats, in L2) and
- * the others read them there, rather than each widening the chunk again. */
+/* x [M][K], w packed [ceil(N/P)][K][P], s [N] (int8 weights' scales) or NULL, b [N] or NULL,
+ * y [M][N] = s * (x @ w^T) + b; panels split across threads, each with a buffer of M x P
+ * accumulators. With narrow weights and several row blocks (WIDEN), the first row block of a chunk
+ * keeps the weights it widened in a second buffer (KC x P floats, in L2) and the others read them
+ * there, rather than each widening the chunk again. */
 #define PACKED_LINEAR(T, WT, WIDEN)                                                                        \
     int specpipe_packed_linear_##T(const float *x, size_t M, size_t K, const WT *w, size_t N,              \
-                                   const float *b, float *y, int threads) {                                \
+                                   const float *s, const float *b, float *y, int threads) {                \
         long panels = (long)((N + P - 1) / P);                                                             \
         size_t kc = M <= MR ? K : KC; /* one row block: one chunk */                                       \
         size_t bytes = (M * P * sizeof(float) + 63) / 64 * 64;                                             \
@@ -142,8 +162,10 @@ ROW_BLOCKS(bf16, unsigned short, 1)
                     }                                                                                      \
                 }                                                                                          \
                 for (size_t r = 0; r < M; r++)                                                             \
-                    for (size_t c = 0; c < ncols; c++)                                                     \
-                        y[r * N + col + c] = b ? buf[r * P + c] + b[col + c] : buf[r * P + c];             \
+                    for (size_t c = 0; c < ncols; c++) {                                                   \
+                        float v = s ? buf[r * P + c] * s[col + c] : buf[r * P + c];                        \
+                        y[r * N + col + c] = b ? v + b[col + c] : v;                                       \
+                    }                                                                                      \
             }                                                                                              \
             free(buf);                                                                                     \
             free(wide);                                                                                    \
@@ -155,3 +177,4 @@ int specpipe_panel_width(void) { return P; }
 
 PACKED_LINEAR(f32, float, 0)
 PACKED_LINEAR(bf16, unsigned short, 1)
+PACKED_LINEAR(i8, signed char, 1)
