@@ -158,9 +158,11 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.contiguous()
 
 
-def _kernel(dtype: torch.dtype):
-    """The kernel function for packed weights of dtype."""
-    return getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[dtype]}")
+def _kernel(packed: torch.Tensor, scale: torch.Tensor | None):
+    """The kernel function for these packed weights (int8 ones with their scales)."""
+    if (scale is None) != (packed.dtype != torch.int8):
+        raise ValueError("int8 packed weights take their scales, and only they")
+    return getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[packed.dtype]}")
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
@@ -169,20 +171,18 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias
     (scale: int8 weights' per-feature scales, else None)."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"packed linear layers take float32 CPU inputs, got {x.dtype} on {x.device}")
-    return _run(_kernel(packed.dtype), packed, out_features, bias, scale, x)
+    return _run(_kernel(packed, scale), packed, out_features, bias, scale, x)
 
 
 def bound_linear(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
                  scale: torch.Tensor | None = None):
     """packed_linear over one weight as a function of x (float32, on the CPU), its kernel looked up
     once: what a forward that calls a layer every token binds once (specpipe.engine.batched)."""
-    return functools.partial(_run, _kernel(packed.dtype), packed, out_features, bias, scale)
+    return functools.partial(_run, _kernel(packed, scale), packed, out_features, bias, scale)
 
 
 def _run(kernel, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, scale: torch.Tensor | None,
          x: torch.Tensor) -> torch.Tensor:
-    if (scale is None) != (packed.dtype != torch.int8):
-        raise ValueError("int8 packed weights take their scales, and only they")
     x = x.contiguous()
     m, k = x.shape
     if k != packed.shape[1]:
