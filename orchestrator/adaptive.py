@@ -18,10 +18,10 @@ what rounds cost and what they yield (the cost model: orchestrator/costs.py).
   speculation is chosen only where it is expected to pay.
 - Evidence: the n-gram drafter's drafts cost nothing, so it is asked for FREE_DRAFT_FACTOR times
   the cap every round and the tree budget below decides what is verified. A node drafted from the
-  tenant's learned store carries a confidence from its match (the match's length, the
-  continuation's share: specpipe.core.learned); its rate is learned per confidence bin, starting
-  from that confidence, so a session's first rounds on recurring text already keep long drafts,
-  and a short or rare match's tokens are cut.
+  session's context or the tenant's learned store carries a confidence from its match (the match's
+  length, the continuation's share: specpipe.core.learned); its rate is learned per confidence bin,
+  starting from that confidence, so a session's first rounds on recurring text already keep long
+  drafts, and a short or rare match's tokens are cut, also right after a long copy has ended.
 - Tree budget: once a draft is there, its sources and shape are known. Each node is accepted with
   P(parent accepted) times the rate of its rank among its siblings: the first child's rate is a_d
   for its source, an alternative's (model rank r >= 1: the drafter's r-th runner-up, or an n-gram
@@ -65,7 +65,7 @@ PROBE_SHARE = 0.03        # ... and never so often that probes take more than th
 FREE_DRAFTERS = ("ngram",)  # drafters whose drafts cost nothing: asked for FREE_DRAFT_FACTOR x the cap, the tree budget cuts
 STOP_CONFIDENCE = 0.4     # a model's greedy chain ends after a token it gives less (transformers' assisted generation's
                           # assistant_confidence_threshold): the cap bounds a draft, its confidence ends it
-EVIDENCE_SOURCES = ("global",)  # sources whose nodes' confidences are evidence (the learned store's matches)
+EVIDENCE_SOURCES = ("global", "context")  # sources whose nodes' confidences are evidence: a match's length
 
 
 def entropy_bin(nats: float | None) -> int:

@@ -29,6 +29,7 @@ from orchestrator.costs import (
 )
 from orchestrator.generator import Generator
 from specpipe.core.fits import LinearFit
+from specpipe.core.learned import evidence
 from specpipe.core.types import Draft, ProposeRequest, ProposeResult, SpeculationOptions
 from tests.golden import GOLDEN_PROMPTS, assert_golden
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
@@ -503,7 +504,23 @@ def test_free_drafts_are_sized_by_their_evidence():
     strong, weak = (0.97,) * 24, (0.3,) * 24
     assert len(fresh.keep(chain(24), ("global",) * 24, 0.1, confidence=strong)) >= 16  # 0.97 ** 16 = 0.61
     assert len(fresh.keep(chain(24), ("global",) * 24, 0.1, confidence=weak)) <= 2
-    assert len(fresh.keep(chain(24), ("context",) * 24, 0.1, confidence=strong)) < 24  # no evidence: by its rates
+    assert len(fresh.keep(chain(24), ("verifier",) * 24, 0.1, confidence=strong)) < 24  # no evidence: by its rates
     for _ in range(40):  # confident learned drafts that always fail at once
         fresh.observe(8, 0, 50.0 + 5.0 * 9, 0.1, 1.0, sources=("global",) * 8, confidence=strong[:8])
     assert fresh.keep(chain(24), ("global",) * 24, 0.1, confidence=strong) == []
+
+
+def test_a_short_context_match_is_not_sized_by_a_long_copy():
+    """Context drafts are learned by their match's length (ngram.context_lookup's confidence), not by
+    depth alone: after a long copy, whose nodes (matches of 9 and more tokens) were all accepted, a
+    draft from a 4-token match that has been failing is cut short, while a long match is kept whole."""
+    controller = AdaptiveController(SharedModels(), "ngram", k_max=8, m_max=1)
+    long, short = evidence(20, 1.0), evidence(4, 1.0)
+    for i in range(30):  # the copy: every token accepted; T(n) = 50 + 5 n
+        k = 8 + i % 9
+        controller.observe(k, k, 50.0 + 5.0 * (k + 1), 0.1, 1.0, sources=("context",) * k, confidence=(long,) * k)
+    for i in range(10):  # after it: short matches land one token
+        k = 8 + i % 9
+        controller.observe(k, 1, 50.0 + 5.0 * (k + 1), 0.1, 1.0, sources=("context",) * k, confidence=(short,) * k)
+    assert len(controller.keep(chain(24), ("context",) * 24, 0.1, confidence=(long,) * 24)) == 24
+    assert len(controller.keep(chain(24), ("context",) * 24, 0.1, confidence=(short,) * 24)) <= 2

@@ -20,6 +20,8 @@ from specpipe.core.ngram import (
     record,
     verifier_branches,
 )
+from specpipe.core.learned import MATCH_TOKENS, evidence
+from specpipe.core.trees import first_path_nodes
 from specpipe.core.types import Draft
 
 
@@ -148,7 +150,25 @@ def test_context_lookup_equals_the_context_table(seed):
         apply_updates(table, context, 0, config)
         k, width = rng.randint(0, 8), rng.randint(1, 4)
         expected = mln_lookup([table], context, k, width, config.max_n, sources_of=("context",))
-        assert context_lookup(context, k, width, config.max_n, config.max_continuations) == expected
+        found = context_lookup(context, k, width, config.max_n, config.max_continuations)
+        assert (found.draft, found.levels, found.sources) == (expected.draft, expected.levels, expected.sources)
+        # a chain node's match is at least its n-gram's (n - 1 tokens); an alternative's is that
+        for node, (mine, table_s) in enumerate(zip(found.confidence, expected.confidence)):
+            assert mine >= table_s if node in first_path_nodes(found.draft) else mine == table_s
+
+
+def test_context_confidence_is_the_whole_match():
+    """A chain node's confidence is evidence(the match it continues), up to MATCH_TOKENS: a copy of
+    a long stretch, growing with each drafted token, against a 4-token coincidence."""
+    copy = context_lookup(list(range(100, 140)) + list(range(100, 130)), k=4, width=1)
+    assert copy.draft.tokens == (130, 131, 132, 133)
+    assert copy.confidence == tuple(evidence(m, 1.0) for m in (30, 31, MATCH_TOKENS, MATCH_TOKENS))
+    coincidence = context_lookup([7, 1, 2, 3, 4, 9, 8, 8, 1, 2, 3, 4], k=2, width=1)
+    assert coincidence.draft.tokens == (9, 8) and coincidence.confidence == (evidence(4, 1.0), evidence(5, 1.0))
+    both = context_lookup([5, 1, 2, 3, 4, 9, 6, 1, 2, 3, 4, 7, 5, 1, 2, 3, 4], k=1, width=2)
+    # the chain follows the most recent occurrence (as the table would), a 4-token match though the
+    # earlier one matches 5; an alternative keeps its n-gram's evidence
+    assert both.draft.tokens == (7, 9) and both.confidence == (evidence(4, 1.0), evidence(4, 0.5))
 
 
 def test_context_lookup_then_the_store():

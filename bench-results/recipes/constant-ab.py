@@ -7,6 +7,10 @@ must be the same. Name the constant where it is read (the module that uses it at
         --values 0,0.4 --suite mtbench --limit 8
     python3 bench-results/recipes/constant-ab.py --constant orchestrator.schedules.WARM_LAG \
         --values 32,1000000 --prompts bench-results/engine-2026-11-27/outside-prompts.jsonl
+    python3 bench-results/recipes/constant-ab.py --constant orchestrator.adaptive.EVIDENCE_SOURCES \
+        --values "global;global,context" --suite humaneval --limit 5
+
+A tuple constant's arms are separated by ';', its items by ','.
 """
 
 import importlib
@@ -23,7 +27,10 @@ args = parser.parse_args()
 module_name, _, name = args.constant.rpartition(".")
 module = importlib.import_module(module_name)
 kind = type(getattr(module, name))
-values = [kind(v) for v in args.values.split(",")]
+if kind is tuple:
+    values = [tuple(item for item in v.split(",") if item) for v in args.values.split(";")]
+else:
+    values = [kind(v) for v in args.values.split(",")]
 config = generator_config({"preset": args.preset})
 generators = {value: embedded_generator(config) for value in values}
 prompts = arm_prompts(args)

@@ -214,11 +214,11 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
 
 
 def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
-                  max_continuations: int) -> tuple[list[int], int] | None:
+                  max_continuations: int) -> tuple[list[int], int, int] | None:
     """What the context table of `context` (apply_updates of all of it) answers for suffix, computed
     from the tokens themselves: (continuations, most recent first, of the longest n-1 last tokens of
-    suffix seen in context followed by a token; n), n = max_n..2; None when not even the last token
-    was. context: [num_tokens] int64."""
+    suffix seen in context followed by a token; n; the index of the first continuation's token in
+    context), n = max_n..2; None when not even the last token was. context: [num_tokens] int64."""
     if not suffix or len(context) < 2:
         return None
     ends = np.flatnonzero(context[:-1] == suffix[-1]) + 1  # [hits] the index of the token after each hit
@@ -231,32 +231,46 @@ def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
         alive[alive] = context[ends[alive] - m] == suffix[-m]
         matched[alive] = m
     longest = int(matched.max())
-    continuations = context[ends[matched == longest]][::-1].tolist()  # most recent first
-    return list(dict.fromkeys(continuations))[:max_continuations], longest + 1
+    longest_ends = ends[matched == longest]
+    continuations = context[longest_ends][::-1].tolist()  # most recent first
+    return list(dict.fromkeys(continuations))[:max_continuations], longest + 1, int(longest_ends[-1])
+
+
+def match_length(context: np.ndarray, end: int, tail: Sequence[int]) -> int:
+    """How many of tail's last tokens (at most MATCH_TOKENS) the context's tokens before index end equal:
+    the length of the match a context continuation follows, beyond the n-gram's n - 1."""
+    reach = min(len(tail), end, MATCH_TOKENS)
+    before = context[end - reach:end][::-1]
+    differ = np.flatnonzero(before != np.asarray(tail[len(tail) - reach:][::-1], dtype=np.int64))
+    return int(differ[0]) if differ.size else reach
 
 
 def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, max_continuations: int = 4) -> NgramDraft:
     """mln_lookup over the session's context alone, as if its context table held every token of it:
     a chain of up to k tokens (each step matching the context plus the tokens drafted so far against
-    the context) and, at the first step, up to width-1 other continuations as leaves."""
-    tokens = np.asarray(context, dtype=np.int64)
+    the context) and, at the first step, up to width-1 other continuations as leaves. A chain node's
+    confidence is the evidence of the whole match it continues (match_length, up to MATCH_TOKENS, as
+    the learned store's): a copy of a long stretch of the context is told from a 4-token coincidence."""
+    ids = np.asarray(context, dtype=np.int64)
     suffix = list(context[max(0, len(context) - (max_n - 1)):])
-    draft: list[tuple[int, int, int]] = []  # (token, parent, n)
+    tail = list(context[max(0, len(context) - MATCH_TOKENS):])  # the context and the chain so far
+    draft: list[tuple[int, int, int, float]] = []  # (token, parent, n, confidence)
     parent = ROOT
     for depth in range(k):
-        match = context_match(tokens, suffix, max_n, max_continuations)
+        match = context_match(ids, suffix, max_n, max_continuations)
         if match is None:
             break
-        continuations, n = match
+        continuations, n, end = match
         chain_parent = parent
-        for position, token in enumerate(continuations[:width] if depth == 0 else continuations[:1]):
-            draft.append((token, chain_parent, n))
-            if position == 0:
+        for rank, token in enumerate(continuations[:width] if depth == 0 else continuations[:1]):
+            matched = match_length(ids, end, tail) if rank == 0 else n - 1
+            draft.append((token, chain_parent, n, evidence(matched, 1.0 / (rank + 1))))
+            if rank == 0:
                 parent = len(draft) - 1
         suffix = (suffix + [continuations[0]])[-(max_n - 1):]
-    parents, levels = tuple(p for _, p, _ in draft), tuple(n for _, _, n in draft)
-    return NgramDraft(Draft(tuple(t for t, _, _ in draft), parents), levels, ("context",) * len(draft),
-                      ngram_confidence(parents, levels))
+        tail = (tail + [continuations[0]])[-MATCH_TOKENS:]
+    tokens, parents, levels, confidence = (tuple(column) for column in zip(*draft)) if draft else ((),) * 4
+    return NgramDraft(Draft(tokens, parents), levels, ("context",) * len(draft), confidence)
 
 
 def after_chain(first: NgramDraft, second: NgramDraft) -> NgramDraft:
