@@ -238,7 +238,7 @@ def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
 
 def match_length(context: np.ndarray, end: int, tail: Sequence[int]) -> int:
     """How many of tail's last tokens (at most MATCH_TOKENS) the context's tokens before index end equal:
-    the length of the match a context continuation follows, beyond the n-gram's n - 1."""
+    the whole match a context continuation follows (at least the n-gram's n - 1 tokens)."""
     reach = min(len(tail), end, MATCH_TOKENS)
     before = context[end - reach:end][::-1]
     differ = np.flatnonzero(before != np.asarray(tail[len(tail) - reach:][::-1], dtype=np.int64))
