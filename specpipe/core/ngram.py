@@ -252,12 +252,12 @@ def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, m
     confidence is the evidence of the whole match it continues (match_length, up to MATCH_TOKENS, as
     the learned store's): a copy of a long stretch of the context is told from a 4-token coincidence."""
     ids = np.asarray(context, dtype=np.int64)
-    suffix = list(context[max(0, len(context) - (max_n - 1)):])
-    tail = list(context[max(0, len(context) - MATCH_TOKENS):])  # the context and the chain so far
+    keep = max(MATCH_TOKENS, max_n - 1)
+    tail = list(context[max(0, len(context) - keep):])  # the context and the chain so far: its suffix
     draft: list[tuple[int, int, int, float]] = []  # (token, parent, n, confidence)
     parent = ROOT
     for depth in range(k):
-        match = context_match(ids, suffix, max_n, max_continuations)
+        match = context_match(ids, tail, max_n, max_continuations)
         if match is None:
             break
         continuations, n, end = match
@@ -267,8 +267,7 @@ def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, m
             draft.append((token, chain_parent, n, evidence(matched, 1.0 / (rank + 1))))
             if rank == 0:
                 parent = len(draft) - 1
-        suffix = (suffix + [continuations[0]])[-(max_n - 1):]
-        tail = (tail + [continuations[0]])[-MATCH_TOKENS:]
+        tail = (tail + [continuations[0]])[-keep:]
     tokens, parents, levels, confidence = (tuple(column) for column in zip(*draft)) if draft else ((),) * 4
     return NgramDraft(Draft(tokens, parents), levels, ("context",) * len(draft), confidence)
 
