@@ -22,7 +22,7 @@ from specpipe.core.ngram import (
 )
 from specpipe.core.learned import MATCH_TOKENS, evidence
 from specpipe.core.trees import first_path_nodes
-from specpipe.core.types import Draft
+from specpipe.core.types import ROOT, Draft
 
 
 @pytest.mark.parametrize("tokens, start, max_n, expected", [
@@ -138,23 +138,62 @@ def test_tables_in_priority_order():
         mln_lookup([{}, {}, {}], [1], k=1, width=1)
 
 
+def brute_context_lookup(context, k, width, max_n, max_continuations):
+    """context_lookup by enumeration: at each step every occurrence of the context-and-chain's end in the
+    context, ranked by its n-gram (<= max_n - 1 tokens), then its whole match (<= MATCH_TOKENS), then
+    recency; alternatives are the n-gram's other continuations, most recent first."""
+    tokens, parents, levels, confidence = [], [], [], []
+    tail, parent = list(context), ROOT
+
+    def matched(end):  # tail's last tokens equal to those before context[end], at most MATCH_TOKENS
+        m = 0
+        while m < min(MATCH_TOKENS, end) and context[end - 1 - m] == tail[-1 - m]:
+            m += 1
+        return m
+
+    for depth in range(k):
+        found = [(min(matched(end), max_n - 1), matched(end), end) for end in range(1, len(context))]
+        found = [f for f in found if f[0] > 0]
+        if not found:
+            break
+        n_1 = max(f[0] for f in found)
+        ngram = [f for f in found if f[0] == n_1]
+        _, whole, end = max(ngram, key=lambda f: (f[1], f[2]))
+        others = [context[e] for _, _, e in sorted(ngram, key=lambda f: -f[2])]
+        continuations = list(dict.fromkeys([context[end]] + others))[:max_continuations]
+        chain_parent = parent
+        for rank, token in enumerate(continuations[:width] if depth == 0 else continuations[:1]):
+            tokens.append(token)
+            parents.append(chain_parent)
+            levels.append(n_1 + 1)
+            confidence.append(evidence(whole if rank == 0 else n_1, 1.0 / (rank + 1)))
+            if rank == 0:
+                parent = len(tokens) - 1
+        tail.append(continuations[0])
+    return Draft(tuple(tokens), tuple(parents)), tuple(levels), tuple(confidence)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_context_lookup_equals_the_context_table(seed):
-    """Searching the context itself answers exactly what a table holding all of it would: random
-    streams over small vocabularies (many hits, LRU evictions), every k, width and N."""
+def test_context_lookup_searches_the_whole_context(seed):
+    """Searching the context finds the n-gram a table holding all of it would (the same first level)
+    and follows that n-gram's occurrence with the longest whole match, as enumerating every occurrence
+    does: random streams over small vocabularies (many hits), every k, width and N."""
     rng = random.Random(seed)
+    unlike_the_table = 0
     for _ in range(300):
         context = [rng.randrange(rng.choice([2, 3, 6, 30])) for _ in range(rng.randint(0, 50))]
         config = NgramConfig(max_n=rng.randint(2, 6), max_continuations=rng.randint(1, 4))
         table = {}
         apply_updates(table, context, 0, config)
         k, width = rng.randint(0, 8), rng.randint(1, 4)
-        expected = mln_lookup([table], context, k, width, config.max_n, sources_of=("context",))
+        by_table = mln_lookup([table], context, k, width, config.max_n, sources_of=("context",))
         found = context_lookup(context, k, width, config.max_n, config.max_continuations)
-        assert (found.draft, found.levels, found.sources) == (expected.draft, expected.levels, expected.sources)
-        # a chain node's match is at least its n-gram's (n - 1 tokens); an alternative's is that
-        for node, (mine, table_s) in enumerate(zip(found.confidence, expected.confidence)):
-            assert mine >= table_s if node in first_path_nodes(found.draft) else mine == table_s
+        brute = brute_context_lookup(context, k, width, config.max_n, config.max_continuations)
+        assert (found.draft, found.levels, found.confidence) == brute
+        assert found.sources == ("context",) * len(found.draft.tokens)
+        assert found.levels[:1] == by_table.levels[:1]
+        unlike_the_table += found.draft.tokens != by_table.draft.tokens
+    assert unlike_the_table > 0  # the streams do tell the two rules apart
 
 
 def test_context_confidence_is_the_whole_match():
@@ -166,9 +205,9 @@ def test_context_confidence_is_the_whole_match():
     coincidence = context_lookup([7, 1, 2, 3, 4, 9, 8, 8, 1, 2, 3, 4], k=2, width=1)
     assert coincidence.draft.tokens == (9, 8) and coincidence.confidence == (evidence(4, 1.0), evidence(5, 1.0))
     both = context_lookup([5, 1, 2, 3, 4, 9, 6, 1, 2, 3, 4, 7, 5, 1, 2, 3, 4], k=1, width=2)
-    # the chain follows the most recent occurrence (as the table would), a 4-token match though the
-    # earlier one matches 5; an alternative keeps its n-gram's evidence
-    assert both.draft.tokens == (7, 9) and both.confidence == (evidence(4, 1.0), evidence(4, 0.5))
+    # the chain follows the earlier occurrence, which matches 5 tokens, not the most recent (4, as the
+    # table would); the most recent is the alternative, with its n-gram's evidence
+    assert both.draft.tokens == (9, 7) and both.confidence == (evidence(5, 1.0), evidence(4, 0.5))
 
 
 def test_context_lookup_then_the_store():

@@ -215,10 +215,11 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
 
 def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
                   max_continuations: int) -> tuple[list[int], int, int] | None:
-    """What the context table of `context` (apply_updates of all of it) answers for suffix, computed
-    from the tokens themselves: (continuations, most recent first, of the longest n-1 last tokens of
-    suffix seen in context followed by a token; n; the index of the first continuation's token in
-    context), n = max_n..2; None when not even the last token was. context: [num_tokens] int64."""
+    """The longest n-gram of suffix's end in context (what a table of all of it, apply_updates, would
+    find), computed from the tokens themselves: (continuations; n; the whole match the first one
+    follows, match_lengths), n = max_n..2; None when not even the last token was seen followed by a
+    token. The first continuation follows the n-gram's occurrence with the longest whole match (the
+    most recent of those), the others are most recent first. context: [num_tokens] int64."""
     if not suffix or len(context) < 2:
         return None
     ends = np.flatnonzero(context[:-1] == suffix[-1]) + 1  # [hits] the index of the token after each hit
@@ -232,25 +233,30 @@ def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
         matched[alive] = m
     longest = int(matched.max())
     longest_ends = ends[matched == longest]
-    continuations = context[longest_ends][::-1].tolist()  # most recent first
-    return list(dict.fromkeys(continuations))[:max_continuations], longest + 1, int(longest_ends[-1])
+    whole = match_lengths(context, longest_ends, suffix)  # [candidates]
+    chosen = int(np.flatnonzero(whole == whole.max())[-1])
+    continuations = [int(context[longest_ends[chosen]])] + context[longest_ends][::-1].tolist()
+    return list(dict.fromkeys(continuations))[:max_continuations], longest + 1, int(whole[chosen])
 
 
-def match_length(context: np.ndarray, end: int, tail: Sequence[int]) -> int:
-    """How many of tail's last tokens (at most MATCH_TOKENS) the context's tokens before index end equal:
-    the whole match a context continuation follows (at least the n-gram's n - 1 tokens)."""
-    reach = min(len(tail), end, MATCH_TOKENS)
-    before = context[end - reach:end][::-1]
-    differ = np.flatnonzero(before != np.asarray(tail[len(tail) - reach:][::-1], dtype=np.int64))
-    return int(differ[0]) if differ.size else reach
+def match_lengths(context: np.ndarray, ends: np.ndarray, tail: Sequence[int]) -> np.ndarray:
+    """[len(ends)] how many of tail's last tokens (at most MATCH_TOKENS) the context's tokens before
+    each index in ends equal: the whole match a continuation follows (at least the n-gram's n - 1)."""
+    reach = min(len(tail), MATCH_TOKENS)
+    before = ends[:, None] - np.arange(1, reach + 1)  # [candidates, reach] indices, nearest first
+    want = np.asarray(tail[len(tail) - reach:][::-1], dtype=np.int64)
+    same = (before >= 0) & (context[np.maximum(before, 0)] == want)
+    return np.where(same.all(axis=1), reach, np.argmin(same, axis=1))
 
 
 def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, max_continuations: int = 4) -> NgramDraft:
     """mln_lookup over the session's context alone, as if its context table held every token of it:
     a chain of up to k tokens (each step matching the context plus the tokens drafted so far against
-    the context) and, at the first step, up to width-1 other continuations as leaves. A chain node's
-    confidence is the evidence of the whole match it continues (match_length, up to MATCH_TOKENS, as
-    the learned store's): a copy of a long stretch of the context is told from a 4-token coincidence."""
+    the context) and, at the first step, up to width-1 other continuations as leaves. Where the longest
+    n-gram occurs more than once, the chain follows the occurrence whose whole match is longest (up to
+    MATCH_TOKENS; SuffixDecoding), not the table's most recent; a chain node's confidence is the
+    evidence of that whole match (as the learned store's): a copy of a long stretch of the context is
+    told from a 4-token coincidence."""
     ids = np.asarray(context, dtype=np.int64)
     keep = max(MATCH_TOKENS, max_n - 1)
     tail = list(context[max(0, len(context) - keep):])  # the context and the chain so far: its suffix
@@ -260,10 +266,10 @@ def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, m
         match = context_match(ids, tail, max_n, max_continuations)
         if match is None:
             break
-        continuations, n, end = match
+        continuations, n, whole = match
         chain_parent = parent
         for rank, token in enumerate(continuations[:width] if depth == 0 else continuations[:1]):
-            matched = match_length(ids, end, tail) if rank == 0 else n - 1
+            matched = whole if rank == 0 else n - 1
             draft.append((token, chain_parent, n, evidence(matched, 1.0 / (rank + 1))))
             if rank == 0:
                 parent = len(draft) - 1
