@@ -21,7 +21,6 @@ from specpipe.core.ngram import (
     verifier_branches,
 )
 from specpipe.core.learned import MATCH_TOKENS, evidence
-from specpipe.core.trees import first_path_nodes
 from specpipe.core.types import ROOT, Draft
 
 
