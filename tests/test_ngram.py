@@ -176,15 +176,19 @@ def brute_context_lookup(context, k, width, max_n, max_continuations):
 def test_context_lookup_searches_the_whole_context(seed):
     """Searching the context finds the n-gram a table holding all of it would (the same first level)
     and follows that n-gram's occurrence with the longest whole match, as enumerating every occurrence
-    does: random streams over small vocabularies (many hits), every k, width and N."""
+    does: random streams over small vocabularies (many hits) and streams that repeat themselves (chains
+    past MATCH_TOKENS, where ties at the cap go to the most recent), every k, width and N."""
     rng = random.Random(seed)
     unlike_the_table = 0
     for _ in range(300):
         context = [rng.randrange(rng.choice([2, 3, 6, 30])) for _ in range(rng.randint(0, 50))]
+        copies = rng.random() < 0.3
+        if copies:
+            context = context * rng.randint(2, 3) + context[:rng.randint(0, 40)]
         config = NgramConfig(max_n=rng.randint(2, 6), max_continuations=rng.randint(1, 4))
         table = {}
         apply_updates(table, context, 0, config)
-        k, width = rng.randint(0, 8), rng.randint(1, 4)
+        k, width = rng.randint(0, 40 if copies else 8), rng.randint(1, 4)
         by_table = mln_lookup([table], context, k, width, config.max_n, sources_of=("context",))
         found = context_lookup(context, k, width, config.max_n, config.max_continuations)
         brute = brute_context_lookup(context, k, width, config.max_n, config.max_continuations)

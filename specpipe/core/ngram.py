@@ -213,30 +213,20 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
                       ngram_confidence(parents, levels))
 
 
-def context_match(context: np.ndarray, suffix: Sequence[int], max_n: int,
-                  max_continuations: int) -> tuple[list[int], int, int] | None:
-    """The longest n-gram of suffix's end in context (what a table of all of it, apply_updates, would
-    find), computed from the tokens themselves: (continuations; n; the whole match the first one
-    follows, match_lengths), n = max_n..2; None when not even the last token was seen followed by a
-    token. The first continuation follows the n-gram's occurrence with the longest whole match (the
-    most recent of those), the others are most recent first. context: [num_tokens] int64."""
-    if not suffix or len(context) < 2:
-        return None
-    ends = np.flatnonzero(context[:-1] == suffix[-1]) + 1  # [hits] the index of the token after each hit
-    if ends.size == 0:
-        return None
-    matched = np.ones(ends.size, dtype=np.int64)  # suffix tokens matched before each end
-    alive = np.ones(ends.size, dtype=bool)
-    for m in range(2, min(max_n - 1, len(suffix)) + 1):
-        alive &= ends - m >= 0
-        alive[alive] = context[ends[alive] - m] == suffix[-m]
-        matched[alive] = m
-    longest = int(matched.max())
-    longest_ends = ends[matched == longest]
-    whole = match_lengths(context, longest_ends, suffix)  # [candidates]
-    chosen = int(np.flatnonzero(whole == whole.max())[-1])
-    continuations = [int(context[longest_ends[chosen]])] + context[longest_ends][::-1].tolist()
-    return list(dict.fromkeys(continuations))[:max_continuations], longest + 1, int(whole[chosen])
+def occurrences(context: np.ndarray, tail: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Where tail's last token occurs in context followed by a token: (ends: the index of the token
+    after each occurrence; whole: how many of tail's last tokens, at most MATCH_TOKENS, end there), both
+    [occurrences] in context order. context: [num_tokens] int64."""
+    ends = np.flatnonzero(context[:-1] == tail[-1]) + 1
+    return ends, match_lengths(context, ends, tail)
+
+
+def advance(context: np.ndarray, ends: np.ndarray, whole: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+    """The occurrences of tail + [token] whose whole match is two tokens or more, from tail's (ends,
+    whole): the ones followed by token and by one more, one token on. Every other occurrence of the
+    new tail matches just its last token."""
+    on = (ends < len(context) - 1) & (context[ends] == token)
+    return ends[on] + 1, np.minimum(whole[on] + 1, MATCH_TOKENS)
 
 
 def match_lengths(context: np.ndarray, ends: np.ndarray, tail: Sequence[int]) -> np.ndarray:
@@ -254,26 +244,38 @@ def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, m
     a chain of up to k tokens (each step matching the context plus the tokens drafted so far against
     the context) and, at the first step, up to width-1 other continuations as leaves. Where the longest
     n-gram occurs more than once, the chain follows the occurrence whose whole match is longest (up to
-    MATCH_TOKENS; SuffixDecoding), not the table's most recent; a chain node's confidence is the
-    evidence of that whole match (as the learned store's): a copy of a long stretch of the context is
-    told from a 4-token coincidence."""
+    MATCH_TOKENS, the most recent of those; SuffixDecoding), not the table's most recent; a chain node's
+    confidence is the evidence of that whole match (as the learned store's): a copy of a long stretch
+    of the context is told from a 4-token coincidence. The longest n-gram is the longest whole match
+    cut to max_n - 1, so one ranking by whole match does both. A step after the first searches the
+    context again only where no occurrence of the last step continues (advance)."""
     ids = np.asarray(context, dtype=np.int64)
     keep = max(MATCH_TOKENS, max_n - 1)
     tail = list(context[max(0, len(context) - keep):])  # the context and the chain so far: its suffix
+    found = occurrences(ids, tail) if len(ids) >= 2 else None
     draft: list[tuple[int, int, int, float]] = []  # (token, parent, n, confidence)
     parent = ROOT
     for depth in range(k):
-        match = context_match(ids, tail, max_n, max_continuations)
-        if match is None:
+        if found is None or found[0].size == 0:
             break
-        continuations, n, whole = match
+        ends, whole = found
+        longest = int(whole.max())
+        n = min(longest, max_n - 1) + 1
+        first = int(ids[ends[np.flatnonzero(whole == longest)[-1]]])
+        continuations = [first]
+        if depth == 0:  # the n-gram's other continuations, most recent first
+            others = ids[ends[np.minimum(whole, max_n - 1) == n - 1]][::-1].tolist()
+            continuations = list(dict.fromkeys(continuations + others))[:min(width, max_continuations)]
         chain_parent = parent
-        for rank, token in enumerate(continuations[:width] if depth == 0 else continuations[:1]):
-            matched = whole if rank == 0 else n - 1
+        for rank, token in enumerate(continuations):
+            matched = longest if rank == 0 else n - 1
             draft.append((token, chain_parent, n, evidence(matched, 1.0 / (rank + 1))))
             if rank == 0:
                 parent = len(draft) - 1
-        tail = (tail + [continuations[0]])[-keep:]
+        tail = (tail + [first])[-keep:]
+        found = advance(ids, ends, whole, first)
+        if found[0].size == 0:
+            found = occurrences(ids, tail)
     tokens, parents, levels, confidence = (tuple(column) for column in zip(*draft)) if draft else ((),) * 4
     return NgramDraft(Draft(tokens, parents), levels, ("context",) * len(draft), confidence)
 
