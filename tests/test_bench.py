@@ -55,7 +55,7 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
     # ... or another section, from runs of other presets
     other = tmp_path / "other.json"
     data = json.loads(out.read_text())
-    data["meta"] |= {"suite": "noise", "preset": "smollm2"}
+    data["meta"] |= {"suite": "noise", "preset": "smollm2", "machine": "another host", "cpu_count": 4}
     other.write_text(json.dumps(data))
     readme.write_text(text + "<!-- bench-report:two:begin -->\n<!-- bench-report:two:end -->\n")
     proc = bench("--report", str(out), str(other), "--readme", str(readme), "--section", "two", "--plot-dir",
@@ -63,6 +63,7 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert readme.read_text().startswith(text)
     assert "presets `tiny` (humaneval), `smollm2` (noise)" in readme.read_text()[len(text):]
+    assert "; noise on another host (4 cores; " in readme.read_text()[len(text):]  # each suite's host
 
 
 @pytest.mark.parametrize("argv, message", [
