@@ -8,6 +8,7 @@ out of reach (no drafter warm-ups in rounds without a model draft).
 """
 
 import importlib.util
+import os
 import subprocess
 import tempfile
 
@@ -29,6 +30,7 @@ with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
 spec = importlib.util.spec_from_file_location("cores_before", file.name)
 before_cores = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(before_cores)
+os.unlink(file.name)
 sharing = {"before": (before_cores.forward, before_cores.threads), "after": (cores.forward, cores.threads)}
 warm_lag = schedules.WARM_LAG
 
