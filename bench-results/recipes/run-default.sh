@@ -12,7 +12,7 @@
 # headline-$TOKENS-$PRESET.
 # On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval 35 to 55 (by host);
 # on the 2-core Xeon of 2026-11-27, smollm2 at 256 tokens without assisted generation 43 minutes.
-# On the 2-core Zen 5 EPYC of 2026-11-29: qwen-coder HumanEval 36 minutes; at 256 tokens, GSM8K 43.
+# On the 2-core Zen 5 EPYC of 2026-11-29: qwen-coder HumanEval 36 minutes; at 256 tokens, GSM8K 43, MT-Bench 27.
 # On the 2-core Zen 3 EPYC (AVX2) of 2026-11-28, smollm2 at 128 tokens without assisted generation 27 minutes.
 # (The 48-token run of 2026-11-24 on the AVX2 host: bench-results/default-*.json.)
 set -e
