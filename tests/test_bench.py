@@ -155,6 +155,33 @@ def test_the_bound_with_a_verify_cost_per_draft_length():
     assert best_draft_len([0.0], 100, 0.0, lambda k: curve[k + 1], False) == (pytest.approx(1.0), 0)
 
 
+def test_the_runs_bound_prices_longer_drafts_by_the_verify_cost_line():
+    """A run's bound verifies k drafts at the line through the verifier alone's forward and the run's
+    mean verification, not at the mean: here half the rounds verify 8 drafts, half none."""
+    from dataclasses import replace
+
+    from specpipe.bench.measure import PromptRun, decode_bound, summarize, verify_cost
+    from specpipe.bench.report import from_json, to_json
+
+    alone = [PromptRun("p", 5, (1,) * 10, 0.1, rounds=10, verify_ms=100.0)]  # 10 ms a token, all forward
+    drafted, accepted = (8, 0) * 5, (8, 0) * 5  # every draft token accepted: a_1..a_8 = 1
+    runs = [PromptRun("p", 5, (1,) * 50, 0.1, rounds=10, drafted=40, accepted=40, verify_ms=140.0,
+                      round_drafted=drafted, round_accepted=accepted)]
+    line = verify_cost(runs, alone)
+    assert [line(k) for k in (0, 4, 8)] == [pytest.approx(10.0), pytest.approx(14.0), pytest.approx(18.0)]
+    bound, share = decode_bound(runs, alone)
+    assert bound == pytest.approx(9 * 10 / 18)  # E(8) = 9 tokens for one 18 ms verification (the mean's 14 would say 6.43)
+    assert share == pytest.approx((50 / 0.1) / (10 / 0.1) / bound)
+    # cheaper than the verifier alone on average (noise): the forward's cost for every k
+    assert verify_cost([PromptRun("p", 5, (1,), 0.1, rounds=10, drafted=10, verify_ms=90.0)], alone)(8) == 10.0
+    # a reference without forwards of its own (transformers' generate()): the run's mean for every k
+    assert verify_cost(runs, [PromptRun("p", 5, (1,) * 10, 0.1)])(8) == 14.0
+    # a report of a file written with the old bound shows the bound as computed now
+    written = to_json([summarize("alone", alone, None),
+                       replace(summarize("ours", runs, None, ("alone", alone)), bound=6.43, bound_share=0.1)], {})
+    assert from_json(written)[1].bound == pytest.approx(bound)
+
+
 def test_headline_is_the_default_configuration_and_else_labelled():
     from specpipe.bench.measure import MethodSpec, MethodSummary, PromptRun
     from specpipe.bench.report import from_json, headline, is_default, spread, summary_table, to_json

@@ -250,6 +250,35 @@ def best_draft_len(rates: Sequence[float], t_1: float, draft_ms: float, verify_m
     return best
 
 
+def verify_cost(runs: Sequence[PromptRun], reference_runs: Sequence[PromptRun]) -> Callable[[int], float]:
+    """k -> ms of one verification of k drafts: the line through the reference's (the verifier alone's)
+    forward of one token and runs' mean verification at their mean draft size. A verification of more
+    tokens costs more (T(k + 1) grows with k), so a bound that verified 32 drafts at the mean cost of
+    this run's verifications of 4 would credit them for free. A reference without forwards of its own
+    (transformers' generate()) leaves the mean cost for every k."""
+    rounds, drafted = sum(r.rounds for r in runs), sum(r.drafted for r in runs)
+    mean = sum(r.verify_ms for r in runs) / rounds
+    alone_rounds = sum(r.rounds for r in reference_runs if r.verify_ms)
+    if not alone_rounds or not drafted:
+        return lambda k: mean
+    alone = sum(r.verify_ms for r in reference_runs) / alone_rounds
+    per_draft = max(0.0, (mean - alone) / (drafted / rounds))
+    return lambda k: alone + per_draft * k
+
+
+def decode_bound(runs: Sequence[PromptRun], reference_runs: Sequence[PromptRun]) -> tuple[float, float]:
+    """(bound, share of it reached): speedup_bound over the reference (the verifier alone) from runs'
+    acceptance by position, draft cost per token and verify_cost, with t_1 the reference's milliseconds
+    per token decoded; the share compares decode tokens/s. (0, 0) for runs without drafts."""
+    rounds, drafted = sum(r.rounds for r in runs), sum(r.drafted for r in runs)
+    if not rounds or not drafted or not reference_runs:
+        return 0.0, 0.0
+    bound = speedup_bound(acceptance_by_position(runs), 1e3 / decode_throughput(reference_runs),
+                          sum(r.draft_ms for r in runs) / drafted, verify_cost(runs, reference_runs),
+                          overlapped=any(r.predicted for r in runs))
+    return bound, decode_throughput(runs) / decode_throughput(reference_runs) / bound if bound else 0.0
+
+
 def per_prompt_speedups(runs: Sequence[PromptRun], others: Sequence[PromptRun]) -> list[float]:
     """Each prompt's tokens/s over the same prompt's in others."""
     return [(len(r.token_ids) / r.seconds) / (len(o.token_ids) / o.seconds)
@@ -276,15 +305,11 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
     exposed_ms = draft_ms - sum(r.hidden_ms for r in runs)
     wall_ms = seconds * 1e3
     rates = acceptance_by_position(runs)
-    bound = 0.0
-    if rounds and drafted:  # t_1: the reference's (the verifier alone's) milliseconds per token decoded
-        bound = speedup_bound(rates, 1e3 / decode_throughput(reference_runs), draft_ms / drafted, verify_ms / rounds,
-                              overlapped=bool(predicted))
+    bound, bound_share = decode_bound(runs, reference_runs)
     prefill_ms = sum(r.prefill_ms for r in runs)
     parts = {part: sum(r.parts.get(part, 0.0) for r in runs) / wall_ms for part in TIME_PARTS} if seconds else {}
     split = seconds and all(r.parts for r in runs)  # runs of the orchestrator's time parts
     draft_share = (parts["draft"] if split else exposed_ms / wall_ms) if seconds else 0.0
-    decode_over = decode_throughput(runs) / decode_throughput(reference_runs) if reference_runs else 0.0
     return MethodSummary(
         method, tokens, seconds, tokens_per_s, speedup,
         tokens_per_round=tokens / rounds if rounds else 0.0,
@@ -302,7 +327,7 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
         orchestration={p: parts[p] for p in ORCHESTRATION} if split else {},
         decode_tokens_per_s=decode_throughput(runs),
         bound=bound,
-        bound_share=decode_over / bound if bound else 0.0,
+        bound_share=bound_share,
         runs=runs,
     )
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
 from specpipe.bench import recurring_report
-from specpipe.bench.measure import BASELINE, ORCHESTRATION, MethodSpec, MethodSummary, PromptRun
+from specpipe.bench.measure import BASELINE, ORCHESTRATION, MethodSpec, MethodSummary, PromptRun, decode_bound
 from specpipe.bench.prompts import RECURRING
 from specpipe.core.types import SpeculationOptions
 
@@ -37,6 +37,12 @@ def from_json(data: dict) -> list[MethodSummary]:
         fields["spec"] = MethodSpec(**fields["spec"]) if fields.get("spec") else None
         fields.setdefault("default", is_default(fields["spec"]))  # a file from before the field: the n-gram default
         summaries.append(MethodSummary(**{**fields, "runs": runs}))
+    # the bound as measure.decode_bound computes it now, also in files written before its verify cost
+    runs_of = {s.method: s.runs for s in summaries if s.runs}
+    for i, s in enumerate(summaries):
+        if s.bound and s.runs and s.reference in runs_of:
+            bound, share = decode_bound(s.runs, runs_of[s.reference])
+            summaries[i] = replace(s, bound=bound, bound_share=share)
     return summaries
 
 
