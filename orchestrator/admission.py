@@ -8,20 +8,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from specpipe.config.services import AdmissionConfig  # its settings: generations running, and waiting
 from specpipe.core.errors import DeadlineExceeded, ResourceExhausted
 from specpipe.runtime import metrics
-
-
-@dataclass(frozen=True)
-class AdmissionConfig:
-    max_sessions: int = 64  # generations running at once
-    max_queue: int = 64     # generations waiting for one of them
-
-    def __post_init__(self):
-        if self.max_sessions < 1 or self.max_queue < 0:
-            raise ValueError(f"max_sessions must be >= 1 and max_queue >= 0, got {self.max_sessions}, {self.max_queue}")
 
 
 class Admission:

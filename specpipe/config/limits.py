@@ -12,26 +12,33 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from specpipe.core.errors import InvalidArgument
+from specpipe.core.settings import setting
 from specpipe.core.types import ALL_HYPOTHESES, Draft, GenerationRequest, ProposeRequest
+
+
+LIMIT_PREFIX = "limit_"  # a cap's key in a mapping of settings: limit_max_prompt_tokens (--limit-prompt-tokens)
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_prompt_tokens: int = 8192         # prompt tokens of a generation / prefill
-    max_new_tokens: int = 4096            # output tokens of a generation
-    max_draft_len: int = 64               # k, the draft depth a client or an orchestrator may ask for
-    max_width: int = 16                   # tree width at the first levels
-    max_hypotheses: int = 16              # branch schedule pre-drafts per round (-1 = every outcome of <= k + 1)
-    max_stops: int = 16                   # stop strings per generation
-    max_stop_chars: int = 256             # characters of one stop string
-    max_draft_nodes: int = 512            # nodes of one verified draft tree
-    max_q_entries: int = 1024             # entries of one node's sparse q
-    max_id_chars: int = 128               # a request id
-    max_session_id_chars: int = 512       # a session id (the orchestrator's: tenant/request id-suffix)
-    max_prompt_chars: int = 1 << 20       # characters of a text prompt (before tokenising)
-    max_request_bytes: int = 8 << 20      # one gRPC request message (the server's receive limit)
+    max_prompt_tokens: int = setting(8192, "prompt tokens of a generation or a prefill")
+    max_new_tokens: int = setting(4096, "max_new_tokens of a generation")
+    max_draft_len: int = setting(64, "draft_len (k) a request may ask for")  # a client's or an orchestrator's
+    max_width: int = setting(16, "tree width a request may ask for")  # at the first levels
+    max_hypotheses: int = setting(  # branch schedule pre-drafts per round (-1 = every outcome of <= k + 1)
+        16, "branch-schedule hypotheses a request may ask for")
+    max_stops: int = setting(16, "stop strings per generation")
+    max_stop_chars: int = setting(256, "characters of one stop string")
+    max_draft_nodes: int = setting(512, "nodes of a draft tree sent to the verifier")
+    max_q_entries: int = setting(1024, "entries of one draft node's sparse q")
+    max_id_chars: int = setting(128, "characters of a request id")
+    max_session_id_chars: int = setting(  # the orchestrator's: tenant/request id-suffix
+        512, "characters of a session id")
+    max_prompt_chars: int = setting(1 << 20, "characters of a text prompt")  # before tokenising
+    max_request_bytes: int = setting(  # the server's receive limit
+        8 << 20, "bytes of one gRPC request message (beyond: RESOURCE_EXHAUSTED)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         bad = [name for name, value in vars(self).items() if value < 1]
         if bad:
             raise ValueError(f"limits must be >= 1: {', '.join(bad)}")

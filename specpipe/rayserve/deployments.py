@@ -137,7 +137,7 @@ async def stream_in_thread(chunks: Iterator, context: ServeContext) -> AsyncIter
 @serve.deployment(name="Orchestrator")
 class OrchestratorDeployment:
     async def __init__(self, verifier, drafter, config: OrchestratorConfig):
-        from orchestrator.admission import Admission, AdmissionConfig
+        from orchestrator.admission import Admission
         from orchestrator.openai_api import ApiConfig, OpenAIApi
         from orchestrator.servicer import GenerationServicer
         from specpipe.app.wiring import ngram_cache, served_generator
@@ -152,7 +152,7 @@ class OrchestratorDeployment:
         generator = served_generator(config.model.specs()[0], serve_replicas(self._verifier), served,
                                      config.speculation, ngram_cache(config.cache, config.tls), config.limits,
                                      config.learn_global)
-        admission = Admission(AdmissionConfig(config.max_sessions, config.max_queue))  # one for both APIs
+        admission = Admission(config.admission)  # one for both APIs
         self._servicer = GenerationServicer(generator, admission)
         self._http = OpenAIApi(generator, admission, ApiConfig(generator.info.model_name, generator.info.max_context,
                                                                max_request_bytes=config.limits.max_request_bytes))
