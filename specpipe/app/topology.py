@@ -71,6 +71,7 @@ def run_up(config: UpConfig) -> int:
         for name in replicas:
             role = name.partition("-")[0]
             children[name] = start_service(name, config, cores.get(name), up_security.service_flags(pki, role)
+                                           + simulation_flags(config, role)
                                            + (config.verifier_flags if role == "verifier" else ()),
                                            cache=shared if role == "drafter" else None)
         for name in replicas:
@@ -169,6 +170,15 @@ def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[st
                                 start_new_session=True,  # signals come from us, in order, not from the terminal
                                 preexec_fn=lambda: _child_setup(core))
     return Child(name, proc, stdout_path, stderr_path, core)
+
+
+def simulation_flags(config: UpConfig, role: str) -> tuple[str, ...]:
+    """A model service's simulated device: the cost model (verifiers and drafters), the replay (verifiers)."""
+    def absolute(path: str) -> str:  # the children may run elsewhere
+        return str(pathlib.Path(path).resolve()) if pathlib.Path(path).exists() else path
+
+    flags = ("--cost-model", absolute(config.cost_model)) if config.cost_model else ()
+    return flags + (("--replay", absolute(config.replay)) if config.replay and role == "verifier" else ())
 
 
 def http_flags(config: UpConfig) -> tuple[str, ...]:

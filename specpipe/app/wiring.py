@@ -88,15 +88,29 @@ def build_drafters(kinds, store, model_drafter, info) -> dict:
     return drafters
 
 
+def cost_curve(spec: str | None, role: str):
+    """The forward curve of --cost-model (None: the device's own speed)."""
+    from specpipe.engine.costmodel import load_curve
+
+    return load_curve(spec, role) if spec else None
+
+
 def load_verifier(config: VerifierConfig):
-    """The ModelVerifier of the config: its model, admission, batching, caps and session TTL."""
+    """The ModelVerifier of the config (its model, admission, batching, caps and session TTL), or with
+    replay the TranscriptVerifier of a recorded transcript; either held to the cost model if given."""
     from verifier_service.verifier import ModelVerifier
 
+    curve = cost_curve(config.cost_model, "verifier")
+    if config.replay:
+        from verifier_service import replay
+
+        return replay.TranscriptVerifier(replay.load(config.replay), curve, config.max_sessions,
+                                         config.session_ttl_s, config.batch, config.limits)
     model = config.model
     return ModelVerifier.load(model.specs()[0], model.device, model.torch_dtype, mode=forward_mode(model),
                               weights=verifier_weights(model),
                               max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
-                              limits=config.limits, session_ttl_s=config.session_ttl_s)
+                              limits=config.limits, session_ttl_s=config.session_ttl_s, cost_model=curve)
 
 
 def drafter_methods(config: DrafterConfig) -> dict:
@@ -106,7 +120,7 @@ def drafter_methods(config: DrafterConfig) -> dict:
 
     model = config.model
     drafter = ModelDrafter.load(model.specs()[1], model.device, model.torch_dtype, **drafter_forward(model),
-                                session_ttl_s=config.session_ttl_s)
+                                session_ttl_s=config.session_ttl_s, cost_model=cost_curve(config.cost_model, "drafter"))
     if not config.cache:
         return {"model": drafter}
     return build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter, drafter.info())

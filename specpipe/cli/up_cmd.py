@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     options.add_setting(parser, UpConfig, "log_level", type=str.upper)
     options.add_settings(parser, UpConfig, "verifiers", "drafters", "drain_timeout")
     options.add_setting(parser, UpConfig, "verifier_flags", default="")
+    group = parser.add_argument_group("simulated device (load tests)")
+    options.add_settings(group, UpConfig, "cost_model", "replay")
     options.add_speculation_args(parser, drafter=DRAFTER_WITH_MODEL)
     options.add_hop_delay_arg(parser)
     security_args.add_learn_global_arg(parser)

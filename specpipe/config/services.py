@@ -78,6 +78,13 @@ def _learn_global() -> Any:
                    "about each other", choices=("off", "on"), shown="on; docs/security.md")
 
 
+def _cost_model() -> Any:
+    return setting(None, "hold every forward to the time a recorded device's curve gives for its shape: a load "
+                   "test's simulated device (a curve file, a GPU record, or a packaged curve's name such as "
+                   "nvidia-h200-qwen-coder; NAME:xN scales its times by N). Real compute that takes longer keeps its "
+                   "time and is counted; never for serving", metavar="CURVE", shown="off; docs/pipeline.md")
+
+
 def _preset() -> Any:
     return setting(DEFAULT_PRESET, "model pair", env="SPECPIPE_PRESET", choices=tuple(sorted(PRESETS)))
 
@@ -200,6 +207,11 @@ class VerifierConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     limits: Limits = DEFAULT_LIMITS
     session_ttl_s: float = _session_ttl()
+    cost_model: str | None = _cost_model()
+    replay: str | None = setting(
+        None, "answer from a recorded transcript of the model's greedy decoding (`specpipe transcript record`) "
+        "instead of running it: the real model's acceptance at --cost-model's speed, without its weights; greedy "
+        "requests on the recorded prompts only", metavar="FILE", shown="off; docs/pipeline.md")
 
     def __post_init__(self) -> None:
         _positive("max_sessions", self.max_sessions)
@@ -216,6 +228,7 @@ class DrafterConfig:
     limits: Limits = DEFAULT_LIMITS
     session_ttl_s: float = _session_ttl()
     tls: TlsFiles | None = None  # of its channel to a cache service
+    cost_model: str | None = _cost_model()  # the model drafter's forwards
 
     def __post_init__(self) -> None:
         _positive("session_ttl_s", self.session_ttl_s)
@@ -370,6 +383,9 @@ class UpConfig:
     verifier_flags: tuple[str, ...] = setting(  # more `serve verifier` flags (batching, admission)
         (), "more `specpipe serve verifier` flags for every verifier replica, e.g. \"--max-batch-tokens 1024 "
         "--gather-grace 0\"", metavar="FLAGS", shown="")
+    cost_model: str | None = _cost_model()  # every verifier's and drafter's
+    replay: str | None = setting(None, "every verifier answers from this transcript (`specpipe serve verifier "
+                                 "--replay`)", metavar="FILE", shown="off; docs/pipeline.md")
 
     def __post_init__(self) -> None:
         if self.verifiers < 1 or self.drafters < 1:

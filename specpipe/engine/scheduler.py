@@ -198,8 +198,11 @@ class Work:
     where a model runs unbatched: then kv may be any specpipe.engine.runner cache)."""
 
     def __init__(self, kv: SlotKV, steps: Generator[Step, torch.Tensor | None, Any],
-                 cancellation: Cancellation | None = None):
+                 cancellation: Cancellation | None = None, on_done: Callable[[Work], None] | None = None):
+        """on_done: called on the scheduler thread once the work is done or failed (Scheduler.submit's
+        callers; Scheduler.run waits instead)."""
         self.kv = kv
+        self.on_done = on_done
         self._steps = steps
         self.cancellation = cancellation  # set when its caller has gone: the rest is dropped (a prefill's chunks)
         self.step: Step | None = None  # the current one; None once the coroutine has returned
@@ -222,6 +225,17 @@ class Work:
         except StopIteration as stop:
             self.step, self.result = None, stop.value
         self.fed = 0
+
+    def complete(self, error: BaseException | None = None) -> None:
+        """Done (with error, failed): wake its waiter and tell on_done."""
+        if error is not None:
+            self.error = error
+        self.done.set()
+        if self.on_done is not None:
+            try:
+                self.on_done(self)
+            except Exception:  # the caller's hand-off: it must not take the scheduler down
+                log.exception("a work's on_done failed")
 
     def left(self) -> tuple[bool, int]:
         """(chunked, tokens left) of the current step, for plan_batch."""
@@ -267,19 +281,32 @@ class Scheduler:
         """Queue work and block until its coroutine has returned (raises what it or a forward raised)."""
         if work.step is None:
             return work
-        with self._cond:
-            if self._closed:
-                raise Unavailable(f"the {self._role} is shutting down")
-            if len(self._pending) >= self.config.max_queue:
-                raise ResourceExhausted(f"{self._role} queue is full ({len(self._pending)} requests waiting, "
-                                        f"max {self.config.max_queue}); retry later or add {self._role} replicas")
-            self._pending.append(work)
-            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
-            self._cond.notify()
+        refused = self.submit([work])[0]
+        if refused is not None:
+            raise refused
         work.done.wait()
         if work.error is not None:
             raise work.error
         return work
+
+    def submit(self, works: Sequence[Work]) -> list[Exception | None]:
+        """Queue works together (they join the same next forward, room allowing) without waiting: each
+        tells its on_done when done. Returns, per work, None or why it was refused (not queued)."""
+        refused: list[Exception | None] = []
+        with self._cond:
+            for work in works:
+                if self._closed:
+                    refused.append(Unavailable(f"the {self._role} is shutting down"))
+                elif len(self._pending) >= self.config.max_queue:
+                    refused.append(ResourceExhausted(
+                        f"{self._role} queue is full ({len(self._pending)} requests waiting, max "
+                        f"{self.config.max_queue}); retry later or add {self._role} replicas"))
+                else:
+                    self._pending.append(work)
+                    refused.append(None)
+            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
+            self._cond.notify()
+        return refused
 
     @property
     def depth(self) -> int:
@@ -309,8 +336,7 @@ class Scheduler:
             failed, self._pending = self._pending, []
             metrics.QUEUE_DEPTH.labels(role=self._role).set(0)
         for work in failed:
-            work.error = error
-            work.done.set()
+            work.complete(error)
 
     def _dispatch(self) -> bool:
         """Run the next forward; False once closed."""
@@ -319,8 +345,7 @@ class Scheduler:
                 self._cond.wait()
             if self._closed:
                 for work in self._pending:
-                    work.error = Unavailable(f"the {self._role} is shutting down")
-                    work.done.set()
+                    work.complete(Unavailable(f"the {self._role} is shutting down"))
                 return False
             pending = list(self._pending)
         if self._drop_abandoned(pending):
@@ -389,8 +414,7 @@ class Scheduler:
                 self._pending.remove(work)
             metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
         for work in abandoned:
-            work.error = Cancelled(f"{self._role}: the caller went away; {work.fed} tokens of the step were fed")
-            work.done.set()
+            work.complete(Cancelled(f"{self._role}: the caller went away; {work.fed} tokens of the step were fed"))
         return True
 
     def _turnaround(self, work: Work) -> None:
@@ -426,6 +450,7 @@ class Scheduler:
         self._batch_sessions.observe(len(batch))
         self._batch_tokens.observe(tokens)
         finished: list[Work] = []
+        segments = logits = rows = None
         try:
             segments = [work.segment(n) for work, n in batch]
             launched = time.perf_counter()
@@ -460,8 +485,11 @@ class Scheduler:
             for work in finished:
                 self._pending.remove(work)
             metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
-        for work in finished:
-            work.done.set()
+        # Hold no reference to a finished work past its completion: its caller may free its slot at once.
+        segments = logits = rows = work = None
+        batch.clear()
+        while finished:
+            finished.pop().complete()
 
 
 def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role: str, max_context: int,
