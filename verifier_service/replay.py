@@ -56,7 +56,7 @@ class Entry:
 @dataclass(frozen=True)
 class Transcript:
     info: ModelInfo              # the recorded verifier's, as it served them
-    attention: float             # the model's attention weight (specpipe.engine.scheduler.attention_weight)
+    attention: float             # the model's attention weight (specpipe.engine.planner.attention_weight)
     entries: tuple[Entry, ...]
     source: str = ""             # the command that recorded it
 

@@ -122,6 +122,7 @@ def _on_init(environment, **_kwargs) -> None:
         GenerateUser.workload = workload(environment.parsed_options)
         GenerateUser.records = RecordLog(environment.parsed_options.records)
         GenerateUser.order = itertools.count()
+        GenerateUser.started = itertools.count()
         options = environment.parsed_options
         GenerateUser.tls = Tls.from_files(options.grpc_tls_cert, options.grpc_tls_key, options.grpc_tls_ca)
         GenerateUser.auth_token = read_token(options.grpc_auth_token_file or None)
@@ -146,15 +147,18 @@ class GenerateUser(User):
     workload: Workload
     records: RecordLog
     order: itertools.count
+    started: itertools.count  # users started, for the host each takes
     tls: Tls | None = None
     auth_token: str | None = None
     api: str = "grpc"
 
     def on_start(self) -> None:
+        hosts = self.host.split(",")  # several orchestrator replicas: the users take them in turn
+        host = hosts[next(GenerateUser.started) % len(hosts)]
         if self.api == "openai":
-            self.client = OpenAIStream(self.host, self.workload, self.auth_token, self.options_ca())
+            self.client = OpenAIStream(host, self.workload, self.auth_token, self.options_ca())
         else:
-            self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s, tls=self.tls,
+            self.client = GenerationClient(host, timeout_s=self.workload.deadline_s, tls=self.tls,
                                            auth_token=self.auth_token)
 
     def options_ca(self) -> str | bool:

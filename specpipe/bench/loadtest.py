@@ -60,7 +60,7 @@ def loadtest(config: LoadtestConfig) -> int:
                 if config.memory_every > 0:
                     sampler = loadruns.MemorySampler(stack.pids, config.memory_every, out_dir / "memory.jsonl")
                     sampler.start()
-            host = config.addr or (stack.http_url if config.api == "openai" else stack.addresses["orchestrator"])
+            host = config.addr or (stack.http_url if config.api == "openai" else orchestrators(stack))
             if host is None:
                 raise FailedPrecondition("--api openai: the `specpipe up` started serves no HTTP API (--http-port -1?)")
             security = client_flags(config, up_args, out_dir / "up" / server)
@@ -225,6 +225,12 @@ def workload_flags(config: LoadtestConfig, drafter: str) -> tuple[str, ...]:
         if value:
             flags += [name, value]
     return tuple(flags)
+
+
+def orchestrators(stack: loadruns.Stack) -> str:
+    """The orchestrator replicas' addresses, comma-separated: the users take them in turn (as a Service
+    spreads connections)."""
+    return ",".join(address for name, address in sorted(stack.addresses.items()) if name.startswith("orchestrator"))
 
 
 def run_sampled(locust_run: loadruns.LocustRun, stack: loadruns.Stack | None) -> tuple[int, list]:

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "startup_timeout")
     options.add_setting(parser, UpConfig, "log_dir", default=None)
     options.add_setting(parser, UpConfig, "log_level", type=str.upper)
-    options.add_settings(parser, UpConfig, "verifiers", "drafters", "drain_timeout")
+    options.add_settings(parser, UpConfig, "verifiers", "drafters", "orchestrators", "drain_timeout")
     options.add_setting(parser, UpConfig, "verifier_flags", default="")
     group = parser.add_argument_group("simulated device (load tests)")
     options.add_settings(group, UpConfig, "cost_model", "replay")

@@ -375,6 +375,10 @@ class UpConfig:
     verifiers: int = setting(  # replicas (one process each); the orchestrator routes over them
         1, "verifier replicas; each session is pinned to the least loaded", metavar="N")
     drafters: int = setting(1, "drafter replicas", metavar="M")
+    orchestrators: int = setting(  # replicas sharing the verifiers and drafters, as behind a Service
+        1, "orchestrator replicas, each its own process over the same verifiers and drafters (more Python for "
+        "one GPU verifier: docs/pipeline.md); give them a shared --cache (redis) to share what the store learns",
+        metavar="K")
     drain_timeout_s: float = setting(DRAIN_TIMEOUT_S, "each service's drain on SIGTERM", key="drain_timeout",
                                      metavar="S")
     tls: bool = setting(  # a private CA: mutual TLS between the services, TLS on the public port
@@ -388,8 +392,8 @@ class UpConfig:
                                  "--replay`)", metavar="FILE", shown="off; docs/pipeline.md")
 
     def __post_init__(self) -> None:
-        if self.verifiers < 1 or self.drafters < 1:
-            raise InvalidArgument("--verifiers and --drafters must be >= 1")
+        if self.verifiers < 1 or self.drafters < 1 or self.orchestrators < 1:
+            raise InvalidArgument("--verifiers, --drafters and --orchestrators must be >= 1")
         _positive("startup_timeout", self.startup_timeout_s)
 
 
