@@ -84,3 +84,41 @@ def test_a_clocked_forward_takes_the_curves_time_and_a_slower_one_its_own():
     slow(segments(1))
     assert 0.06 <= time.perf_counter() - start < 0.06 + 0.03  # its own time, not padded to 30 ms more
     assert metrics.SIMULATED_OVERRUNS.labels(role="verifier")._value.get() == overruns + 1
+
+
+@pytest.mark.parametrize("speculation", [
+    "verifier only", "model sequential", "model branch adaptive", "ngram branch adaptive", "hybrid tree"])
+def test_golden_through_the_simulated_clock(tiny_tokenizer, speculation):
+    """Speculative greedy output == verifier-only greedy output with the verifier and the drafter held to
+    the H200 curve (scaled down: the test's time), their adaptive control learning the curve's flat T(k)."""
+    from drafter_service.model_drafter import ModelDrafter
+    from orchestrator.generator import Generator
+    from specpipe.app.wiring import build_drafters
+    from specpipe.config.presets import ModelSpec
+    from specpipe.core.types import SpeculationOptions
+    from specpipe.engine.models import model_info, tiny_model
+    from tests.golden import GOLDEN_PROMPTS, assert_golden, reference_greedy
+    from verifier_service.verifier import ModelVerifier
+
+    specs = {"verifier only": SpeculationOptions(drafter="none"),
+             "model sequential": SpeculationOptions("model", 4, schedule="sequential", adaptive="off"),
+             "model branch adaptive": SpeculationOptions("model", schedule="branch"),
+             "ngram branch adaptive": SpeculationOptions("ngram", schedule="branch"),
+             "hybrid tree": SpeculationOptions("hybrid", 4, 2, adaptive="off")}
+    verifier_model, drafter_model = tiny_model(), tiny_model(2)
+    verifier = ModelVerifier(verifier_model, model_info(ModelSpec("tiny"), verifier_model),
+                             cost_model=costmodel.load_curve("nvidia-h200-qwen-coder:x0.2", "verifier"))
+    drafter = ModelDrafter(drafter_model, model_info(ModelSpec("tiny", 2), drafter_model),
+                           cost_model=costmodel.load_curve("nvidia-h200-qwen-coder:x0.2", "drafter"))
+    from cache_service.memory import InMemoryNgramCache
+
+    store = InMemoryNgramCache()
+    generator = Generator(tiny_tokenizer, verifier, build_drafters(("model", "ngram", "hybrid"), store, drafter,
+                                                                   verifier.info()), specs[speculation], store)
+    references = {}
+    for prompt in GOLDEN_PROMPTS[:4]:
+        ids = generator.encode(prompt=prompt)
+        references[prompt] = (ids, reference_greedy(verifier_model, ids, 32))
+    forwards = metrics.SIMULATED_FORWARDS.labels(role="verifier")._value.get()
+    assert_golden(generator, references, 32, specs[speculation])
+    assert metrics.SIMULATED_FORWARDS.labels(role="verifier")._value.get() > forwards
