@@ -20,7 +20,7 @@ from typing import Callable
 
 import redis
 
-from cache_service import local_redis
+from specpipe.devtools import local_redis
 from cache_service.memory import InMemoryNgramCache
 from cache_service.redis_store import RedisNgramCache, connect
 from specpipe.core.learned import MATCH_TOKENS, LearnedConfig

@@ -1,4 +1,4 @@
-"""The n-gram store on a real Redis Cluster (cache_service.local_cluster: 3 masters, 1 replica each, on
+"""The n-gram store on a real Redis Cluster (specpipe.devtools.local_cluster: 3 masters, 1 replica each, on
 loopback): open_store("redis+cluster://...") gives the in-memory store's results for sessions and
 tenants spread over every master; a killed master costs the calls on its slots a bounded time, then
 Unavailable, and the client follows the failover to the promoted replica on its own; a generation
@@ -14,9 +14,9 @@ from typing import Iterator
 import pytest
 from redis.cluster import RedisCluster
 
-from cache_service import local_cluster
+from specpipe.devtools import local_cluster
 from cache_service.cluster import RETRIES, connect_cluster
-from cache_service.local_cluster import LocalCluster
+from specpipe.devtools.local_cluster import LocalCluster
 from cache_service.memory import InMemoryNgramCache
 from cache_service.stores import open_store
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, Unavailable

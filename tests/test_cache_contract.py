@@ -18,7 +18,8 @@ from collections import defaultdict
 import pytest
 from redis.crc import key_slot
 
-from cache_service import local_cluster, servicer
+from cache_service import servicer
+from specpipe.devtools import local_cluster
 from cache_service.cluster import connect_cluster
 from cache_service.memory import InMemoryNgramCache
 from cache_service.redis_store import (GLOBAL_PARTS, RedisNgramCache, connect, global_keys, read_learned_store,
@@ -405,7 +406,7 @@ def test_scripts_are_reloaded_after_a_script_flush(redis_url):  # noqa: F811
 
 
 def test_a_redis_cluster_client():
-    """A RedisNgramCache over redis.cluster.RedisCluster (cache_service.local_cluster: the sessions and
+    """A RedisNgramCache over redis.cluster.RedisCluster (specpipe.devtools.local_cluster: the sessions and
     tenants below land on different masters) gives the in-memory store's lookups: a lookup's two
     scripts go to their two nodes in one pipeline, and nodes that lost their scripts get them again.
     (tests/test_cache_cluster.py has the rest: failover, every master.)"""

@@ -311,7 +311,7 @@ def test_lone_verifier_process_sigkilled_and_restarted(reference, tiny_tokenizer
     import subprocess
     import sys
 
-    from cache_service.local_redis import free_port
+    from specpipe.devtools.local_redis import free_port
     from orchestrator.generator import Generator
     from specpipe.app.topology import READY_RE
     from specpipe.serving.clients import VerifierClient

@@ -160,7 +160,7 @@ def test_the_redis_start_script_serves_the_services_url(tmp_path):
 
     import redis as redis_py
 
-    from cache_service import local_redis
+    from specpipe.devtools import local_redis
     from cache_service.stores import open_store
 
     if local_redis.find_binary() is None:

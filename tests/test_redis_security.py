@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cache_service import local_redis
-from cache_service.local_redis import RedisTls
+from specpipe.devtools import local_redis
+from specpipe.devtools.local_redis import RedisTls
 from specpipe.core.errors import SpecpipeError
 from specpipe.serving.pki import make_pki
 

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from cache_service import local_redis
+from specpipe.devtools import local_redis
 from specpipe.app import up_security
 from specpipe.config.services import METRICS_OFFSET, ModelConfig, UpConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
@@ -28,7 +28,7 @@ STOP_GRACE_S = 10.0
 TAIL_LINES = 20
 READY_LINE = "specpipe serve {role}: listening on {address} (metrics port {metrics})"  # a service's, once SERVING
 READY_RE = re.compile(r"^specpipe serve (\w+): listening on (\S+):(\d+) \(metrics port (\d+|off)\)(?: and (\S+))?$")
-LOCAL_REDIS = "redis"  # --cache redis: start a local redis-server (cache_service.local_redis)
+LOCAL_REDIS = "redis"  # --cache redis: start a local redis-server (specpipe.devtools.local_redis)
 
 
 @dataclass

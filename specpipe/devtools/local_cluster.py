@@ -1,6 +1,6 @@
 """A private Redis Cluster on loopback: 3 masters with 1 replica each (6 redis-server processes on free
 ports), without persistence, in a temp dir; the n-gram store on a cluster (cache_service.cluster) in
-the tests and the benches. Each node is started as cache_service.local_redis starts one.
+the tests and the benches. Each node is started as specpipe.devtools.local_redis starts one.
 
     with local_cluster() as cluster:
         store = open_store(cluster.url)           # redis+cluster://127.0.0.1:PORT
@@ -22,7 +22,7 @@ from typing import Iterator
 
 import redis
 
-from cache_service.local_redis import HOST, LocalRedis, _die_with_parent, _log_tail, _ping, find_binary, free_port
+from specpipe.devtools.local_redis import HOST, LocalRedis, _die_with_parent, _log_tail, _ping, find_binary, free_port
 from specpipe.core.errors import FailedPrecondition, Unavailable
 
 MASTERS = 3
