@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import replace
+from typing import Any
 
 from specpipe.config.limits import DEFAULT_LIMITS
 from specpipe.config.services import (
@@ -17,7 +18,9 @@ from specpipe.config.services import (
     VerifierConfig,
 )
 from specpipe.core.errors import InvalidArgument, SpecpipeError
-from specpipe.engine.models import load_tokenizer
+from specpipe.app import startup
+from specpipe.config.presets import ModelSpec
+from specpipe.engine.models import load_model, load_tokenizer, model_info
 from specpipe.serving.security import Tls
 
 log = logging.getLogger(__name__)
@@ -93,20 +96,41 @@ def load_verifier(config: VerifierConfig):
     from verifier_service.verifier import ModelVerifier
 
     model = config.model
-    return ModelVerifier.load(model.specs()[0], model.device, model.torch_dtype, mode=forward_mode(model),
-                              weights=verifier_weights(model),
-                              max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
-                              limits=config.limits, session_ttl_s=config.session_ttl_s)
+    spec, mode = model.specs()[0], forward_mode(model)
+    loaded = load_weights("verifier", spec, model)
+    with startup.step(forward_step("verifier", mode, verifier_weights(model))):
+        return ModelVerifier(loaded, model_info(spec, loaded), mode=mode, weights=verifier_weights(model),
+                             max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
+                             limits=config.limits, session_ttl_s=config.session_ttl_s)
+
+
+def load_weights(role: str, spec: ModelSpec, model: ModelConfig) -> Any:
+    """The role's model, its weights loaded (a start-up step of their own: transformers' bar shows them)."""
+    with startup.step(f"loading the {role}'s weights ({spec.label}, {model.torch_dtype} on {model.device})"):
+        return load_model(spec, model.device, model.torch_dtype)
+
+
+def forward_step(role: str, mode: str, weights: str = "fp32") -> str:
+    """The start-up step that makes the role's forward of mode ready."""
+    return {"packed": f"packing the {role}'s weights ({weights}) for the CPU kernel (built once for this CPU, "
+                      "then cached)",
+            "graphs": f"capturing the {role}'s CUDA graphs"}.get(mode, f"the {role}'s eager forward")
+
+
+def load_drafter(spec: ModelSpec, model: ModelConfig, forward: dict[str, Any], **kwargs: Any) -> Any:
+    """The ModelDrafter of spec (forward: drafter_forward's options), in two start-up steps."""
+    from drafter_service.model_drafter import ModelDrafter
+
+    loaded = load_weights("drafter", spec, model)
+    with startup.step(forward_step("drafter", forward["mode"], forward["weights"])):
+        return ModelDrafter(loaded, model_info(spec, loaded), **forward, **kwargs)
 
 
 def drafter_methods(config: DrafterConfig) -> dict:
     """What a drafter service serves: the small model alone, or, given an n-gram store (cache), the
     model, ngram and hybrid draft methods over it."""
-    from drafter_service.model_drafter import ModelDrafter
-
     model = config.model
-    drafter = ModelDrafter.load(model.specs()[1], model.device, model.torch_dtype, **drafter_forward(model),
-                                session_ttl_s=config.session_ttl_s)
+    drafter = load_drafter(model.specs()[1], model, drafter_forward(model), session_ttl_s=config.session_ttl_s)
     if not config.cache:
         return {"model": drafter}
     return build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter, drafter.info())
@@ -116,7 +140,6 @@ def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] |
     """Everything in this process: the verifier, the n-gram store (config.cache, or store) and the
     drafters that drafter_kinds (default: the one the speculation names) need; the small model is
     loaded only for the model and hybrid drafters."""
-    from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
     from specpipe.engine.cores import set_threads
 
@@ -131,7 +154,7 @@ def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] |
         store = ngram_cache(config.cache)
     drafter = None
     if kinds & {"model", "hybrid"}:
-        drafter = ModelDrafter.load(drafter_spec, model.device, model.torch_dtype, **forward)
+        drafter = load_drafter(drafter_spec, model, forward)
     drafters = build_drafters(kinds, store, drafter, verifier.info())
     return Generator(load_tokenizer(verifier_spec), verifier, drafters, config.speculation,
                      store if uses_store else None,  # the store is fed only if drafted from

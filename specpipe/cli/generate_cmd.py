@@ -53,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
             sampling=options.sampling_params(args), speculation=spec, tenant=args.tenant,
         )
     else:
-        from specpipe.app.wiring import embedded_generator
+        from specpipe.app import startup
 
         config = generator_config(vars(args))
+        with startup.step(startup.IMPORTS):
+            from specpipe.app.wiring import embedded_generator
         generator = embedded_generator(config)
         request = GenerationRequest(
             prompt_ids=generator.encode(prompt=prompt, messages=messages),
