@@ -11,11 +11,12 @@ predicted outcomes of one round never disturb each other: a proposal that would 
 proposal of the same epoch may still extend forks the branch instead (copy-on-write).
 Branches of older epochs hold dropped hypotheses: they are cropped in place or evicted.
 
-Llama / Qwen2 models in eager or packed mode draft batched (docs/batching.md): each branch is a KV
-slot, and one scheduler thread runs the next step of every pending proposal, of every session, as
-one forward (drafter_service.drafting: the catch-up, then one token per depth). Other architectures
-and the CUDA graphs mode draft one proposal's forward at a time through specpipe.engine.runner; both paths
-run the same drafting coroutine.
+Llama / Qwen2 models draft batched in every forward mode (docs/batching.md; in the CUDA graphs mode
+as captured padded batches, specpipe.engine.batched.BatchGraphs): each branch is a KV slot, and one
+scheduler thread runs the next step of every pending proposal, of every session, as one forward
+(drafter_service.drafting: the catch-up, then one token per depth). Other architectures, and
+batching off, draft one proposal's forward at a time through specpipe.engine.runner; both paths run
+the same drafting coroutine.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ bound that the CPU runs' measured acceptance would give on that GPU, and how it 
 side by side with the CPU's (docs/gpu.md).
 
     python3 scripts/gpu_report.py bench-results/gpu/gpu-check-nvidia-h200-2026-11-26.json \
-        --out docs/results/gpu-nvidia-h200-2026-11-26.md
+        --out docs/results/2026-11-26-gpu-nvidia-h200.md
 
 The bound is the bench's (specpipe.bench.measure.speedup_bound: Leviathan et al.'s expected tokens per round
 with a measured acceptance rate per draft position), with each draft length's verification read off

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 5's measurements, written into docs/results/README.md's "adaptive" section:
+# docs/results/2026-11-23-adaptive.md, its "adaptive" section:
 # - poor drafts: the noise suite on the smollm2 preset, whose drafter (the verifier's first 16 of 30
 #   layers) costs about half a verifier forward and lands almost nothing there: fixed draft lengths
 #   against adaptive against the verifier alone;
@@ -16,4 +16,4 @@ qwen=(--preset qwen-coder --draft-weights bf16 --methods model:branch --sweep 2,
 specpipe bench "${common[@]}" "${qwen[@]}" --suite gsm8k --limit 10 --json bench-results/sweep-gsm8k.json
 specpipe bench "${common[@]}" "${qwen[@]}" --suite mtbench --limit 10 --json bench-results/sweep-mtbench.json
 specpipe bench --report bench-results/poor-noise-smollm2.json bench-results/sweep-gsm8k.json bench-results/sweep-mtbench.json \
-  --readme docs/results/README.md --section adaptive --plot-dir bench-results/plots-adaptive
+  --readme docs/results/2026-11-23-adaptive.md --section adaptive --plot-dir bench-results/plots-adaptive

@@ -1,7 +1,7 @@
 #!/bin/bash
-# The results (docs/results/README.md): each suite with every transformers baseline and specpipe's methods in one run,
+# docs/results/2026-11-23-alternatives.md: each suite with every transformers baseline and specpipe's methods in one run,
 # the model drafter swept over fixed draft lengths against adaptive (issue 5's sweep), then the random
-# suite (poor drafts) and the report (tables and plots, written into docs/results/README.md).
+# suite (poor drafts) and the report (tables and plots, written into that record).
 # qwen-coder, --compile on, bf16 drafter weights, gRPC, one pinned core per service. 5 to 7 minutes
 # per prompt on 2 cores (13 methods), ~2 hours in all: hence 10 HumanEval, 5 GSM8K, 2 MT-Bench prompts
 # (both turns) and 3 random ones.
@@ -16,4 +16,4 @@ specpipe bench "${common[@]}" "${methods[@]}" --suite mtbench --limit 2 --turns 
 specpipe bench "${common[@]}" --suite random --limit 3 --methods model:branch/4,model:branch/8+adaptive,hybrid:branch/8+adaptive \
   --json bench-results/report-random.json
 specpipe bench --report bench-results/report-humaneval.json bench-results/report-gsm8k.json \
-  bench-results/report-mtbench.json bench-results/report-random.json --readme docs/results/README.md --plot-dir bench-results/plots
+  bench-results/report-mtbench.json bench-results/report-random.json --readme docs/results/2026-11-23-alternatives.md --plot-dir bench-results/plots
