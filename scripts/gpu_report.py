@@ -2,7 +2,7 @@
 bound that the CPU runs' measured acceptance would give on that GPU, and how it falls with load,
 side by side with the CPU's (docs/gpu.md).
 
-    python3 scripts/gpu_report.py bench-results/gpu/gpu-check-nvidia-h200-2026-11-26.json \
+    python3 scripts/gpu_report.py bench-results/2026-11-26-gpu-nvidia-h200/gpu-check-nvidia-h200-2026-11-26.json \
         --out docs/results/2026-11-26-gpu-nvidia-h200.md
 
 The bound is the bench's (specpipe.bench.measure.speedup_bound: Leviathan et al.'s expected tokens per round
@@ -20,17 +20,20 @@ from pathlib import Path
 
 from specpipe.bench.measure import best_draft_len
 
+DEFAULT_48 = "2026-11-24-default-48-tokens"
+NGRAM, MODEL = "adaptive k<=8 width=1 branch calibrated M<=1", "k=8 width=1 branch calibrated M=1"
 # What the CPU runs measured (bench-results/), per suite: the default n-gram drafter's acceptance by
 # draft position, and the model drafter's at k = 8 (qwen-coder).
 ACCEPTANCE = {
-    "n-gram": {"HumanEval": ("default-humaneval.json", "specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1"),
-               "GSM8K": ("default-gsm8k.json", "specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1"),
-               "MT-Bench": ("default-mtbench.json", "specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1")},
-    "model": {"HumanEval": ("report-humaneval.json", "specpipe model k=8 width=1 branch calibrated M=1"),
-              "GSM8K": ("sweep-gsm8k.json", "specpipe model k=8 width=1 branch calibrated M=1"),
-              "MT-Bench": ("sweep-mtbench.json", "specpipe model k=8 width=1 branch calibrated M=1")},
+    "n-gram": {"HumanEval": (f"{DEFAULT_48}/default-humaneval.json", f"specpipe ngram {NGRAM}"),
+               "GSM8K": (f"{DEFAULT_48}/default-gsm8k.json", f"specpipe ngram {NGRAM}"),
+               "MT-Bench": (f"{DEFAULT_48}/default-mtbench.json", f"specpipe ngram {NGRAM}")},
+    "model": {"HumanEval": ("2026-11-23-alternatives/report-humaneval.json", f"specpipe model {MODEL}"),
+              "GSM8K": ("2026-11-23-adaptive/sweep-gsm8k.json", f"specpipe model {MODEL}"),
+              "MT-Bench": ("2026-11-23-adaptive/sweep-mtbench.json", f"specpipe model {MODEL}")},
 }
-CPU_CURVE = ("forward-curve-qwen-coder-epyc512.json", "verifier packed", "drafter packed")  # one core, seconds
+CPU_CURVE = ("2026-11-25-load-curve-256-tokens/forward-curve-qwen-coder-epyc512.json", "verifier packed",
+             "drafter packed")  # one core, seconds
 LOADS = (1, 2, 4, 8, 16, 32)
 
 
@@ -78,12 +81,12 @@ def fmt_bound(bound) -> str:
     return "-" if bound is None else f"{bound[0]:.2f}x (k={bound[1]})"
 
 
-def report(gpu: dict, results: Path, command: str, note: str = "") -> str:
+def report(gpu: dict, results: Path, command: str, note: str = "", folder: str = "bench-results/") -> str:
     env, verifier, drafter = gpu["environment"], gpu["cost"]["verifier"], gpu["cost"]["drafter"]
     lines = [f"# {env['gpu']}: a scripts/gpu_check.py run", "", f"Made by `{command}`.", *([note] if note else []), "",
              f"{env['gpu']} (compute capability {env['capability']}, {env['memory_gib']} GiB), torch {env['torch']}, "
              f"CUDA {env['cuda']}, transformers {env['transformers']}, Python {env['python']}. Record: "
-             f"`bench-results/gpu/`. The cost figures are of the qwen-coder architectures with generated "
+             f"`{folder}`. The cost figures are of the qwen-coder architectures with generated "
              "weights in bfloat16 (docs/gpu.md).", "", "## Golden cases on the GPU", "",
              "| dtype, forward setup | outputs equal to generate() | equal to the verifier alone | sampling: same "
              "tokens under both schedules | capture, s |", "| --- | ---: | ---: | --- | ---: |"]
@@ -169,7 +172,8 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a paragraph under the title: what the run's code was")
     args = parser.parse_args()
     command = f"python3 scripts/gpu_report.py {args.record}" + (f" --out {args.out}" if args.out else "")
-    page = report(json.loads(Path(args.record).read_text()), Path(args.results), command, args.note)
+    page = report(json.loads(Path(args.record).read_text()), Path(args.results), command, args.note,
+                  f"{Path(args.record).parent}/")
     if args.out:
         Path(args.out).write_text(page)
     else:

@@ -5,7 +5,7 @@ on every prompt (the order alternating), so a host's drift hits all; every arm's
     python3 bench-results/recipes/speculation-ab.py --field width --values 1,2 --suite mtbench --limit 8
     python3 bench-results/recipes/speculation-ab.py --field draft_len --values 8,16 --suite humaneval
     python3 bench-results/recipes/speculation-ab.py --field width --values 1,2 \
-        --prompts bench-results/engine-2026-11-27/outside-prompts.jsonl
+        --prompts bench-results/recipes/outside-prompts.jsonl
 """
 
 from dataclasses import fields, replace

@@ -124,7 +124,8 @@ def run_report(config: BenchConfig) -> int:
         if not os.path.isfile(path):
             raise InvalidArgument(f"bench result {path} does not exist")
     readme = pathlib.Path(config.readme) if config.readme else None
-    body = report(config.report, pathlib.Path(config.plot_dir), readme.parent if readme else pathlib.Path("."))
+    plot_dir = pathlib.Path(config.plot_dir) if config.plot_dir else pathlib.Path(config.report[0]).parent / "plots"
+    body = report(config.report, plot_dir, readme.parent if readme else pathlib.Path("."))
     if readme is None:
         print(body)
         return 0

@@ -72,7 +72,8 @@ class BenchConfig:
     section: str | None = setting(
         None, "with --readme: the section between <!-- bench-report:NAME:begin --> and <!-- bench-report:NAME:end "
         "--> instead", metavar="NAME", shown="")
-    plot_dir: str = setting("bench-results/plots", "with --report: where the PNG plots go", metavar="DIR")
+    plot_dir: str | None = setting(None, "with --report: where the PNG plots go", metavar="DIR",
+                                   shown="plots/ in the first FILE.json's folder")
     forward_curve: bool = setting(
         False, "instead of decoding prompts: measure T(k), one forward of k new tokens after a 300-token context, "
         "for the verifier and the drafter, eager and (with --compile on) compiled, and the speed-up bounds it "
