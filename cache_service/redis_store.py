@@ -227,7 +227,11 @@ def read_learned_store(client: redis.Redis | RedisCluster, tenant: str = "") -> 
     compare it with the reference; inspection). O(store): not for the serving path."""
     docs, counts, lru, digests, ix, state = global_keys(tenant)
     tokens = client.hgetall(docs)
-    count, used, fields = client.hgetall(counts), dict(client.zrange(lru, 0, -1, withscores=True)), client.hgetall(state)
+    count, used, fields = (
+        client.hgetall(counts),
+        dict(client.zrange(lru, 0, -1, withscores=True)),
+        client.hgetall(state),
+    )
     return LearnedStore(
         documents={int(member): Document(_unpacked(tokens[member]), int(count[member]), int(used[member]))
                    for member in tokens},

@@ -50,8 +50,16 @@ class Nodes:
                      runner_up_confidence=tuple(self.runner_up_confidence))
 
 
-def draft_steps(context: Sequence[int], cached: int, draft_len: int, width: int, sampling: SamplingParams,
-                max_q_entries: int, chunk: int, stop_confidence: float = 0.0) -> Generator[list[int], torch.Tensor, Draft]:
+def draft_steps(
+    context: Sequence[int],
+    cached: int,
+    draft_len: int,
+    width: int,
+    sampling: SamplingParams,
+    max_q_entries: int,
+    chunk: int,
+    stop_confidence: float = 0.0,
+) -> Generator[list[int], torch.Tensor, Draft]:
     """Draft draft_len levels after context, whose first `cached` tokens (< len(context)) the cache
     holds: yields the tokens to feed (context[cached:] in chunks of at most `chunk`, then each chain
     token but the last), receives the logits [vocab] after them, returns the draft. A greedy chain

@@ -131,7 +131,9 @@ class ModelDrafter:
             steps = self._on_branch(session, branch, request.epoch, draft_steps(
                 context, len(branch.tokens), draft_len, width, request.sampling, self._max_q_entries, chunk,
                 request.stop_confidence))
-            draft = self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler else self._alone(branch, steps)
+            draft = (
+                self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler else self._alone(branch, steps)
+            )
         finally:
             branch.busy = False
         draft_ms = (time.perf_counter() - start) * 1e3

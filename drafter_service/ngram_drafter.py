@@ -56,7 +56,9 @@ class NgramDrafter:
             else:
                 chain = first_path(found.draft)
                 if len(chain) < k:
-                    found = ngram.after_chain(found, self._stored(request, chain, k - len(chain), 1 if chain else width))
+                    found = ngram.after_chain(
+                        found, self._stored(request, chain, k - len(chain), 1 if chain else width)
+                    )
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.NGRAM_LOOKUPS.inc()
         for level in found.levels:

@@ -48,8 +48,15 @@ import math
 import threading
 from typing import Sequence
 
-from orchestrator.costs import (Sharing, best_budget, best_budget_rate, choose_draft_len, hypotheses_that_fit,
-                               node_acceptance, round_rate)
+from orchestrator.costs import (
+    Sharing,
+    best_budget,
+    best_budget_rate,
+    choose_draft_len,
+    hypotheses_that_fit,
+    node_acceptance,
+    round_rate,
+)
 from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key, shrink
 from specpipe.core.fits import Ewma, LinearFit
 from specpipe.core.types import FREE_DRAFT_FACTOR
@@ -62,7 +69,9 @@ SESSION_WEIGHT = 6.0      # pseudo-rounds of the shared estimate in a session's
 PROBE_AFTER = 4           # rounds without a draft before drafting one token to look again
 MAX_PROBE_AFTER = 64      # ... doubling after each failed probe, up to this many
 PROBE_SHARE = 0.03        # ... and never so often that probes take more than this share of plain rounds' time
-FREE_DRAFTERS = ("ngram",)  # drafters whose drafts cost nothing: asked for FREE_DRAFT_FACTOR x the cap, the tree budget cuts
+FREE_DRAFTERS = (
+    "ngram",
+)  # drafters whose drafts cost nothing: asked for FREE_DRAFT_FACTOR x the cap, the tree budget cuts
 STOP_CONFIDENCE = 0.4     # a model's greedy chain ends after a token it gives less (transformers' assisted generation's
                           # assistant_confidence_threshold): the cap bounds a draft, its confidence ends it
 EVIDENCE_SOURCES = ("global", "context")  # sources whose nodes' confidences are evidence: a match's length

@@ -1,7 +1,7 @@
-"""The branch schedule (docs/design.md, "Branch-prediction scheduling"; Duan et al. 2024, section 4): as soon as round r's draft goes to the
-verifier, draft round r+1 for the most likely outcomes of round r (hypotheses), one after another in
-the background; on the verifier's verdict use the pre-draft of the matching hypothesis at once (hit),
-or drop them all, bump the session's epoch and draft afresh from the true context (miss).
+"""The branch schedule (docs/design.md, "Branch-prediction scheduling"; Duan et al. 2024, section 4): as soon
+as round r's draft goes to the verifier, draft round r+1 for the most likely outcomes of round r (hypotheses),
+one after another in the background; on the verifier's verdict use the pre-draft of the matching hypothesis at
+once (hit), or drop them all, bump the session's epoch and draft afresh from the true context (miss).
 
 Pre-drafts never reach the client: they are only drafts, and the verifier checks every one of them.
 The drafter aborts a proposal whose epoch is older than the session's newest, and a reply from an
@@ -123,7 +123,9 @@ class BranchScheduler:
                 pre.finished = time.perf_counter()
                 pre.done.set()
 
-    def resolve(self, proposal: ProposeResult, result: VerifyResult, verify_start: float, verify_end: float) -> Resolution:
+    def resolve(
+        self, proposal: ProposeResult, result: VerifyResult, verify_start: float, verify_end: float
+    ) -> Resolution:
         """Match the verdict against this round's hypotheses; the predictor learns from it."""
         with self._lock:
             pending, self._pending, self._resolved = self._pending, [], True

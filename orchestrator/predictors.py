@@ -1,4 +1,5 @@
-"""Branch predictors: the outcomes of a round worth drafting the next round for (docs/design.md, "Branch-prediction scheduling").
+"""Branch predictors: the outcomes of a round worth drafting the next round for (docs/design.md,
+"Branch-prediction scheduling").
 
 An outcome of a round is (gamma, g): gamma tokens of the draft's main chain accepted, then the
 correction g. Candidates, one per gamma: g = the drafter's runner-up at position gamma + 1 when
@@ -6,8 +7,9 @@ gamma < n, and g = the drafter's own next token (BONUS: known once the pre-draft
 gamma = n. Both predictors learn from every round they observe and rank the candidates:
 
 - calibrated: a_i = P(node i accepted | the nodes before it were), from the drafter's confidence
-  (and the node's depth and source) calibrated online (per session, leaning on the global estimate until the session has its own
-  evidence); P(gamma) = a_1...a_gamma (1 - a_{gamma+1}) times P(c = g | gamma), calibrated the same way.
+  (and the node's depth and source) calibrated online (per session, leaning on the global estimate until the
+  session has its own evidence); P(gamma) = a_1...a_gamma (1 - a_{gamma+1}) times P(c = g | gamma), calibrated
+  the same way.
 - paper: Duan et al. 2024, eq. 12, phi(x) = a p^x (1 - p) + c for x < n and the rest of the mass at n, with p,
   a and c fitted to the accepted counts observed so far; it ranks by phi(gamma) alone.
 """

@@ -28,7 +28,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def Generate(self, request, context):
         start = time.perf_counter()  # time to first token counts the wait for a slot
         with self._admission.slot(client_time_left(context.time_remaining())):  # refused or queued before any work
-            with deadline_scope(client_time_left(context.time_remaining())):  # internal calls end by the client's deadline
+            with deadline_scope(
+                client_time_left(context.time_remaining())
+            ):  # internal calls end by the client's deadline
                 yield from self._generate(request, context, start)
 
     def _generate(self, request, context, start: float):

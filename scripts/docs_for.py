@@ -47,7 +47,9 @@ def changed_files() -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="*", help="files, relative to the repository root (default: those changed since main)")
+    parser.add_argument(
+        "paths", nargs="*", help="files, relative to the repository root (default: those changed since main)"
+    )
     args = parser.parse_args()
     for path, docs in docs_for(args.paths or changed_files()).items():
         if docs:

@@ -59,7 +59,9 @@ def lone_bound(rates, verify: dict[int, float], draft_ms: float, overlapped: boo
     return best_draft_len(usable, verify[1], draft_ms, lambda k: at_least(verify, k + 1), overlapped)
 
 
-def loaded_bound(rates, batched: dict[tuple[int, int], float], sessions: int, draft_ms: float) -> tuple[float, int] | None:
+def loaded_bound(
+    rates, batched: dict[tuple[int, int], float], sessions: int, draft_ms: float
+) -> tuple[float, int] | None:
     """B sessions in one forward: the bound per session, sequential, from the batched forward's times."""
     curve = {n: ms for (b, n), ms in batched.items() if b == sessions}
     if 1 not in curve:
@@ -108,8 +110,10 @@ def report(gpu: dict, results: Path, command: str, note: str = "", folder: str =
     v_graphs = {int(k): ms for k, ms in verifier["graphs_ms"].items()}
     d_graphs = {int(k): ms for k, ms in drafter["graphs_ms"].items()}
     for k in sorted(v_graphs):
-        lines.append(f"| {k} | {verifier['eager_ms'][str(k)]:.2f} | {v_graphs[k]:.2f} | {v_graphs[k] / v_graphs[1]:.2f} "
-                     f"| {drafter['eager_ms'][str(k)]:.2f} | {d_graphs[k]:.2f} |")
+        lines.append(
+            f"| {k} | {verifier['eager_ms'][str(k)]:.2f} | {v_graphs[k]:.2f} | {v_graphs[k] / v_graphs[1]:.2f} "
+            f"| {drafter['eager_ms'][str(k)]:.2f} | {d_graphs[k]:.2f} |"
+        )
     v_eager_b, v_graph_b = parse_batched(verifier["batched_ms"]), parse_batched(verifier["batched_graphs_ms"])
     d_graph_b = parse_batched(drafter["batched_graphs_ms"])
     lines += ["", f"CUDA graphs captured in {verifier['graphs_capture_s']} s (verifier, 7 sizes) and "
@@ -119,7 +123,10 @@ def report(gpu: dict, results: Path, command: str, note: str = "", folder: str =
               "| B | " + " | ".join(f"n={n} eager | n={n} graphs" for n in (1, 2, 4, 8)) + " | drafter step, graphs |",
               "| ---: |" + " ---: | ---: |" * 4 + " ---: |"]
     for b in LOADS:
-        cells = [f"{v_eager_b.get((b, n), float('nan')):.1f} | {v_graph_b.get((b, n), float('nan')):.1f}" for n in (1, 2, 4, 8)]
+        cells = [
+            f"{v_eager_b.get((b, n), float('nan')):.1f} | {v_graph_b.get((b, n), float('nan')):.1f}"
+            for n in (1, 2, 4, 8)
+        ]
         lines.append(f"| {b} | " + " | ".join(cells) + f" | {d_graph_b.get((b, 1), float('nan')):.1f} |")
     plain, served = verifier["plain_decode_tokens_per_s"], verifier["served_tokens_per_s"]
     lines += ["", "## Decoding without drafts, tokens/s", "",
@@ -144,11 +151,18 @@ def report(gpu: dict, results: Path, command: str, note: str = "", folder: str =
         draft = {"n-gram": (0.0, 0.0), "model": (d_graphs[1], cpu_d[1])}[drafter_kind]
         overlapped = drafter_kind == "model"
         for suite, rates in rates_of(results, drafter_kind).items():
-            lines.append(f"| {drafter_kind} | {suite} | {fmt_bound(lone_bound(rates, v_graphs, draft[0], overlapped))} | "
-                         f"{fmt_bound(lone_bound(rates, cpu_v, draft[1], overlapped))} |")
-    lines += ["", "Under load (per session, B sessions per forward, sequential; GPU: the batched forward with "
-              "graphs; CPU: T(B n) of its one-session curve, measured to 32 rows):", "",
-              "| drafter, suite | " + " | ".join(f"B={b} GPU / CPU" for b in LOADS) + " |", "| --- |" + " ---: |" * len(LOADS)]
+            lines.append(
+                f"| {drafter_kind} | {suite} | {fmt_bound(lone_bound(rates, v_graphs, draft[0], overlapped))} | "
+                f"{fmt_bound(lone_bound(rates, cpu_v, draft[1], overlapped))} |"
+            )
+    lines += [
+        "",
+        "Under load (per session, B sessions per forward, sequential; GPU: the batched forward with "
+        "graphs; CPU: T(B n) of its one-session curve, measured to 32 rows):",
+        "",
+        "| drafter, suite | " + " | ".join(f"B={b} GPU / CPU" for b in LOADS) + " |",
+        "| --- |" + " ---: |" * len(LOADS),
+    ]
     cpu_b = cpu_batched(cpu_v)
     for drafter_kind in ACCEPTANCE:
         for suite, rates in rates_of(results, drafter_kind).items():
@@ -160,7 +174,9 @@ def report(gpu: dict, results: Path, command: str, note: str = "", folder: str =
                 cells.append(f"{'-' if g is None else f'{g[0]:.2f}x'} / {'-' if c is None else f'{c[0]:.2f}x'}")
             lines.append(f"| {drafter_kind}, {suite} | " + " | ".join(cells) + " |")
     if gpu["errors"]:
-        lines += ["", "## Errors", ""] + [f"- {e['section']}: `{e['error'].strip().splitlines()[-1]}`" for e in gpu["errors"]]
+        lines += ["", "## Errors", ""] + [
+            f"- {e['section']}: `{e['error'].strip().splitlines()[-1]}`" for e in gpu["errors"]
+        ]
     return "\n".join(lines) + "\n"
 
 

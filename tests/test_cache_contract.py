@@ -19,15 +19,21 @@ import pytest
 from redis.crc import key_slot
 
 from cache_service import servicer
-from specpipe.devtools import local_cluster
 from cache_service.cluster import connect_cluster
 from cache_service.memory import InMemoryNgramCache
-from cache_service.redis_store import (GLOBAL_PARTS, RedisNgramCache, connect, global_keys, read_learned_store,
-                                       verifier_key)
+from cache_service.redis_store import (
+    GLOBAL_PARTS,
+    RedisNgramCache,
+    connect,
+    global_keys,
+    read_learned_store,
+    verifier_key,
+)
 from specpipe.core import learned
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, Unavailable
 from specpipe.core.learned import LearnedConfig, LearnedStore
 from specpipe.core.ngram import NgramConfig, apply_branches, better, learned_draft, mln_lookup
+from specpipe.devtools import local_cluster
 from specpipe.serving.cache_client import CacheClient
 from specpipe.serving.server import ServerConfig, serve
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
@@ -58,8 +64,12 @@ class Stores:
         if self.kind == "redis":
             connect(self.url).flushdb()
             return self._stack.enter_context(contextlib.closing(RedisNgramCache.from_url(self.url, config)))
-        server = self._stack.enter_context(serve([servicer.service(InMemoryNgramCache(config, clock=lambda: self._now))],
-                                                 ServerConfig(port=0, max_workers=4, grace_s=0)))
+        server = self._stack.enter_context(
+            serve(
+                [servicer.service(InMemoryNgramCache(config, clock=lambda: self._now))],
+                ServerConfig(port=0, max_workers=4, grace_s=0),
+            )
+        )
         return self._stack.enter_context(CacheClient(server.address, timeout_s=10))
 
     def advance(self, seconds: float) -> None:

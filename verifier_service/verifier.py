@@ -190,7 +190,8 @@ class SessionVerifier:
                 )
             if len(context) + len(draft) + 1 > self._info.max_context:
                 raise InvalidArgument(
-                    f"context {len(context)} + draft {len(draft)} + 1 exceeds the context window {self._info.max_context}"
+                    f"context {len(context)} + draft {len(draft)} + 1 exceeds the context window "
+                    f"{self._info.max_context}"
                 )
             return self._verify_locked(session, draft, sampling)
 
@@ -206,7 +207,9 @@ class SessionVerifier:
             accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, scores.argmax)
         else:
             probs = warp(scores.logits, sampling)
-            delta, correction = rejection_sample_chain(draft.tokens, draft.q, probs, sampling.seed, len(session.context))
+            delta, correction = rejection_sample_chain(
+                draft.tokens, draft.q, probs, sampling.seed, len(session.context)
+            )
             accepted_nodes = list(range(delta))
         if correction < 0:  # no answer at that position (a replay past its transcript's end)
             self._keep_path(session.cache, past_len + 1, [])
@@ -267,7 +270,9 @@ class ModelVerifier(SessionVerifier):
         which is what speculation is lossless against); cost_model: every forward held to its curve's
         time (a load test's simulated device; batched forwards only)."""
         self._model = model
-        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears the batch uses
+        self._runner = runner.Runner(
+            model, mode, buckets=buckets, weights=weights
+        )  # packed: packs the linears the batch uses
         info = runner.served_info(info, self._runner)
         # graphs: captured now, before the first request
         scheduler = serving_scheduler(self._runner, batching, batch or BatchConfig(), "verifier", info.max_context,

@@ -16,6 +16,7 @@ A tuple constant's arms are separated by ';', its items by ','.
 import importlib
 
 from arms import arm_parser, arm_prompts, run_arms, write_json
+
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config
 

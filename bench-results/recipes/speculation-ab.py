@@ -11,6 +11,7 @@ on every prompt (the order alternating), so a host's drift hits all; every arm's
 from dataclasses import fields, replace
 
 from arms import arm_parser, arm_prompts, run_arms, write_json
+
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config
 from specpipe.core.types import SpeculationOptions

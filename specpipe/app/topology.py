@@ -16,10 +16,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from specpipe.devtools import local_redis
 from specpipe.app import up_security
 from specpipe.config.services import METRICS_OFFSET, ModelConfig, UpConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
+from specpipe.devtools import local_redis
 
 ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
 
@@ -180,8 +180,22 @@ def http_flags(config: UpConfig) -> tuple[str, ...]:
 
 def model_flags(model: ModelConfig) -> tuple[str, ...]:
     """The flags that give a `specpipe serve` process this model config (its threads aside)."""
-    flags = ("--preset", model.preset, "--device", model.device, "--dtype", model.dtype, "--compile", model.compile,
-             "--draft-weights", model.draft_weights, "--verifier-weights", model.verifier_weights, "--batching", "on" if model.batching else "off")
+    flags = (
+        "--preset",
+        model.preset,
+        "--device",
+        model.device,
+        "--dtype",
+        model.dtype,
+        "--compile",
+        model.compile,
+        "--draft-weights",
+        model.draft_weights,
+        "--verifier-weights",
+        model.verifier_weights,
+        "--batching",
+        "on" if model.batching else "off",
+    )
     return flags + (("--verifier", model.verifier) if model.verifier else ()) + (
         ("--draft-model", model.draft_model) if model.draft_model else ())
 
@@ -243,7 +257,9 @@ def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redi
     rows = [("service", "address", "metrics", "pid", "core")]
     for name in sorted(children, key=lambda n: (ROLES.index(n.partition("-")[0]) + 1) % len(ROLES)):
         c = children[name]
-        rows.append((name, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core)))
+        rows.append(
+            (name, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core))
+        )
     if redis is not None:
         rows.append(("redis", redis.address, "-", str(redis.process.pid), "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -8,7 +8,9 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from specpipe.app import startup
 from specpipe.config.limits import DEFAULT_LIMITS
+from specpipe.config.presets import ModelSpec
 from specpipe.config.services import (
     DrafterConfig,
     GeneratorConfig,
@@ -18,8 +20,6 @@ from specpipe.config.services import (
     VerifierConfig,
 )
 from specpipe.core.errors import InvalidArgument, SpecpipeError
-from specpipe.app import startup
-from specpipe.config.presets import ModelSpec
 from specpipe.engine.models import load_model, load_tokenizer, model_info
 from specpipe.serving.security import Tls
 

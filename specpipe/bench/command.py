@@ -66,7 +66,9 @@ def run(config: BenchConfig) -> int:
             generators, models = stack.enter_context(grpc_generators(config, methods, baselines))
         any_generator = next(iter(generators.values()))
         prompts, categories = bench_prompts(config, any_generator)
-        runs = transformers_runs(config, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(config, methods, cores))
+        runs = transformers_runs(
+            config, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(config, methods, cores)
+        )
         specs = {method: method.resolve(config) for method in methods}
         for spec in specs.values():
             generator = own_generator(generators[spec.hop_delay_ms], spec.drafter, spec.learn_global)
@@ -158,7 +160,9 @@ def run_forward_curve(config: BenchConfig) -> int:
     for role, spec in zip(("verifier", "drafter"), model.specs()):
         runners = {}
         # a model each: packed changes its model in place; the verifier packed in bf16 too (--verifier-weights)
-        forwards = [(mode, "fp32") for mode in modes] + [("packed", "bf16")] * (role == "verifier" and "packed" in modes)
+        forwards = [(mode, "fp32") for mode in modes] + [("packed", "bf16")] * (
+            role == "verifier" and "packed" in modes
+        )
         for mode, weights in forwards:
             label = f"{role} {mode}" + (f" {weights}" if weights != "fp32" else "")
             runners[label] = Runner(load_model(spec, model.device, model.torch_dtype), mode, weights=weights)
@@ -175,10 +179,22 @@ def run_forward_curve(config: BenchConfig) -> int:
     if config.json_file:
         import torch
 
-        meta = {"preset": config.model.preset, "threads": torch.get_num_threads(), "pinned": config.pin, **machine_info()}
+        meta = {
+            "preset": config.model.preset,
+            "threads": torch.get_num_threads(),
+            "pinned": config.pin,
+            **machine_info(),
+        }
         with open(config.json_file, "w") as f:
-            json.dump({"meta": meta, "curves": {label: {str(k): t for k, t in c.items()} for label, c in curves.items()},
-                       "bounds": bounds}, f, indent=1)
+            json.dump(
+                {
+                    "meta": meta,
+                    "curves": {label: {str(k): t for k, t in c.items()} for label, c in curves.items()},
+                    "bounds": bounds,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -231,9 +231,11 @@ def markdown_table(levels: Sequence[LevelSummary], slo: Slo) -> str:
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for s in levels:
         errors = ", ".join(f"{code} {count}" for code, count in s.errors.items()) or "0"
-        rows.append(f"| {s.users} | {s.requests} | {s.tokens_per_s:.1f} | {_ms(s.ttft_p50_ms)} / {_ms(s.ttft_p99_ms)} | "
-                    f"{_ms(s.itl_p50_ms)} / {_ms(s.itl_p99_ms)} | {_ms(s.e2e_p50_ms)} | "
-                    f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {speculation_cell(s)} | {split_cell(s)} | {errors} |")
+        rows.append(
+            f"| {s.users} | {s.requests} | {s.tokens_per_s:.1f} | {_ms(s.ttft_p50_ms)} / {_ms(s.ttft_p99_ms)} | "
+            f"{_ms(s.itl_p50_ms)} / {_ms(s.itl_p99_ms)} | {_ms(s.e2e_p50_ms)} | "
+            f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {speculation_cell(s)} | {split_cell(s)} | {errors} |"
+        )
     return "\n".join(rows)
 
 

@@ -84,11 +84,15 @@ def loadtest(config: LoadtestConfig) -> int:
                 stack.stop()
     memory = {role: loadstats.memory_trend(samples, config.warmup_s) for role, samples in sampler.samples.items()} \
         if sampler is not None else {}
-    summary = {"argv": list(config.argv), "out": str(out_dir),
-               "runs": {d: loadstats.to_json(levels, slo)["levels"] for d, levels in runs.items()},
-               "ratios": loadreport.tokens_per_s_ratios(runs),
-               "slo": loadstats.to_json([], slo)["slo"], "locust_status": statuses,
-               "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()}}
+    summary = {
+        "argv": list(config.argv),
+        "out": str(out_dir),
+        "runs": {d: loadstats.to_json(levels, slo)["levels"] for d, levels in runs.items()},
+        "ratios": loadreport.tokens_per_s_ratios(runs),
+        "slo": loadstats.to_json([], slo)["slo"],
+        "locust_status": statuses,
+        "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()},
+    }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if config.report:
         write_report(config, runs)

@@ -29,8 +29,17 @@ def to_json(summaries: list[MethodSummary], meta: dict) -> dict:
 def from_json(data: dict) -> list[MethodSummary]:
     summaries = []
     for m in data["methods"]:
-        runs = [PromptRun(**{**r, "token_ids": tuple(r["token_ids"]), "round_drafted": tuple(r.get("round_drafted", ())),
-                             "round_accepted": tuple(r.get("round_accepted", ()))}) for r in m["runs"]]
+        runs = [
+            PromptRun(
+                **{
+                    **r,
+                    "token_ids": tuple(r["token_ids"]),
+                    "round_drafted": tuple(r.get("round_drafted", ())),
+                    "round_accepted": tuple(r.get("round_accepted", ())),
+                }
+            )
+            for r in m["runs"]
+        ]
         fields = {k: v for k, v in m.items() if k in MethodSummary.__dataclass_fields__}
         fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
         fields["orchestration"] = dict(fields.get("orchestration", {}))
@@ -191,7 +200,15 @@ SUMMARY_COLUMNS = {  # column -> its heading: the results' summary table
     "over_best": "over the best transformers method", "bound": "bound (computed)", "share": "share of bound",
     "prefill": "prefill", "orchestration": "orchestration",
 }
-HEADLINE_COLUMNS = ("tokens_per_s", "decode", "over_best", "over_fair", "share", "prefill", "orchestration")  # the README's
+HEADLINE_COLUMNS = (
+    "tokens_per_s",
+    "decode",
+    "over_best",
+    "over_fair",
+    "share",
+    "prefill",
+    "orchestration",
+)  # the README's
 
 
 def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
@@ -328,8 +345,16 @@ def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
     lines += [f"![{image.stem}]({Path(os.path.relpath(image, relative_to)).as_posix()})" for image in images]
     for suite, summaries in results.items():
         turns = metas[suite].get("turns", 1)
-        lines += ["", f"**{suite}** ({metas[suite].get('limit')} prompts{f', {turns} turns each' if turns > 1 else ''})",
-                  "", markdown_table(summaries), "", detail_table(summaries), "", time_table(summaries)]
+        lines += [
+            "",
+            f"**{suite}** ({metas[suite].get('limit')} prompts{f', {turns} turns each' if turns > 1 else ''})",
+            "",
+            markdown_table(summaries),
+            "",
+            detail_table(summaries),
+            "",
+            time_table(summaries),
+        ]
         swept = sweep_table(summaries)
         if swept:
             lines += ["", swept]

@@ -31,7 +31,9 @@ def transformers_runs(config: BenchConfig, baselines: list[str], eos, models: Ba
     pipeline uses (cores)."""
     from specpipe.bench.measure import BASELINE, transformers_method
 
-    runs = {BASELINE: transformers_method(models.eager, config.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))}
+    runs = {
+        BASELINE: transformers_method(models.eager, config.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))
+    }
     path, threads = forward_mode(config.model), lambda: all_cores(cores)
     where = f"{len(cores)} threads, {path}"
     if "generate-threads" in baselines:
@@ -74,7 +76,9 @@ def bench_prompts(config: BenchConfig, generator) -> tuple[list[tuple[str, tuple
     from specpipe.bench.prompts import load_prompts_file, load_suite, second_turn
     from specpipe.core.types import GenerationRequest
 
-    prompts = load_prompts_file(config.prompts, config.limit) if config.prompts else load_suite(config.suite, config.limit)
+    prompts = (
+        load_prompts_file(config.prompts, config.limit) if config.prompts else load_suite(config.suite, config.limit)
+    )
     if config.turns == 2:
         firsts = [p for p in prompts if p.followup]
         if not firsts:
@@ -97,7 +101,9 @@ def pin(cores: int) -> None:
         os.sched_setaffinity(0, set(allowed[:cores]))
 
 
-def embedded_generators(config: BenchConfig, methods: list[Method], baselines: list[str]) -> tuple[dict, BaselineModels]:
+def embedded_generators(
+    config: BenchConfig, methods: list[Method], baselines: list[str]
+) -> tuple[dict, BaselineModels]:
     """One in-process generator (by hop delay: 0) and the baselines' models: the generator's own
     (packed in place when compiled), and an eager copy of the verifier when they are packed. With a
     branch schedule the drafter and the verifier run at once, so the process gets a core for each."""

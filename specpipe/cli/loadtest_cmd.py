@@ -22,8 +22,11 @@ from specpipe.core.errors import InvalidArgument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("loadtest", help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
-                                   description=__doc__.split("\n\n")[0])
+    parser = subparsers.add_parser(
+        "loadtest",
+        help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
+        description=__doc__.split("\n\n")[0],
+    )
     target = parser.add_argument_group("target")
     options.add_settings(target, LoadtestConfig, "addr", "api", "preset")
     options.add_setting(target, LoadtestConfig, "up_args", action="append", default=None)

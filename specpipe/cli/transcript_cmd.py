@@ -29,9 +29,15 @@ def register(subparsers) -> None:
     rec.add_argument("--out", required=True, metavar="FILE", help="the transcript to write (.json.gz)")
     rec.add_argument("--suite", default=LoadtestConfig.suite, choices=SUITES,
                      help="the load test's prompts (mix: humaneval, mtbench and gsm8k) (default: %(default)s)")
-    rec.add_argument("--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts of each suite (default: %(default)s)")
-    rec.add_argument("--max-new-tokens", type=int, default=256,
-                     help="continuation recorded per prompt; a load test may ask at most this many (default: %(default)s)")
+    rec.add_argument(
+        "--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts of each suite (default: %(default)s)"
+    )
+    rec.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="continuation recorded per prompt; a load test may ask at most this many (default: %(default)s)",
+    )
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
     options.add_model_args(rec)
     rec.set_defaults(func=run_record)

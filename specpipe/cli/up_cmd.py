@@ -1,8 +1,8 @@
 """`specpipe up`: verifier, drafter and orchestrator, each its own process on loopback (docs/design.md,
-"Deployment shapes and serving", shape 2). With --pin each gets its own CPU core, the stand-in for one accelerator per
-service (docs/design.md, "Measuring on machines without a GPU"). With --cache redis a private redis-server (no persistence) is started
-first and is the n-gram store of the orchestrator and the drafter. Ctrl-C / SIGTERM stops all of
-them: SIGTERM, then SIGKILL after a grace; the redis-server last.
+"Deployment shapes and serving", shape 2). With --pin each gets its own CPU core, the stand-in for one
+accelerator per service (docs/design.md, "Measuring on machines without a GPU"). With --cache redis a private
+redis-server (no persistence) is started first and is the n-gram store of the orchestrator and the drafter.
+Ctrl-C / SIGTERM stops all of them: SIGTERM, then SIGKILL after a grace; the redis-server last.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from specpipe.config.presets import PRESETS
 from specpipe.config.services import GeneratorConfig, TlsFiles, generator_config, given_settings, tls_files
 from specpipe.core.settings import setting
 
-
 SUITE_PROMPTS = 20  # `specpipe loadtest` (and the locustfile): prompts per suite unless --prompt-limit says
 BENCH_SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise", "recurring")
 

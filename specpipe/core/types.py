@@ -205,7 +205,9 @@ class GenerationRequest:
     sampling: SamplingParams = GREEDY
     speculation: SpeculationOptions = field(default_factory=SpeculationOptions)
     tenant: str = ""  # who it is for (specpipe.core.tenancy): its sessions and n-gram tables are the tenant's
-    min_new_tokens: int = 0  # an EOS before this many outputs does not end the generation (HTTP: min_tokens, ignore_eos)
+    min_new_tokens: int = (
+        0  # an EOS before this many outputs does not end the generation (HTTP: min_tokens, ignore_eos)
+    )
 
 
 @dataclass(frozen=True)

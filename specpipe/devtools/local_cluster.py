@@ -22,8 +22,8 @@ from typing import Iterator
 
 import redis
 
-from specpipe.devtools.local_redis import HOST, LocalRedis, _die_with_parent, _log_tail, _ping, find_binary, free_port
 from specpipe.core.errors import FailedPrecondition, Unavailable
+from specpipe.devtools.local_redis import HOST, LocalRedis, _die_with_parent, _log_tail, _ping, find_binary, free_port
 
 MASTERS = 3
 REPLICAS = 1  # per master
@@ -79,7 +79,9 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         while True:
             info = _command(port, "INFO", "replication")  # slave<i>: {"offset": acknowledged, ...}
-            acked = [value["offset"] for key, value in info.items() if key.startswith("slave") and isinstance(value, dict)]
+            acked = [
+                value["offset"] for key, value in info.items() if key.startswith("slave") and isinstance(value, dict)
+            ]
             if acked and min(acked) >= written:
                 return
             if time.monotonic() > deadline:

@@ -1,11 +1,11 @@
 """One forward pass over the work of many sessions (docs/batching.md), for the Llama / Qwen2 family;
 shared by the verifier and the model drafter.
 
-Every session's tokens (a prefill chunk, [root] + a draft tree, or a drafter's catch-up / next
-draft token) are flattened into one ragged batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o projections, the MLP)
-and RoPE run on the flat batch: one GEMM for all sessions, where batching pays. Attention runs per
-session: its queries against its own slot (past + its new tokens) under its own mask (causal for a
-chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
+Every session's tokens (a prefill chunk, [root] + a draft tree, or a drafter's catch-up / next draft token)
+are flattened into one ragged batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o
+projections, the MLP) and RoPE run on the flat batch: one GEMM for all sessions, where batching pays.
+Attention runs per session: its queries against its own slot (past + its new tokens) under its own mask
+(causal for a chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
 
 Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
 (the packed GEMM computes every row the same way for every M; attention is per session), so a
@@ -96,7 +96,9 @@ def _allowed(segment: Segment, group: int, dtype: torch.dtype, device: torch.dev
         return None
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)  # [n, past + n]
     allowed[:, past:] = segment.allowed
-    return torch.zeros(group * n, past + n, dtype=dtype, device=device).masked_fill_(~allowed.repeat(group, 1), -torch.inf)
+    return torch.zeros(group * n, past + n, dtype=dtype, device=device).masked_fill_(
+        ~allowed.repeat(group, 1), -torch.inf
+    )
 
 
 def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
@@ -277,7 +279,9 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
         segment.kv.length += n
 
     rows = [i for s, start, n in zip(segments, offsets, lengths) for i in range(start + n - s.logit_rows, start + n)]
-    logits = model.lm_head(_pad_rows(rms_norm(inner.norm, hidden[rows]), pad)).float() if rows else None  # [>= len(rows), vocab]
+    logits = (
+        model.lm_head(_pad_rows(rms_norm(inner.norm, hidden[rows]), pad)).float() if rows else None
+    )  # [>= len(rows), vocab]
     synchronize(device)  # the forward's time is measured to its end (CUDA runs asynchronously)
     out, row = [], 0
     for segment in segments:
@@ -355,8 +359,12 @@ class BatchGraphs:
             keys, values = self.keys[layer_idx, :b], self.values[layer_idx, :b]  # [B, kv_heads, width, head_dim]
             kv_heads, head_dim = keys.shape[1], keys.shape[3]
             x = layer.input_layernorm(hidden)
-            q = rotate(attn.q_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(1, 2)  # [B, heads, n, head_dim]
-            k = rotate(attn.k_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(1, 2)  # [B, kv_heads, n, head_dim]
+            q = rotate(attn.q_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(
+                1, 2
+            )  # [B, heads, n, head_dim]
+            k = rotate(attn.k_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(
+                1, 2
+            )  # [B, kv_heads, n, head_dim]
             v = attn.v_proj(x).view(b, n, -1, head_dim).transpose(1, 2)
             index = write[:, None, :, None].expand(b, kv_heads, n, head_dim)
             keys.scatter_(2, index, k)

@@ -255,7 +255,9 @@ class Runner:
         return new_cache(self.model)
 
     @torch.inference_mode()
-    def forward(self, cache: Cache, token_ids: Sequence[int], tree_parents: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(
+        self, cache: Cache, token_ids: Sequence[int], tree_parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
         """Feed token_ids after the cached positions; returns logits [len(token_ids), vocab] (float32),
         once the device has computed them. tree_parents: None for a plain causal continuation, or the
         parents of token_ids[1:] when token_ids is [root] + a tree's nodes (specpipe.core.verification)."""
@@ -271,7 +273,9 @@ class Runner:
         synchronize(self.model.device)
         return logits
 
-    def _static_forward(self, slot: SlotKV, token_ids: Sequence[int], tree_parents: Sequence[int] | None) -> torch.Tensor:
+    def _static_forward(
+        self, slot: SlotKV, token_ids: Sequence[int], tree_parents: Sequence[int] | None
+    ) -> torch.Tensor:
         """graphs: through the working cache and the smallest bucket that holds the tokens."""
         working = self._graph_buffers()
         past_len, n = slot.length, len(token_ids)
@@ -305,8 +309,14 @@ class Runner:
             self._forwards[size].graph.capture(pool)
             crop(slot, 0)
             self.forward(slot, [0] * size)
-            log.info("forward bucket ready", extra={"bucket": size, "captured": self._forwards[size].graph.graph is not None,
-                                                    "seconds": round(time.perf_counter() - start, 2)})
+            log.info(
+                "forward bucket ready",
+                extra={
+                    "bucket": size,
+                    "captured": self._forwards[size].graph.graph is not None,
+                    "seconds": round(time.perf_counter() - start, 2),
+                },
+            )
 
 
 def served_info(info: ModelInfo, runner: Runner) -> ModelInfo:

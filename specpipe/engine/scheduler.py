@@ -129,7 +129,9 @@ def attention_weight(config) -> float:
     linear layers (a Llama-family config): what a query-key pair weighs against a token."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    per_layer = 2 * config.hidden_size * q + 2 * config.hidden_size * kv + 3 * config.hidden_size * config.intermediate_size
+    per_layer = (
+        2 * config.hidden_size * q + 2 * config.hidden_size * kv + 3 * config.hidden_size * config.intermediate_size
+    )
     return 2 * q / per_layer  # per layer: 4 * q FLOPs a pair (scores and values), 2 * per_layer a token
 
 
@@ -257,7 +259,9 @@ class Scheduler:
         # id(slot) -> (the slot, held weakly; ended, work) of its last whole step: the verifier's decoding
         # sessions, between rounds too. Only the scheduler thread changes it (a WeakKeyDictionary would drop
         # a freed slot from whichever thread frees it, mid-iteration here).
-        self._last_steps: dict[int, tuple[weakref.ref[SlotKV], float, float]] | None = {} if role == "verifier" else None
+        self._last_steps: dict[int, tuple[weakref.ref[SlotKV], float, float]] | None = (
+            {} if role == "verifier" else None
+        )
         self._graced = False  # the next forward has waited for decoding sessions' rounds
         self._turnarounds: deque[float] = deque(maxlen=TURNAROUND_WINDOW)  # s from a round's forward to the next round
         self._thread = threading.Thread(target=self._loop, name=f"specpipe-{role}-batch", daemon=True)

@@ -1,13 +1,13 @@
 """Session affinity for Ray Serve: a custom request router (Serve's request_router_config) that pins
 a session, named by the handle's session_id, to the replica its first call went to.
 
-The verifier's KV of a session lives on one replica, so its calls must all reach it (strict); a
-drafter resyncs any session by longest common prefix, so its calls prefer the last replica and fall
-back to any other (not strict). A new session goes to the least loaded replica: fewest sessions
-pinned by this router, then the shortest queue Serve knows. A pin to a replica that is gone
-(scaled down, dead) is dropped: the session's next call is placed anew, and the orchestrator
-re-prefills it there (specpipe.serving.failover, specpipe/rayserve/handles.py). Why not Serve's consistent-hash router: placement by
-hash ignores load, and every change of the replica set moves running sessions away from their KV.
+The verifier's KV of a session lives on one replica, so its calls must all reach it (strict); a drafter
+resyncs any session by longest common prefix, so its calls prefer the last replica and fall back to any other
+(not strict). A new session goes to the least loaded replica: fewest sessions pinned by this router, then the
+shortest queue Serve knows. A pin to a replica that is gone (scaled down, dead) is dropped: the session's next
+call is placed anew, and the orchestrator re-prefills it there (specpipe.serving.failover,
+specpipe/rayserve/handles.py). Why not Serve's consistent-hash router: placement by hash ignores load, and
+every change of the replica set moves running sessions away from their KV.
 
 Pins are per router, i.e. per orchestrator replica and deployment: a session's calls all come from
 the orchestrator replica that runs its generation, so that is the router that needs them.

@@ -40,7 +40,9 @@ class TextFormatter(logging.Formatter):
     """Human-readable variant: `ts LEVEL logger: msg key=value ...`."""
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _RECORD_ATTRS and not k.startswith("_"))
+        extras = " ".join(
+            f"{k}={v}" for k, v in vars(record).items() if k not in _RECORD_ATTRS and not k.startswith("_")
+        )
         line = f"{_timestamp(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
         line = f"{line} {extras}" if extras else line
         return f"{line}\n{self.formatException(record.exc_info)}" if record.exc_info else line
