@@ -33,7 +33,7 @@ class Nodes:
     runner_up: list[int] = field(default_factory=list)
     runner_up_confidence: list[float] = field(default_factory=list)
 
-    def add(self, token: int, parent: int, probs, runner_up: int, q: SparseDist | None = None) -> int:
+    def add(self, token: int, parent: int, probs: torch.Tensor, runner_up: int, q: SparseDist | None = None) -> int:
         """Append a node (probs: the drafter's distribution there); returns its index."""
         self.tokens.append(token)
         self.parents.append(parent)

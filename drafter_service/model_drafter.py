@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -95,7 +95,7 @@ class ModelDrafter:
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "drafter-session-sweeper")
 
     @classmethod
-    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs) -> ModelDrafter:
+    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs: Any) -> ModelDrafter:
         model = load_model(spec, device, dtype)
         return cls(model, model_info(spec, model), **kwargs)
 
@@ -104,7 +104,7 @@ class ModelDrafter:
         return self._scheduler is not None
 
     @property
-    def model(self):
+    def model(self) -> PreTrainedModel:
         """The small model (packed in place in packed mode)."""
         return self._model
 
@@ -132,7 +132,8 @@ class ModelDrafter:
                 context, len(branch.tokens), draft_len, width, request.sampling, self._max_q_entries, chunk,
                 request.stop_confidence))
             draft = (
-                self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler else self._alone(branch, steps)
+                self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler  # type: ignore[arg-type]
+                else self._alone(branch, steps)
             )
         finally:
             branch.busy = False
@@ -149,7 +150,7 @@ class ModelDrafter:
         logits = None
         while True:
             try:
-                token_ids = draft.send(logits)
+                token_ids = draft.send(logits)  # type: ignore[arg-type]  # None primes it, as a coroutine's first send
             except StopIteration as done:
                 return done.value
             _stale(session, epoch)
@@ -159,7 +160,7 @@ class ModelDrafter:
 
     def _alone(self, branch: _Branch, steps: Generator[Step, torch.Tensor, Draft]) -> Draft:
         """Run steps one forward at a time on this thread (the unbatched path)."""
-        work = Work(branch.cache, steps)
+        work = Work(branch.cache, steps)  # type: ignore[arg-type]  # the unbatched path's kv is any runner cache (Work's docstring), its steps get tensors
         while work.step is not None:
             with self._forward_lock, cores.forward("drafter"):
                 logits = self._runner.forward(branch.cache, work.step.token_ids)  # [n, vocab]

@@ -46,6 +46,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Callable
 from typing import Sequence
 
 from orchestrator.costs import (
@@ -207,7 +208,8 @@ class AdaptiveController:
         self._free_first = (parents, nodes) if free_rate >= model_rate else None
         return self._free_first is not None
 
-    def _node_rater(self, sources: Sequence[str], confidence: Sequence[float] | None):
+    def _node_rater(self, sources: Sequence[str],
+                    confidence: Sequence[float] | None) -> Callable[[int, int, int], float]:
         """rate(node, depth, rank) for node_acceptance: P(node accepted | its parent was and its earlier
         siblings were not), by rank, source and evidence."""
         def rate(node: int, depth: int, rank: int) -> float:

@@ -146,7 +146,7 @@ class BranchScheduler:
             issued=len(pending),
             wasted=sum(len(pre.result.draft) for pre in pending if pre.result is not None and
                        (pre is not match or used is None)),
-            hidden_ms=overlap_ms(match.started, match.finished, verify_start, verify_end) if used is not None else 0.0,
+            hidden_ms=hidden_ms(match if used is not None else None, verify_start, verify_end),
             bonus=bonus,
         )
 
@@ -167,5 +167,14 @@ def is_verdict(hypothesis: Hypothesis, result: VerifyResult) -> bool:
 
 
 def first_token(pre: PreDraft) -> int | None:
-    nodes = first_path_nodes(pre.result.draft) if pre.result is not None else []
+    if pre.result is None:
+        return None
+    nodes = first_path_nodes(pre.result.draft)
     return pre.result.draft.tokens[nodes[0]] if nodes else None
+
+
+def hidden_ms(used: PreDraft | None, verify_start: float, verify_end: float) -> float:
+    """How much of the used pre-draft's drafting overlapped the verification (0 without one)."""
+    if used is None or used.started is None or used.finished is None:
+        return 0.0
+    return overlap_ms(used.started, used.finished, verify_start, verify_end)

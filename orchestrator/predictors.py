@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key
 from specpipe.core.trees import common_prefix, first_path_nodes
@@ -94,7 +94,7 @@ class CalibratedPredictor:
         draft = proposal.draft
         confidence = draft.confidence[node] if draft.confidence else -1.0
         source = draft.sources[node] if draft.sources else "model"
-        runner_up = draft.runner_up_confidence[node] if draft.confidence else 0.0
+        runner_up = draft.runner_up_confidence[node] if draft.runner_up_confidence else 0.0
         # P(runner-up | the node's token rejected), as the drafter sees it
         conditional = runner_up / max(1e-6, 1.0 - confidence) if confidence >= 0 else -1.0
         return (("accept", source, confidence_bin(confidence), depth_key(depth)),
@@ -193,10 +193,10 @@ class PaperPredictor:
         self._counts.add(len(first_path_nodes(proposal.draft)), outcome(proposal, result).accepted)
 
 
-def new_predictor(kind: str, shared) -> Predictor:
+def new_predictor(kind: str, shared: Any) -> Predictor:
     return CalibratedPredictor(shared) if kind == "calibrated" else PaperPredictor(shared)
 
 
-def new_shared(kind: str):
+def new_shared(kind: str) -> Any:
     """The state a predictor kind shares across sessions."""
     return Rates() if kind == "calibrated" else AcceptedCounts()

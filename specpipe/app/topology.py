@@ -20,6 +20,7 @@ from specpipe.app import up_security
 from specpipe.config.services import METRICS_OFFSET, ModelConfig, UpConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
 from specpipe.devtools import local_redis
+from specpipe.serving.security import Tls
 
 ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
 
@@ -212,7 +213,7 @@ def _child_setup(core: int | None) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def wait_serving(child: Child, timeout_s: float, stop: threading.Event, tls=None) -> None:
+def wait_serving(child: Child, timeout_s: float, stop: threading.Event, tls: Tls | None = None) -> None:
     """Wait for the child's ready line, then for its health to be SERVING."""
     from specpipe.serving.clients import VerifierClient
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specpipe.app import startup
-from specpipe.config.limits import DEFAULT_LIMITS
+from specpipe.config.limits import DEFAULT_LIMITS, Limits
+from specpipe.core.protocols import Drafter, NgramCache, Verifier
+from specpipe.core.types import ModelInfo, SpeculationOptions
+
+if TYPE_CHECKING:
+    from orchestrator.generator import Generator
+    from verifier_service.verifier import ModelVerifier
 from specpipe.config.presets import ModelSpec
 from specpipe.config.services import (
     DrafterConfig,
@@ -66,7 +73,7 @@ def verifier_weights(model: ModelConfig) -> str:
     return model.verifier_weights
 
 
-def ngram_cache(url: str, tls: TlsFiles | Tls | None = None):
+def ngram_cache(url: str, tls: TlsFiles | Tls | None = None) -> NgramCache:
     """The n-gram store named by --cache: memory (this process), redis://... (shared) or grpc://...
     (tls: of the channel to a cache service)."""
     from cache_service.stores import open_store
@@ -74,24 +81,27 @@ def ngram_cache(url: str, tls: TlsFiles | Tls | None = None):
     return open_store(url, tls=Tls.of(tls) if isinstance(tls, TlsFiles) else tls)
 
 
-def build_drafters(kinds, store, model_drafter, info) -> dict:
+def build_drafters(kinds: Iterable[str], store: NgramCache | None, model_drafter: Drafter | None,
+                   info: ModelInfo) -> dict[str, Drafter]:
     """The drafters of kinds over one n-gram store and one model drafter (either may be None when
     no kind needs it); hybrid = model + n-gram."""
     from drafter_service.hybrid import HybridDrafter
     from drafter_service.ngram_drafter import NgramDrafter
 
     kinds = set(kinds)
-    drafters = {}
+    drafters: dict[str, Drafter] = {}
     if kinds & {"model", "hybrid"}:
+        if model_drafter is None:
+            raise ValueError(f"drafters {sorted(kinds)} need the model drafter")
         drafters["model"] = model_drafter
     if kinds & {"ngram", "hybrid"}:
         drafters["ngram"] = NgramDrafter(store, info)
     if "hybrid" in kinds:
-        drafters["hybrid"] = HybridDrafter(model_drafter, drafters["ngram"])
+        drafters["hybrid"] = HybridDrafter(drafters["model"], drafters["ngram"])
     return drafters
 
 
-def load_verifier(config: VerifierConfig):
+def load_verifier(config: VerifierConfig) -> ModelVerifier:
     """The ModelVerifier of the config: its model, admission, batching, caps and session TTL."""
     from verifier_service.verifier import ModelVerifier
 
@@ -136,7 +146,8 @@ def drafter_methods(config: DrafterConfig) -> dict:
     return build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter, drafter.info())
 
 
-def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] | None = None, store=None):
+def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] | None = None,
+                       store: NgramCache | None = None) -> Generator:
     """Everything in this process: the verifier, the n-gram store (config.cache, or store) and the
     drafters that drafter_kinds (default: the one the speculation names) need; the small model is
     loaded only for the model and hybrid drafters."""
@@ -161,13 +172,13 @@ def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] |
                      limits=config.verifier.limits, shared_cores=model.on_cpu)
 
 
-def orchestrator_generator(config: OrchestratorConfig):
+def orchestrator_generator(config: OrchestratorConfig) -> Generator:
     """The orchestrator of a distributed deployment (specpipe serve orchestrator)."""
     config.check_peers()
     return remote_generator(config)
 
 
-def remote_generator(config: OrchestratorConfig):
+def remote_generator(config: OrchestratorConfig) -> Generator:
     """The orchestrator of a distributed deployment: verifier and drafter replicas behind gRPC clients.
     verifier_addr / drafter_addr: host:port, a comma list, or dns:///name:port re-resolved as replicas
     come and go (specpipe.serving.replicas); each session is pinned to the least-loaded verifier replica and
@@ -209,7 +220,7 @@ def remote_generator(config: OrchestratorConfig):
                             config.learn_global)
 
 
-def peer_tls(tls, target: str):
+def peer_tls(tls: Tls | None, target: str) -> Tls | None:
     """The TLS of the channels to target's replicas: those of a DNS name (dns:///name:port) are dialled
     by IP, so their certificates are checked against the name (a headless Service's, in Kubernetes)."""
     from specpipe.serving.replicas import parse_target
@@ -218,8 +229,9 @@ def peer_tls(tls, target: str):
     return replace(tls, server_name=name.rpartition(":")[0]) if tls is not None and name else tls
 
 
-def served_generator(tokenizer_spec, verifier, served: dict, defaults, store, limits=DEFAULT_LIMITS,
-                     learn_global: bool = True):
+def served_generator(tokenizer_spec: ModelSpec, verifier: Verifier, served: Mapping[str, Drafter],
+                     defaults: SpeculationOptions, store: NgramCache, limits: Limits = DEFAULT_LIMITS,
+                     learn_global: bool = True) -> Generator:
     """The orchestrator over a verifier and the draft methods a drafter service serves (method ->
     Drafter): the n-gram and hybrid methods it does not serve run here, over store, which the
     generator feeds with every confirmed token. Also what the Ray Serve orchestrator runs (deploy/ray)."""

@@ -73,7 +73,7 @@ def run(config: BenchConfig) -> int:
         for spec in specs.values():
             generator = own_generator(generators[spec.hop_delay_ms], spec.drafter, spec.learn_global)
             runs[spec.name()] = specpipe_method(generator, config.max_new_tokens, spec.speculation())
-        reference = specs[none].name() if compiled else None
+        reference = specs[none].name() if compiled and none is not None else None
         references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
         by_name = {spec.name(): spec for spec in specs.values()}
         default = in_process_default(config.model) if config.transport == "embedded" else \
@@ -122,12 +122,13 @@ def run_report(config: BenchConfig) -> int:
 
     from specpipe.bench.report import replace_section, report
 
-    for path in config.report:
+    paths = config.report or ()  # run for --report only
+    for path in paths:
         if not os.path.isfile(path):
             raise InvalidArgument(f"bench result {path} does not exist")
     readme = pathlib.Path(config.readme) if config.readme else None
-    plot_dir = pathlib.Path(config.plot_dir) if config.plot_dir else pathlib.Path(config.report[0]).parent / "plots"
-    body = report(config.report, plot_dir, readme.parent if readme else pathlib.Path("."))
+    plot_dir = pathlib.Path(config.plot_dir) if config.plot_dir else pathlib.Path(paths[0]).parent / "plots"
+    body = report(paths, plot_dir, readme.parent if readme else pathlib.Path("."))
     if readme is None:
         print(body)
         return 0
@@ -135,7 +136,7 @@ def run_report(config: BenchConfig) -> int:
         readme.write_text(replace_section(readme.read_text(), body, config.section))
     except ValueError as err:
         raise InvalidArgument(f"{readme}: {err}") from None
-    print(f"{readme}: results section regenerated from {len(config.report)} bench file(s)")
+    print(f"{readme}: results section regenerated from {len(paths)} bench file(s)")
     return 0
 
 

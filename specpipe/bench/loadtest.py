@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from specpipe.bench import loadreport, loadruns, loadstats
 from specpipe.bench.prompts import RECURRING, RECURRING_SIZE
@@ -60,7 +61,12 @@ def loadtest(config: LoadtestConfig) -> int:
                 if config.memory_every > 0:
                     sampler = loadruns.MemorySampler(stack.pids, config.memory_every, out_dir / "memory.jsonl")
                     sampler.start()
-            host = config.addr or (stack.http_url if config.api == "openai" else stack.addresses["orchestrator"])
+            host: str | None
+            if config.addr is not None:
+                host = config.addr
+            else:
+                assert stack is not None  # started above
+                host = stack.http_url if config.api == "openai" else stack.addresses["orchestrator"]
             if host is None:
                 raise FailedPrecondition("--api openai: the `specpipe up` started serves no HTTP API (--http-port -1?)")
             security = client_flags(config, up_args, out_dir / "up" / server)
@@ -110,6 +116,7 @@ def from_run(config: LoadtestConfig, described: Callable[[list[str]], LoadtestCo
     (summary.json names its runs, in order). The run's own flags (stored in summary.json, read by
     described) describe it in the report; config's SLOs, when given, replace its."""
     check(config)
+    assert config.from_run is not None  # the command runs this for --from-run only
     out_dir = Path(config.from_run)
     try:
         summary = json.loads((out_dir / "summary.json").read_text())
@@ -241,7 +248,8 @@ def print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
                   f"{t.slope_mb_per_min:+.2f} |")
 
 
-def write_report(config: LoadtestConfig, runs: dict) -> None:
+def write_report(config: LoadtestConfig, runs: dict[str, Any]) -> None:
+    assert config.report is not None  # written for --report only
     path = Path(config.report)
     images = loadreport.plot(runs, path.parent / "load", path.stem)
     meta = {"preset": "(--addr)" if config.addr else config.preset, "up args": " / ".join(config.up_args or ["-"]),

@@ -215,7 +215,7 @@ def load_prompts_file(path: str | Path, limit: int | None = None) -> list[Prompt
     path = Path(path)
     if not path.is_file():
         raise InvalidArgument(f"prompt file {path} does not exist")
-    prompts = []
+    prompts: list[Prompt] = []
     for number, line in _jsonl_lines(path):
         if limit is not None and len(prompts) >= limit:
             break

@@ -5,12 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from specpipe.app.wiring import drafter_forward, forward_mode
 from specpipe.bench.methods import STORE_DRAFTERS, Method
 from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from orchestrator.generator import Generator
+    from specpipe.bench.measure import MethodRun
 
 
 @dataclass(frozen=True)
@@ -24,8 +30,8 @@ class BaselineModels:
     drafter: object | None = None
 
 
-def transformers_runs(config: BenchConfig, baselines: list[str], eos, models: BaselineModels,
-                      cores: list[int]) -> dict:
+def transformers_runs(config: BenchConfig, baselines: list[str], eos: Sequence[int], models: BaselineModels,
+                      cores: list[int]) -> dict[str, MethodRun]:
     """The transformers methods of baselines, in this process; the first is the baseline (eager, one
     thread on one core). The others run on specpipe's weights path with a thread per core the
     pipeline uses (cores)."""
@@ -51,7 +57,7 @@ def transformers_runs(config: BenchConfig, baselines: list[str], eos, models: Ba
 
 
 @contextlib.contextmanager
-def all_cores(cores: list[int]):
+def all_cores(cores: list[int]) -> Iterator[None]:
     """Run on every core this process was started with, one torch thread each, then go back."""
     import torch
 
@@ -67,7 +73,8 @@ def all_cores(cores: list[int]):
             os.sched_setaffinity(0, pinned)
 
 
-def bench_prompts(config: BenchConfig, generator) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
+def bench_prompts(config: BenchConfig,
+                  generator: Generator) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
     """[(prompt id, token ids)] to benchmark, and the category of each prompt that has one. With
     --turns 2, each prompt's second turn follows: its first turn is answered once, here, by
     generator (any lossless method gives the verifier's own greedy answer)."""
@@ -113,13 +120,13 @@ def embedded_generators(
         pin(2 if any(m.schedule == "branch" for m in methods) else 1)
     kinds = {m.drafter for m in methods} | ({"model"} if "assisted" in baselines else set())
     generator = embedded_generator(config.generator, tuple(kinds))
-    verifier = generator.verifier.model
-    drafter = generator.drafters["model"].model if "model" in generator.drafters else None
+    verifier = generator.verifier.model  # type: ignore[attr-defined]  # embedded: the ModelVerifier's model
+    drafter = generator.drafters["model"].model if "model" in generator.drafters else None  # type: ignore[attr-defined]
     eager = verifier if forward_mode(config.model) == "eager" else _load(config, 0)
     return {0.0: generator}, BaselineModels(eager, verifier, drafter)
 
 
-def _load(config: BenchConfig, role: int, weights: str | None = None):
+def _load(config: BenchConfig, role: int, weights: str | None = None) -> Any:
     """The verifier (role 0) or the drafter (1) of the model flags, eager, or packed in weights."""
     from specpipe.engine.models import load_model
 
@@ -134,7 +141,8 @@ def _load(config: BenchConfig, role: int, weights: str | None = None):
 
 
 @contextlib.contextmanager
-def grpc_generators(config: BenchConfig, methods: list[Method], baselines: list[str]):
+def grpc_generators(config: BenchConfig, methods: list[Method],
+                    baselines: list[str]) -> Iterator[tuple[dict[float, Generator], BaselineModels]]:
     """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
     core with --pin), and one orchestrator in this process per hop delay; and the baseline's model,
     which runs here, on the verifier's core."""
@@ -181,7 +189,7 @@ def grpc_baseline_models(config: BenchConfig, baselines: list[str]) -> BaselineM
     return BaselineModels(eager, verifier, drafter)
 
 
-def own_generator(generator, kind: str, learn_global: bool):
+def own_generator(generator: Generator, kind: str, learn_global: bool) -> Generator:
     """A method's own generator over the generator's models, so that no method learns from another's
     runs: fresh adaptive estimates and branch predictor calibration, and for the drafters of kind
     that read one, a new, empty in-memory n-gram store, shared by the method's prompts, which learns

@@ -8,7 +8,7 @@ from specpipe.cli import options
 from specpipe.config.services import SeedConfig
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("cache", help="manage the n-gram store", description="Manage the n-gram store.")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     seed = actions.add_parser(

@@ -7,11 +7,14 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from specpipe.cli import options, security_args
+from specpipe.core.types import RoundStats
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate text with speculative decoding",
@@ -70,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         chunks = generator.generate(request)
 
     start = time.perf_counter()
-    text, token_ids, rounds = [], [], []
+    text: list[str] = []
+    token_ids: list[int] = []
+    rounds: list[RoundStats] = []
     for chunk in chunks:
         text.append(chunk.text)
         token_ids.extend(chunk.token_ids)
@@ -89,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def generation_stats(rounds, num_tokens: int, elapsed_s: float) -> dict:
+def generation_stats(rounds: Sequence[RoundStats], num_tokens: int, elapsed_s: float) -> dict[str, Any]:
     """Per-generation summary; tokens_per_round is DE (tokens per verifier forward)."""
     drafted = sum(r.drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)

@@ -21,7 +21,7 @@ from specpipe.config.bench import LoadtestConfig
 from specpipe.core.errors import InvalidArgument
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "loadtest",
         help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     return loadtest.from_run(config, described) if config.from_run else loadtest.loadtest(config)
 
 
-def described(argv: list[str]):
+def described(argv: list[str]) -> LoadtestConfig:
     """The config of an earlier run's flags."""
     from specpipe.cli.main import build_parser
     from specpipe.config.bench import loadtest_config

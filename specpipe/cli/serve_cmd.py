@@ -23,7 +23,7 @@ HELP = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help="run one service over gRPC (health, reflection, metrics)",
                                    description="Run one service over gRPC, with the standard health service, "
                                    "reflection and Prometheus metrics. Stops gracefully on SIGTERM / SIGINT.")

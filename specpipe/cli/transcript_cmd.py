@@ -12,7 +12,7 @@ from specpipe.cli import options
 from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "transcript", help="record a replay transcript of a model's greedy decoding",
         description="A transcript holds a verifier's greedy continuation of each prompt and the entropy at every "

@@ -19,7 +19,7 @@ from specpipe.config.services import ModelConfig, UpConfig, given_settings, mode
 from specpipe.core.types import DRAFTER_WITH_MODEL
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("up", help="run verifier, drafter and orchestrator as local processes",
                                    description=__doc__.split("\n\n")[0])
     options.add_settings(parser, ModelConfig, "preset", "verifier", "draft_model")

@@ -9,8 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specpipe.config.presets import PRESETS
-from specpipe.config.services import GeneratorConfig, TlsFiles, generator_config, given_settings, tls_files
+from specpipe.config.services import (
+    GeneratorConfig,
+    ModelConfig,
+    TlsFiles,
+    generator_config,
+    given_settings,
+    tls_files,
+)
 from specpipe.core.settings import setting
+from specpipe.core.types import SpeculationOptions
 
 SUITE_PROMPTS = 20  # `specpipe loadtest` (and the locustfile): prompts per suite unless --prompt-limit says
 BENCH_SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise", "recurring")
@@ -83,11 +91,11 @@ class BenchConfig:
     plot: str | None = setting(None, "write the curves as a PNG plot", metavar="PNG", shown="")
 
     @property
-    def model(self):
+    def model(self) -> ModelConfig:
         return self.generator.model
 
     @property
-    def speculation(self):
+    def speculation(self) -> SpeculationOptions:
         return self.generator.speculation
 
 

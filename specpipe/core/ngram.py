@@ -46,7 +46,7 @@ class NgramConfig:
     use_global: bool = True       # lookups also draft from the tenant's learned store
     learned: LearnedConfig = LearnedConfig()  # the learned store (specpipe.core.learned)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_n < 2 or self.max_continuations < 1 or self.session_ttl_s <= 0 or self.max_draft_len < 0:
             raise ValueError(f"bad NgramConfig: {self}")
 

@@ -55,3 +55,6 @@ class NgramCache(Protocol):
 
     def release(self, session_id: str) -> bool:
         """Drop a session's tables; False if it had none (never updated, released or expired)."""
+
+    def close(self) -> None:
+        """Let go of the store's connections (an in-process store has none)."""

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import redis
 
@@ -217,7 +217,7 @@ def _cluster_port() -> int:
                 return port
 
 
-def _command(port: int, *args: str):
+def _command(port: int, *args: str) -> Any:
     with redis.Redis(HOST, port, socket_timeout=1.0, socket_connect_timeout=1.0, decode_responses=True) as client:
         return client.execute_command(*args)
 

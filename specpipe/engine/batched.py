@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,8 @@ def unbatched_reason(model: PreTrainedModel, batching: bool = True) -> str | Non
     return "batching off" if not batching else supports(model)
 
 
-def service_forward(model: PreTrainedModel, mode: str, max_context: int, progress: bool = False):
+def service_forward(model: PreTrainedModel, mode: str, max_context: int,
+                    progress: bool = False) -> Callable[[Sequence[Segment]], list[torch.Tensor | None]]:
     """The batched forward a service's scheduler runs: batched_forward, or in the graphs mode a
     BatchGraphs' (captured now, before the first request)."""
     if mode != "graphs":
@@ -123,6 +125,7 @@ def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.T
         if out is None:  # one segment, no padding: its rows are the output
             return o
         out[start:end] = o
+    assert out is not None  # more than one segment, or padding: allocated before the loop
     return out
 
 
@@ -153,7 +156,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return rotated.add_(x * cos)
 
 
-def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:  # norm: a Llama / Qwen2 RMSNorm
     """norm(x) for a Llama / Qwen2 RMSNorm: in float32 the same ops without its two dtype casts and
     with two of them in place (the same bits); other dtypes run the module."""
     if x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
@@ -166,7 +169,7 @@ def _rms_norm_f32(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Te
     return (x * scale).mul_(weight)
 
 
-def _norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def _norm(norm: Any) -> Callable[[torch.Tensor], torch.Tensor]:  # norm: a Llama / Qwen2 RMSNorm
     """rms_norm of norm as a function of x, for a model whose activations are its weight's dtype."""
     if norm.weight.dtype != torch.float32:
         return norm
@@ -285,7 +288,7 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
     synchronize(device)  # the forward's time is measured to its end (CUDA runs asynchronously)
     out, row = [], 0
     for segment in segments:
-        out.append(logits[row : row + segment.logit_rows] if segment.logit_rows else None)
+        out.append(logits[row : row + segment.logit_rows] if logits is not None and segment.logit_rows else None)
         row += segment.logit_rows
     return out
 
@@ -396,6 +399,7 @@ class BatchGraphs:
         if n is None:
             return batched_forward(self.model, segments)
         b = bucket(len(segments), self.sessions)
+        assert b is not None, f"{len(segments)} sessions: more than the largest captured batch"
         inputs, graph = self._graphs[b, n]
         ids = torch.zeros(b, n, dtype=torch.long)
         positions = torch.zeros(b, n, dtype=torch.long)

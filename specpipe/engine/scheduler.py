@@ -183,7 +183,7 @@ class Step:
     logit_rows: int = 0                    # how many of the last rows need logits
     chunked: bool = False                  # a prompt: may enter over several forwards (needs no logits)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.chunked and self.logit_rows:
             raise ValueError("a chunked step needs no logits")
 

@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 # Attributes every LogRecord has; anything else on a record came in through `extra=`.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
@@ -48,7 +49,7 @@ class TextFormatter(logging.Formatter):
         return f"{line}\n{self.formatException(record.exc_info)}" if record.exc_info else line
 
 
-def configure(level: str | int = "INFO", json: bool = True, stream=None) -> None:
+def configure(level: str | int = "INFO", json: bool = True, stream: TextIO | None = None) -> None:
     """Route the root logger to one stderr handler (replacing earlier ones) with the chosen format."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if json else TextFormatter())

@@ -75,8 +75,8 @@ def draft_from_proto(msg: common_pb2.DraftTree) -> types.Draft:
 
 # --- verifier.proto ----------------------------------------------------------------------------
 
-def sources_to_proto(sources: Sequence[str]) -> list[int]:
-    return [types.DRAFT_SOURCES.index(source) + 1 for source in sources]
+def sources_to_proto(sources: Sequence[str]) -> list[common_pb2.DraftSource]:
+    return [common_pb2.DraftSource(types.DRAFT_SOURCES.index(source) + 1) for source in sources]
 
 
 def sources_from_proto(values: Sequence[int]) -> tuple[str, ...]:
