@@ -9,18 +9,16 @@ a fast backend decodes the whole output each round, as before."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-try:
-    from tokenizers.decoders import DecodeStream
-except ImportError:  # tokenizers before 0.21
-    DecodeStream = None
+from tokenizers.decoders import DecodeStream  # tokenizers >= 0.21 (pyproject.toml)
 
 
 class Detokenizer:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Any):
         self._tokenizer = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._stream = DecodeStream(skip_special_tokens=True) if self._backend is not None and DecodeStream else None
+        self._stream = DecodeStream(skip_special_tokens=True) if self._backend is not None else None
         self.text = ""  # the output's text so far
 
     def decode(self, tokens: Sequence[int]) -> str:
@@ -29,7 +27,7 @@ class Detokenizer:
 
     def extend(self, output: Sequence[int], new_tokens: Sequence[int]) -> str:
         """The output's text once new_tokens follow output (the tokens given so far)."""
-        if self._stream is None:
+        if self._stream is None or self._backend is None:
             self.text = self.decode([*output, *new_tokens])
         elif new_tokens:
             chunk = self._stream.step(self._backend, list(new_tokens))

@@ -35,7 +35,9 @@ class Generation:
         position for the round's correction."""
         return max_context - len(self.context) - 1
 
-    def emit(self, result: VerifyResult, detokenizer: Detokenizer, eos: Sequence[int]) -> tuple[list[int], str]:
+    def emit(
+        self, result: VerifyResult, detokenizer: Detokenizer, eos: Sequence[int]
+    ) -> tuple[list[int], str]:
         """Take a round's verified tokens: the ones emitted (up to the first finish) and the new text
         that is safe to stream (decoded incrementally; a stop string, and the end, from the whole output)."""
         count, self.finish = first_finish(result.emitted, len(self.output), self.request.max_new_tokens, eos,

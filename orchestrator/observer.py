@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 from orchestrator.branch import Resolution
 from orchestrator.generation import Generation
@@ -57,10 +57,10 @@ class RoundObserver:
         if self.store is not None:
             self._guard("release", self.store.release, session_id).result()
 
-    def _guard(self, call: str, fn: Callable, *args) -> Future:
+    def _guard(self, call: str, fn: Callable[..., object], *args: Any) -> Future[None]:
         return self._calls.submit(self._guarded, call, fn, *args)
 
-    def _guarded(self, call: str, fn: Callable, *args) -> None:
+    def _guarded(self, call: str, fn: Callable[..., object], *args: Any) -> None:
         if not self._breaker.allows():
             return
         try:

@@ -29,7 +29,12 @@ from orchestrator.admission import Admission
 from orchestrator.generator import Generator
 from orchestrator.servicer import observe_latency
 from specpipe.core.errors import (
-    DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted, SpecpipeError, Unauthenticated,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    SpecpipeError,
+    Unauthenticated,
     Unavailable,
 )
 from specpipe.core.tenancy import TENANT_METADATA, check_tenant, salted_tenant
@@ -441,7 +446,9 @@ class OpenAIApi:
         if self.config.auth_token is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.config.auth_token.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.config.auth_token.encode()
+        ):
             raise ApiError(401, "a valid bearer token is required (Authorization: Bearer <token>)",
                            kind="authentication_error", code="invalid_api_key")
 
@@ -460,7 +467,9 @@ class OpenAIApi:
     async def generate(self, request: Request, chat: bool) -> Response:
         generator, config = self.generator, self.config
         if self.draining():
-            raise ApiError(503, "this replica is draining (shutting down); retry on another", kind="service_unavailable")
+            raise ApiError(
+                503, "this replica is draining (shutting down); retry on another", kind="service_unavailable"
+            )
         body = await self.body_of(request)
         tenant = tenant_of(request.headers, body)
         parsed = (parse_chat(body, config.model_id, generator.defaults, tenant, generator.limits.max_new_tokens)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 from orchestrator.admission import Admission
 from orchestrator.generator import Generator
@@ -25,15 +26,17 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._admission = admission or Admission()
 
     @rpc_method
-    def Generate(self, request, context):
+    def Generate(self, request: generation_pb2.GenerateRequest, context: Any) -> Iterator[generation_pb2.GenerateChunk]:
         start = time.perf_counter()  # time to first token counts the wait for a slot
         with self._admission.slot(client_time_left(context.time_remaining())):  # refused or queued before any work
-            with deadline_scope(client_time_left(context.time_remaining())):  # internal calls end by the client's deadline
+            with deadline_scope(
+                client_time_left(context.time_remaining())
+            ):  # internal calls end by the client's deadline
                 yield from self._generate(request, context, start)
 
-    def _generate(self, request, context, start: float):
+    def _generate(self, request: Any, context: Any, start: float) -> Iterator[Any]:
         source, generation = convert.generate_request_from_proto(request, self._generator.defaults)
-        metadata = getattr(context, "invocation_metadata", tuple)()  # Ray Serve's gRPC context has none
+        metadata: Any = getattr(context, "invocation_metadata", tuple)()  # Ray Serve's gRPC context has none
         generation = replace(generation, tenant=tenant_from_metadata(metadata))
         prompt_ids = self._generator.encode(**source.encode_kwargs())
         chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
@@ -43,7 +46,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                     return
                 yield convert.chunk_to_proto(chunk)
         finally:
-            chunks.close()
+            chunks.close()  # type: ignore[attr-defined]  # Generator.generate is a generator, annotated Iterator
 
 
 def observe_latency(chunks: Iterator[GenerationChunk], start: float) -> Iterator[GenerationChunk]:

@@ -81,7 +81,8 @@ def load(port: int, streams: int, seconds: float, prompts, max_new_tokens: int) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the result JSON")
-    parser.add_argument("--scale", type=float, default=20.0, help="the H200 curve's times x this (default: %(default)s)")
+    parser.add_argument("--scale", type=float, default=20.0,
+                        help="the H200 curve's times x this (default: %(default)s)")
     parser.add_argument("--streams", type=int, default=24, help="concurrent Generate streams (default: %(default)s)")
     parser.add_argument("--seconds", type=float, default=40.0, help="load per measurement (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=32)

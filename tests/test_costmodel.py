@@ -41,7 +41,8 @@ def test_a_forward_splits_like_the_graphs_mode():
     assert forward_ms(CURVE, []) == 0.0
     assert forward_ms(CURVE, [1] * 32) == 8.0
     assert forward_ms(CURVE, [1] * 33) == 8.0 + 4.0          # groups of 32: the second a batch of one
-    assert forward_ms(CURVE, [1, 5, 100]) == pytest.approx(6.0 + chunk_ms(CURVE, 100))  # steps padded to 8; a chunk alone
+    # steps padded to 8; a chunk alone
+    assert forward_ms(CURVE, [1, 5, 100]) == pytest.approx(6.0 + chunk_ms(CURVE, 100))
     scaled = ForwardCurve(CURVE.source, CURVE.device, CURVE.role, CURVE.steps_ms, CURVE.chunk_ms, scale=3.0)
     assert forward_ms(scaled, [1] * 32) == 24.0
     assert "x3" in scaled.label and "GPU" in scaled.label
@@ -49,7 +50,8 @@ def test_a_forward_splits_like_the_graphs_mode():
 
 def test_curves_load_from_a_gpu_record_a_curve_file_or_a_packaged_name(tmp_path):
     record = {"environment": {"gpu": "NVIDIA H200"},
-              "cost": {"verifier": {"batched_graphs_ms": {"1x1": 4.4, "32x1": 7.9}, "graphs_ms": {"1": 4.6, "64": 6.5}}}}
+              "cost": {"verifier": {"batched_graphs_ms": {"1x1": 4.4, "32x1": 7.9},
+                                    "graphs_ms": {"1": 4.6, "64": 6.5}}}}
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
     curve = costmodel.load_curve(str(path), "verifier")

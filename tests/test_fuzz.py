@@ -25,7 +25,8 @@ SERVICES = {"Generation": generation_pb2, "Verifier": verifier_pb2, "Drafter": d
 RPCS = [(name, method.name) for name, module in SERVICES.items()
         for method in module.DESCRIPTOR.services_by_name[name].methods]
 EXAMPLES = {"Generate": 500, "Verify": 450, "VerifyStream": 200, "Prefill": 250, "Propose": 450, "Lookup": 250,
-            "RecordBranches": 200, "UpdateGlobal": 150, "Release": 60}  # in-process cases per RPC; others (no fields: Info, Load): 10
+            "RecordBranches": 200, "UpdateGlobal": 150, "Release": 60}
+# (in-process cases per RPC; others, with no fields (Info, Load): 10)
 SESSION_RPCS = ("Verify", "VerifyStream")  # cases that start from a fresh session "fz"
 GRPC_EXAMPLES = 80  # per RPC over real gRPC
 

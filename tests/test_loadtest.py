@@ -194,7 +194,9 @@ def test_records_round_trip(tmp_path):
     assert read_records(path) == [record(), record(status="UNAVAILABLE", ttft=None, itl=(), tokens=0)]
 
 
-@pytest.mark.parametrize("t, expected", [(0.0, 1), (9.9, 1), (10.0, 2), (25.0, 4), (49.9, 16), (50.0, None), (-1, None)])
+@pytest.mark.parametrize(
+    "t, expected", [(0.0, 1), (9.9, 1), (10.0, 2), (25.0, 4), (49.9, 16), (50.0, None), (-1, None)]
+)
 def test_steps_hold_each_level(t, expected):
     assert steps_users(t, (1, 2, 4, 8, 16), hold_s=10.0) == expected
 
@@ -403,8 +405,10 @@ def test_servers_compared_in_one_run_are_labelled():
     assert "| 8 | 10.0 | 40.0 | 50.0 | 4.00x | 5.00x | 1.25x |" in table
     # Both servers with both drafters: batching at equal drafters, and each server's speculation.
     table = comparison_table({"unbatched none": [replace(level, tokens_per_s=5.0)], **runs})
-    assert "| unbatched default / unbatched none | batched none / unbatched none | batched default / unbatched none | " \
-           "batched default / batched none | batched default / unbatched default |" in table
+    assert (
+        "| unbatched default / unbatched none | batched none / unbatched none | batched default / unbatched none | "
+        "batched default / batched none | batched default / unbatched default |" in table
+    )
     assert "| 8 | 5.0 | 10.0 | 40.0 | 50.0 | 2.00x | 8.00x | 10.00x | 1.25x | 5.00x |" in table
 
 

@@ -52,7 +52,8 @@ def test_concurrent_sessions_over_one_stream_get_the_unary_verdicts():
         expected = [decode(unary, f"u{i}", p, 12, drafts) for i, p in enumerate(PROMPTS)]
         streamed = VerifierClient(handle.address, timeout_s=30.0)
         got: dict[int, list] = {}
-        threads = [threading.Thread(target=lambda i=i, p=p: got.__setitem__(i, decode(streamed, f"s{i}", p, 12, drafts)))
+        threads = [threading.Thread(target=lambda i=i, p=p: got.__setitem__(i, decode(streamed, f"s{i}", p, 12,
+                                                                                       drafts)))
                    for i, p in enumerate(PROMPTS)]
         for t in threads:
             t.start()

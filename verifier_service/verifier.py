@@ -173,7 +173,8 @@ class SessionVerifier:
             return None, 0.0, (1, 0)
         # a prefill whose caller left stops between chunks (docs/security.md, "Session lifecycle")
         cancellation = current_cancellation() if prompt else None
-        work = self._scheduler.run(Work(cache, one_step(self._step(cache, token_ids, tree_parents, prompt)), cancellation))
+        step = self._step(cache, token_ids, tree_parents, prompt)
+        work = self._scheduler.run(Work(cache, one_step(step), cancellation))
         return work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
     def _scores(self, rows: torch.Tensor | Scores, sampling: SamplingParams) -> Scores:
@@ -203,7 +204,8 @@ class SessionVerifier:
         out: list[PendingRound | Exception] = []
         for request in rounds:
             try:
-                pending = self._begin(request.session_id, request.context_len, request.draft, request.sampling, wait=False)
+                pending = self._begin(request.session_id, request.context_len, request.draft, request.sampling,
+                                      wait=False)
             except Exception as err:
                 out.append(err)
                 continue
@@ -239,7 +241,8 @@ class SessionVerifier:
             raise InvalidArgument("sampling verifies chains only; send a chain draft (width 1) when temperature > 0")
         session = self._session(session_id)
         if not session.lock.acquire(blocking=wait):
-            raise FailedPrecondition(f"session {session_id!r} has a round in flight; send its next round after the reply")
+            raise FailedPrecondition(f"session {session_id!r} has a round in flight; send its next round after "
+                                     "the reply")
         try:
             if not session.ready:
                 raise FailedPrecondition(f"session {session_id!r} failed its prefill; prefill it again")
@@ -250,7 +253,8 @@ class SessionVerifier:
                 )
             if len(context) + len(draft) + 1 > self._info.max_context:
                 raise InvalidArgument(
-                    f"context {len(context)} + draft {len(draft)} + 1 exceeds the context window {self._info.max_context}"
+                    f"context {len(context)} + draft {len(draft)} + 1 exceeds the context window "
+                    f"{self._info.max_context}"
                 )
         except BaseException:
             session.lock.release()
@@ -273,7 +277,9 @@ class SessionVerifier:
             accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, scores.argmax)
         else:
             probs = warp(scores.logits, sampling)
-            delta, correction = rejection_sample_chain(draft.tokens, draft.q, probs, sampling.seed, len(session.context))
+            delta, correction = rejection_sample_chain(
+                draft.tokens, draft.q, probs, sampling.seed, len(session.context)
+            )
             accepted_nodes = list(range(delta))
         if correction < 0:  # no answer at that position (a replay past its transcript's end)
             self._keep_path(session.cache, past_len + 1, [])
@@ -334,7 +340,9 @@ class ModelVerifier(SessionVerifier):
         which is what speculation is lossless against); cost_model: every forward held to its curve's
         time (a load test's simulated device; batched forwards only)."""
         self._model = model
-        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears the batch uses
+        self._runner = runner.Runner(
+            model, mode, buckets=buckets, weights=weights
+        )  # packed: packs the linears the batch uses
         info = runner.served_info(info, self._runner)
         # graphs: captured now, before the first request
         scheduler = serving_scheduler(self._runner, batching, batch or BatchConfig(), "verifier", info.max_context,

@@ -5,12 +5,12 @@
         --csv out/locust --html out/locust.html --records out/requests.jsonl
     locust -f deploy/locust/locustfile.py --headless --host http://127.0.0.1:8000 --api openai ...
 
-Each generation fires one Locust request event per measure: `ttft` (call -> first chunk), `itl`
-(one per token of every later chunk: the chunk's gap split over its tokens) and `e2e` (the whole
-stream; its response length is the tokens received). A failed call is one `e2e` failure named by
-its gRPC status (HTTP: HTTP_<code>). With --records every call also becomes a JSON line (specpipe.bench.loadstats), from which
-`specpipe loadtest` computes tokens/s, percentiles and goodput per user level. Add shapes.py
-(`-f deploy/locust/locustfile.py,deploy/locust/shapes.py --shape steps`) for the load shapes."""
+Each generation fires one Locust request event per measure: `ttft` (call -> first chunk), `itl` (one per token
+of every later chunk: the chunk's gap split over its tokens) and `e2e` (the whole stream; its response length
+is the tokens received). A failed call is one `e2e` failure named by its gRPC status (HTTP: HTTP_<code>). With
+--records every call also becomes a JSON line (specpipe.bench.loadstats), from which `specpipe loadtest`
+computes tokens/s, percentiles and goodput per user level. Add shapes.py for the load shapes:
+`-f deploy/locust/locustfile.py,deploy/locust/shapes.py --shape steps`."""
 
 from __future__ import annotations
 
@@ -50,14 +50,18 @@ def _add_options(parser) -> None:
                         "(default: %(default)s)")
     parser.add_argument("--suite", default=LOAD.suite, help="prompts: humaneval, mtbench, gsm8k, random, noise or mix "
                         "(code, chat and math in turn) (default: %(default)s)")
-    parser.add_argument("--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts taken from each suite (default: %(default)s)")
+    parser.add_argument(
+        "--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts taken from each suite (default: %(default)s)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or LOAD.max_new_tokens,
                         help="tokens per generation (default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
     parser.add_argument("--deadline-s", type=float, default=LOAD.deadline_s,
                         help="client deadline of every call (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=LOAD.temperature, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=LOAD.top_p)
-    parser.add_argument("--seed", type=int, default=LOAD.seed, help="prompt order and sampling seeds (default: %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=LOAD.seed, help="prompt order and sampling seeds (default: %(default)s)"
+    )
     # Speculation, per request: empty / 0 = the server's default
     parser.add_argument("--drafter", default="", help="model, ngram, hybrid or none (speculation off)")
     parser.add_argument("--draft-len", type=int, default=0)
@@ -176,7 +180,9 @@ class GenerateUser(User):
     def generate(self) -> None:
         w, n = self.workload, next(self.order)
         prompt = w.prompts[n % len(w.prompts)]
-        sampling = types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
+        sampling = (
+            types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
+        )
         users = self.environment.runner.target_user_count
         start_s, tokens, ttft_ms, itls, status = time.time(), 0, None, [], OK
         rounds, parts = Counter(), Counter()
@@ -250,9 +256,15 @@ class OpenAIStream:
 
     def _generate(self, prompt: Prompt, sampling: types.SamplingParams):
         w = self.workload
-        body = {"model": self.model, "messages": [{"role": role, "content": content} for role, content in prompt.messages],
-                "max_tokens": w.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {
+            "model": self.model,
+            "messages": [{"role": role, "content": content} for role, content in prompt.messages],
+            "max_tokens": w.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         if sampling.seed:
             body["seed"] = sampling.seed
         if w.speculation is not None:

@@ -16,10 +16,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from cache_service import local_redis
 from specpipe.app import up_security
 from specpipe.config.services import METRICS_OFFSET, ModelConfig, UpConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
+from specpipe.devtools import local_redis
+from specpipe.serving.security import Tls
 
 ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
 
@@ -28,7 +29,7 @@ STOP_GRACE_S = 10.0
 TAIL_LINES = 20
 READY_LINE = "specpipe serve {role}: listening on {address} (metrics port {metrics})"  # a service's, once SERVING
 READY_RE = re.compile(r"^specpipe serve (\w+): listening on (\S+):(\d+) \(metrics port (\d+|off)\)(?: and (\S+))?$")
-LOCAL_REDIS = "redis"  # --cache redis: start a local redis-server (cache_service.local_redis)
+LOCAL_REDIS = "redis"  # --cache redis: start a local redis-server (specpipe.devtools.local_redis)
 
 
 @dataclass
@@ -146,7 +147,8 @@ def port_offset(name: str, config: UpConfig) -> int:
     role, _, index = name.partition("-")
     i = int(index or 1) - 1
     after = 1 + config.verifiers + config.drafters
-    return {"orchestrator": 0 if i == 0 else after + i - 1, "verifier": 1 + i, "drafter": 1 + config.verifiers + i}[role]
+    offsets = {"orchestrator": 0 if i == 0 else after + i - 1, "verifier": 1 + i, "drafter": 1 + config.verifiers + i}
+    return offsets[role]
 
 
 def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[str, ...],
@@ -196,8 +198,22 @@ def http_flags(config: UpConfig, name: str = "orchestrator") -> tuple[str, ...]:
 
 def model_flags(model: ModelConfig) -> tuple[str, ...]:
     """The flags that give a `specpipe serve` process this model config (its threads aside)."""
-    flags = ("--preset", model.preset, "--device", model.device, "--dtype", model.dtype, "--compile", model.compile,
-             "--draft-weights", model.draft_weights, "--verifier-weights", model.verifier_weights, "--batching", "on" if model.batching else "off")
+    flags = (
+        "--preset",
+        model.preset,
+        "--device",
+        model.device,
+        "--dtype",
+        model.dtype,
+        "--compile",
+        model.compile,
+        "--draft-weights",
+        model.draft_weights,
+        "--verifier-weights",
+        model.verifier_weights,
+        "--batching",
+        "on" if model.batching else "off",
+    )
     return flags + (("--verifier", model.verifier) if model.verifier else ()) + (
         ("--draft-model", model.draft_model) if model.draft_model else ())
 
@@ -214,7 +230,7 @@ def _child_setup(core: int | None) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def wait_serving(child: Child, timeout_s: float, stop: threading.Event, tls=None) -> None:
+def wait_serving(child: Child, timeout_s: float, stop: threading.Event, tls: Tls | None = None) -> None:
     """Wait for the child's ready line, then for its health to be SERVING."""
     from specpipe.serving.clients import VerifierClient
 
@@ -259,7 +275,9 @@ def _print_table(children: dict[str, Child], config: UpConfig, redis: local_redi
     rows = [("service", "address", "metrics", "pid", "core")]
     for name in sorted(children, key=lambda n: (ROLES.index(n.partition("-")[0]) + 1) % len(ROLES)):
         c = children[name]
-        rows.append((name, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core)))
+        rows.append(
+            (name, c.address, str(c.metrics_port or "-"), str(c.proc.pid), "-" if c.core is None else str(c.core))
+        )
     if redis is not None:
         rows.append(("redis", redis.address, "-", str(redis.process.pid), "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

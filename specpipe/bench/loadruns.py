@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specpipe.core.errors import Unavailable
 
@@ -175,7 +176,7 @@ class CostSampler(threading.Thread):
         self.urls = {svc: f"http://127.0.0.1:{port}/metrics" for svc, port in metrics_ports.items()}
         self.pids = dict(pids)
         self.every_s = every_s
-        self.samples: list = []
+        self.samples: list[Any] = []
         self._stop_event = threading.Event()
         self._lock = threading.Lock()
 
@@ -183,7 +184,8 @@ class CostSampler(threading.Thread):
         with self._lock:
             self.pids[name] = pid
 
-    def sample(self):
+    def sample(self) -> Any:
+        """Every service's counters and every process's CPU time now (a specpipe.bench.pipecost.Sample)."""
         import urllib.request
 
         import psutil

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from specpipe.bench import loadreport, loadruns, loadstats, pipecost
 from specpipe.bench.prompts import RECURRING, RECURRING_SIZE
@@ -60,7 +61,12 @@ def loadtest(config: LoadtestConfig) -> int:
                 if config.memory_every > 0:
                     sampler = loadruns.MemorySampler(stack.pids, config.memory_every, out_dir / "memory.jsonl")
                     sampler.start()
-            host = config.addr or (stack.http_url if config.api == "openai" else orchestrators(stack))
+            host: str | None
+            if config.addr is not None:
+                host = config.addr
+            else:
+                assert stack is not None  # started above
+                host = stack.http_url if config.api == "openai" else orchestrators(stack)
             if host is None:
                 raise FailedPrecondition("--api openai: the `specpipe up` started serves no HTTP API (--http-port -1?)")
             security = client_flags(config, up_args, out_dir / "up" / server)
@@ -86,12 +92,17 @@ def loadtest(config: LoadtestConfig) -> int:
                 stack.stop()
     memory = {role: loadstats.memory_trend(samples, config.warmup_s) for role, samples in sampler.samples.items()} \
         if sampler is not None else {}
-    summary = {"argv": list(config.argv), "out": str(out_dir),
-               "runs": {d: loadstats.to_json(levels, slo)["levels"] for d, levels in runs.items()},
-               "ratios": loadreport.tokens_per_s_ratios(runs),
-               "slo": loadstats.to_json([], slo)["slo"], "locust_status": statuses,
-               "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()},
-               "costs": {d: pipecost.to_json(c) for d, c in costs.items()}, "clocks": clocks}
+    summary = {
+        "argv": list(config.argv),
+        "out": str(out_dir),
+        "runs": {d: loadstats.to_json(levels, slo)["levels"] for d, levels in runs.items()},
+        "ratios": loadreport.tokens_per_s_ratios(runs),
+        "slo": loadstats.to_json([], slo)["slo"],
+        "locust_status": statuses,
+        "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()},
+        "costs": {d: pipecost.to_json(c) for d, c in costs.items()},
+        "clocks": clocks,
+    }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if config.report:
         write_report(config, runs)
@@ -109,6 +120,7 @@ def from_run(config: LoadtestConfig, described: Callable[[list[str]], LoadtestCo
     (summary.json names its runs, in order). The run's own flags (stored in summary.json, read by
     described) describe it in the report; config's SLOs, when given, replace its."""
     check(config)
+    assert config.from_run is not None  # the command runs this for --from-run only
     out_dir = Path(config.from_run)
     try:
         summary = json.loads((out_dir / "summary.json").read_text())
@@ -276,7 +288,8 @@ def print_tables(runs: dict, slo: loadstats.Slo, memory: dict, costs: dict | Non
                   f"{t.slope_mb_per_min:+.2f} |")
 
 
-def write_report(config: LoadtestConfig, runs: dict) -> None:
+def write_report(config: LoadtestConfig, runs: dict[str, Any]) -> None:
+    assert config.report is not None  # written for --report only
     path = Path(config.report)
     images = loadreport.plot(runs, path.parent / "load", path.stem)
     meta = {"preset": "(--addr)" if config.addr else config.preset, "up args": " / ".join(config.up_args or ["-"]),

@@ -9,10 +9,13 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from orchestrator.generator import Generator
 
 from specpipe.core.types import ALL_HYPOTHESES, GenerationRequest, RoundStats, SpeculationOptions
 from specpipe.runtime import cpu
@@ -139,7 +142,7 @@ class FirstTokens:
     def __init__(self):
         self.puts, self.at, self.tokens = 0, 0.0, 0
 
-    def put(self, value) -> None:
+    def put(self, value: torch.Tensor) -> None:
         self.puts += 1
         if self.puts == 2:
             self.at, self.tokens = time.perf_counter(), int(value.numel())
@@ -148,8 +151,9 @@ class FirstTokens:
         pass
 
 
-def transformers_method(model, max_new_tokens: int, eos_token_ids: Sequence[int], threads=contextlib.nullcontext,
-                        plain: bool = True, **generate_kwargs) -> MethodRun:
+def transformers_method(model: Any, max_new_tokens: int, eos_token_ids: Sequence[int],
+                        threads: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+                        plain: bool = True, **generate_kwargs: Any) -> MethodRun:
     """transformers greedy generate() of the verifier, with generate_kwargs (assistant_model=...:
     assisted generation; prompt_lookup_num_tokens=...: prompt lookup), under the threads context;
     output cut after the first EOS. plain: one forward per token, so rounds = tokens. The prefill is
@@ -172,14 +176,14 @@ def transformers_method(model, max_new_tokens: int, eos_token_ids: Sequence[int]
     return run
 
 
-def specpipe_method(generator, max_new_tokens: int, speculation: SpeculationOptions) -> MethodRun:
+def specpipe_method(generator: Generator, max_new_tokens: int, speculation: SpeculationOptions) -> MethodRun:
     def run(prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
         return run_speculative(generator, prompt_id, prompt_ids, max_new_tokens, speculation)
 
     return run
 
 
-def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
+def run_speculative(generator: Generator, prompt_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
                     speculation: SpeculationOptions) -> PromptRun:
     request = GenerationRequest(tuple(prompt_ids), max_new_tokens, speculation=speculation)
     cpu_before = cpu.snapshot()
@@ -352,13 +356,14 @@ def throughput(runs: list[PromptRun]) -> float:
     return sum(len(r.token_ids) for r in runs) / seconds if seconds else 0.0
 
 
-def decode_throughput(runs: list[PromptRun]) -> float:
+def decode_throughput(runs: Sequence[PromptRun]) -> float:
     """Tokens per second after the prefill: the tokens after those that came with it, over the time after it."""
     seconds = sum(r.decode_seconds for r in runs)
     return sum(r.decode_tokens for r in runs) / seconds if seconds > 0 else 0.0
 
 
-def benchmark(prompts, methods: dict[str, MethodRun], references: dict[str, str] | None = None,
+def benchmark(prompts: Sequence[tuple[str, Sequence[int]]], methods: dict[str, MethodRun],
+              references: dict[str, str] | None = None,
               progress: bool = True) -> list[MethodSummary]:
     """prompts: [(prompt_id, prompt_ids)]; methods: name -> run, the first being the baseline that
     speed-ups are over; references: method -> the method whose outputs it must equal (the verifier

@@ -9,7 +9,7 @@ specpipe.bench.loadruns.CostSampler."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 CPU_COUNTER = "specpipe_cpu_seconds_total"
@@ -60,7 +60,7 @@ def parse_counters(text: str) -> dict[Key, float]:
     return out
 
 
-def at(samples: Sequence[Sample], t: float, value) -> float:
+def at(samples: Sequence[Sample], t: float, value: Callable[[Sample], float]) -> float:
     """value(sample) at time t, linear between the samples around it (clamped to the first and last)."""
     times = [s.t for s in samples]
     i = bisect.bisect_left(times, t)
@@ -75,11 +75,24 @@ def at(samples: Sequence[Sample], t: float, value) -> float:
 
 def total(counters: Mapping[Key, float], name: str, **labels: str) -> float:
     """The sum of a counter's samples whose labels include labels."""
-    return sum(v for (n, ls), v in counters.items() if n == name and all(dict(ls).get(k) == x for k, x in labels.items()))
+    return sum(v for (n, ls), v in counters.items()
+               if n == name and all(dict(ls).get(k) == x for k, x in labels.items()))
 
 
-def _delta(samples: Sequence[Sample], start: float, end: float, value) -> float:
+def _delta(samples: Sequence[Sample], start: float, end: float, value: Callable[[Sample], float]) -> float:
     return max(0.0, at(samples, end, value) - at(samples, start, value))
+
+
+def _total_of(service: str, name: str, labels: Mapping[str, str]) -> Callable[[Sample], float]:
+    return lambda s: total(s.counters.get(service, {}), name, **labels)
+
+
+def _sample_of(service: str, key: Key) -> Callable[[Sample], float]:
+    return lambda s: s.counters.get(service, {}).get(key, 0.0)
+
+
+def _cpu_of(process: str) -> Callable[[Sample], float]:
+    return lambda s: s.process_cpu_s.get(process, 0.0)
 
 
 def level_cost(samples: Sequence[Sample], users: int, start: float, end: float) -> LevelCost:
@@ -87,7 +100,7 @@ def level_cost(samples: Sequence[Sample], users: int, start: float, end: float) 
     services = sorted({name for s in samples for name in s.counters})
 
     def summed(name: str, role_prefix: str = "", **labels: str) -> float:
-        return sum(_delta(samples, start, end, lambda s, svc=svc: total(s.counters.get(svc, {}), name, **labels))
+        return sum(_delta(samples, start, end, _total_of(svc, name, labels))
                    for svc in services if svc.startswith(role_prefix))
 
     hops: dict[str, float] = {}
@@ -95,10 +108,10 @@ def level_cost(samples: Sequence[Sample], users: int, start: float, end: float) 
         keys = {ls for s in samples for (n, ls) in s.counters.get(svc, {}) if n == CPU_COUNTER}
         for ls in sorted(keys):
             labels = dict(ls)
-            spent = _delta(samples, start, end, lambda s, svc=svc, ls=ls: s.counters.get(svc, {}).get((CPU_COUNTER, ls), 0.0))
+            spent = _delta(samples, start, end, _sample_of(svc, (CPU_COUNTER, ls)))
             hops[f"{svc}/{labels.get('role')}/{labels.get('hop')}"] = spent
     processes = sorted({p for s in samples for p in s.process_cpu_s})
-    process_cpu = {p: _delta(samples, start, end, lambda s, p=p: s.process_cpu_s.get(p, 0.0)) for p in processes}
+    process_cpu = {p: _delta(samples, start, end, _cpu_of(p)) for p in processes}
     seconds = end - start
     verifiers = [svc for svc in services if svc.startswith("verifier")]
     forward_s = summed("specpipe_forward_seconds_total", "verifier", role="verifier")
@@ -131,7 +144,8 @@ def markdown_table(costs: Sequence[LevelCost], clock: str = "") -> str:
     for process in processes:
         own = [h for h in hops if h.startswith(f"{process}/")]
         for hop in own:
-            rows.append(f"| {hop} | " + " | ".join(_us(c.per_token_us(c.hop_cpu_s.get(hop, 0.0))) for c in costs) + " |")
+            cells = " | ".join(_us(c.per_token_us(c.hop_cpu_s.get(hop, 0.0))) for c in costs)
+            rows.append(f"| {hop} | {cells} |")
         if own:  # what no hop of the process names
             rest = [c.process_cpu_s.get(process, 0.0) - sum(c.hop_cpu_s.get(h, 0.0) for h in own) for c in costs]
             rows.append(f"| {process}/other (gRPC core, (de)serialization, GC) | "
@@ -151,7 +165,8 @@ def markdown_table(costs: Sequence[LevelCost], clock: str = "") -> str:
         f"{1e3 * sum(c.process_cpu_s.values()) / c.rounds:.2f}" if c.rounds else "-" for c in costs) + " |")
     if any(c.overruns for c in costs):
         rows.append("| forwards slower than the cost model | " + " | ".join(f"{c.overruns:.0f}" for c in costs) + " |")
-    title = "where the CPU goes: microseconds of CPU per generated token" + (f"; forwards on the {clock}" if clock else "")
+    title = "where the CPU goes: microseconds of CPU per generated token"
+    title += f"; forwards on the {clock}" if clock else ""
     return f"{title}\n" + "\n".join(rows)
 
 

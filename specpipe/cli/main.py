@@ -9,8 +9,17 @@ import sys
 from specpipe import __version__
 from specpipe.core.errors import SpecpipeError
 
-COMMANDS = ("models_cmd", "generate_cmd", "serve_cmd", "up_cmd", "bench_cmd", "cache_cmd", "loadtest_cmd", "serve_ray_cmd",
-            "transcript_cmd")
+COMMANDS = (
+    "models_cmd",
+    "generate_cmd",
+    "serve_cmd",
+    "up_cmd",
+    "bench_cmd",
+    "cache_cmd",
+    "loadtest_cmd",
+    "serve_ray_cmd",
+    "transcript_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="specpipe",
-        description="Lossless speculative decoding: a drafter proposes, a verifier checks, every emitted token is verified.",
+        description="Lossless speculative decoding: a drafter proposes, a verifier checks, every emitted token is "
+        "verified.",
     )
     parser.add_argument("--version", action="version", version=f"specpipe {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -455,7 +455,9 @@ def default_drafter(values: Mapping[str, Any], drafter_service: bool = False, in
     return in_process_default(model_config(values)).drafter if in_process else DEFAULT_SPECULATION.drafter
 
 
-def speculation(values: Mapping[str, Any], drafter_service: bool = False, in_process: bool = False) -> SpeculationOptions:
+def speculation(
+    values: Mapping[str, Any], drafter_service: bool = False, in_process: bool = False
+) -> SpeculationOptions:
     """draft_len alone fixes the depth (0: no drafts); adaptive alone, or neither, chooses it up to a cap.
     A drafter left out: default_drafter's. A zero width or hypotheses count is refused, never replaced."""
     given = given_settings(values, SpeculationOptions)
@@ -467,8 +469,12 @@ def speculation(values: Mapping[str, Any], drafter_service: bool = False, in_pro
     if given.get("hypotheses") == "all":
         given["hypotheses"] = ALL_HYPOTHESES
     options = SpeculationOptions(**given)
-    for name, value, choices in (("drafter", options.drafter, DRAFTER_KINDS), ("schedule", options.schedule, SCHEDULES),
-                                 ("predictor", options.predictor, PREDICTORS), ("adaptive", options.adaptive, ADAPTIVE)):
+    for name, value, choices in (
+        ("drafter", options.drafter, DRAFTER_KINDS),
+        ("schedule", options.schedule, SCHEDULES),
+        ("predictor", options.predictor, PREDICTORS),
+        ("adaptive", options.adaptive, ADAPTIVE),
+    ):
         _choice(name, value, choices)
     options = replace(options, hypotheses=int(options.hypotheses))
     if options.draft_len < 0 or options.width < 1:

@@ -50,7 +50,7 @@ class ForwardCurve:
     sessions: tuple[int, ...] = field(init=False)
     tokens: tuple[int, ...] = field(init=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.steps_ms or not self.chunk_ms:
             raise InvalidArgument(f"cost model {self.source}: needs batched step times and chunk times for {self.role}")
         if self.scale <= 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specpipe.config.services import GATHER_GRACE_SHARE, BatchConfig
 
@@ -35,7 +36,8 @@ def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefi
     to feed now) for the next forward: whole steps, oldest first, within the budget (the first
     always, even past it); then chunks of chunked steps from what is left, at most chunk_cap
     tokens of them (see stall_chunk_cap)."""
-    plan, budget = [], max_batch_tokens
+    plan: list[tuple[int, int]] = []
+    budget = max_batch_tokens
     for i, (chunked, left) in enumerate(pending):
         if not chunked and (left <= budget or not plan):
             plan.append((i, left))
@@ -86,12 +88,13 @@ def gather_grace_s(forward_ms: float, share: float = GATHER_GRACE_SHARE) -> floa
     return min(GATHER_GRACE_MAX_S, max(GATHER_GRACE_MIN_S, share * forward_ms / 1e3))
 
 
-def attention_weight(config) -> float:
+def attention_weight(config: Any) -> float:
     """FLOPs of one query attending to one key over the FLOPs of one token through a layer stack's
     linear layers (a Llama-family config): what a query-key pair weighs against a token."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    per_layer = 2 * config.hidden_size * q + 2 * config.hidden_size * kv + 3 * config.hidden_size * config.intermediate_size
+    hidden = config.hidden_size
+    per_layer = 2 * hidden * q + 2 * hidden * kv + 3 * hidden * config.intermediate_size
     return 2 * q / per_layer  # per layer: 4 * q FLOPs a pair (scores and values), 2 * per_layer a token
 
 

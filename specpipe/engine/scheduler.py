@@ -35,6 +35,9 @@ from specpipe.config.services import BatchConfig
 from specpipe.core.errors import Cancelled, FailedPrecondition, ResourceExhausted, Unavailable
 from specpipe.core.fits import LinearFit
 from specpipe.engine import cores
+from specpipe.engine.batched import Segment, batched_forward, service_forward, unbatched_reason
+from specpipe.engine.costmodel import ClockedForward, ForwardCurve
+from specpipe.engine.kv import SlotKV
 from specpipe.engine.planner import (
     TURNAROUND_WINDOW,
     Learned,
@@ -49,9 +52,6 @@ from specpipe.engine.planner import (
     plan_forward,
     step_work,
 )
-from specpipe.engine.batched import Segment, batched_forward, service_forward, unbatched_reason
-from specpipe.engine.costmodel import ClockedForward, ForwardCurve
-from specpipe.engine.kv import SlotKV
 from specpipe.engine.runner import Runner
 from specpipe.runtime import cpu, metrics
 from specpipe.runtime.lifecycle import Cancellation
@@ -73,7 +73,7 @@ class Step:
     logit_rows: int = 0                    # how many of the last rows need logits
     chunked: bool = False                  # a prompt: may enter over several forwards (needs no logits)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.chunked and self.logit_rows:
             raise ValueError("a chunked step needs no logits")
 
@@ -183,7 +183,9 @@ class Scheduler:
         # id(slot) -> (the slot, held weakly; ended, work) of its last whole step: the verifier's decoding
         # sessions, between rounds too. Only the scheduler thread changes it (a WeakKeyDictionary would drop
         # a freed slot from whichever thread frees it, mid-iteration here).
-        self._last_steps: dict[int, tuple[weakref.ref[SlotKV], float, float]] | None = {} if role == "verifier" else None
+        self._last_steps: dict[int, tuple[weakref.ref[SlotKV], float, float]] | None = (
+            {} if role == "verifier" else None
+        )
         self._graced = False  # the next forward has waited for decoding sessions' rounds
         self._turnarounds: deque[float] = deque(maxlen=TURNAROUND_WINDOW)  # s from a round's forward to the next round
         self._thread = threading.Thread(target=self._loop, name=f"specpipe-{role}-batch", daemon=True)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterator, NoReturn
 
 from grpc_health.v1 import health_pb2
 from ray import serve
 
 from specpipe.config.services import DrafterConfig, OrchestratorConfig, VerifierConfig
+from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 from specpipe.rayserve.handles import HandleDrafter, HandleVerifier, serve_replicas
 
 _END = object()
@@ -38,14 +39,14 @@ class VerifierDeployment:
         set_threads(config.model.threads)
         self._verifier = load_verifier(config)
 
-    def info(self):
+    def info(self) -> ModelInfo:
         return self._verifier.info()
 
     def prefill(self, session_id: str, prompt_ids: tuple[int, ...]) -> tuple[int, str]:
         """The context length, and this replica's id (where the session's KV now lives)."""
         return self._verifier.prefill(session_id, prompt_ids), _replica_id()
 
-    def verify(self, session_id, context_len, draft, sampling):
+    def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         return self._verifier.verify(session_id, context_len, draft, sampling)
 
     def release(self, session_id: str) -> bool:
@@ -64,10 +65,10 @@ class DrafterDeployment:
         set_threads(config.model.threads)
         self._methods = DraftMethods(drafter_methods(config))
 
-    def info(self):
+    def info(self) -> ModelInfo:
         return self._methods.info()
 
-    def propose(self, request, method: str = ""):
+    def propose(self, request: ProposeRequest, method: str = "") -> ProposeResult:
         return self._methods.drafter(method).propose(request)
 
     def release(self, session_id: str) -> bool:
@@ -78,7 +79,7 @@ class ServeContext:
     """The grpc.ServicerContext calls the Generation servicer makes, over Serve's RayServegRPCContext.
     abort() sets the status before raising: Serve's proxy then sends that status, not INTERNAL."""
 
-    def __init__(self, grpc_context, timeout_s: float | None):
+    def __init__(self, grpc_context: Any, timeout_s: float | None) -> None:
         self._context = grpc_context
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
         self._stopped = threading.Event()
@@ -92,10 +93,10 @@ class ServeContext:
     def stop(self) -> None:
         self._stopped.set()
 
-    def code(self):
+    def code(self) -> Any:
         return self._context.code() if self._context is not None else None
 
-    def abort(self, code, details: str):
+    def abort(self, code: Any, details: str) -> NoReturn:
         if self._context is not None:
             self._context.set_code(code)
             self._context.set_details(details)
@@ -136,7 +137,7 @@ async def stream_in_thread(chunks: Iterator, context: ServeContext) -> AsyncIter
 
 @serve.deployment(name="Orchestrator")
 class OrchestratorDeployment:
-    async def __init__(self, verifier, drafter, config: OrchestratorConfig):
+    async def __init__(self, verifier: Any, drafter: Any, config: OrchestratorConfig) -> None:  # type: ignore[misc]  # Serve awaits an async constructor
         from orchestrator.admission import Admission
         from orchestrator.openai_api import ApiConfig, OpenAIApi
         from orchestrator.servicer import GenerationServicer
@@ -157,16 +158,16 @@ class OrchestratorDeployment:
         self._http = OpenAIApi(generator, admission, ApiConfig(generator.info.model_name, generator.info.max_context,
                                                                max_request_bytes=config.limits.max_request_bytes))
 
-    async def __call__(self, request):
+    async def __call__(self, request: Any) -> Any:
         """Serve's HTTP proxy: the OpenAI-compatible API (docs/http-api.md)."""
         return await self._http.route(request)
 
-    async def Generate(self, request, grpc_context=None) -> AsyncIterator:
+    async def Generate(self, request: Any, grpc_context: Any = None) -> AsyncIterator[Any]:
         context = ServeContext(grpc_context, self._timeout_s)
         async for chunk in stream_in_thread(self._servicer.Generate(request, context), context):
             yield chunk
 
-    def Check(self, request, grpc_context=None):
+    def Check(self, request: Any, grpc_context: Any = None) -> health_pb2.HealthCheckResponse:
         """grpc.health.v1 Check: this replica is constructed, so its peers answered."""
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 

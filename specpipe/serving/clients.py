@@ -157,7 +157,9 @@ class VerifierClient(Client):
             request = verifier_pb2.PrefillRequest(session_id=session_id, prompt_ids=prompt_ids)
         return self._call(self._stub.Prefill, request, cancellable=True).context_len
 
-    def verify(self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams) -> types.VerifyResult:
+    def verify(
+        self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams
+    ) -> types.VerifyResult:
         with cpu.hop("orchestrator", "verify_rpc"):  # encoding, the call's own CPU, decoding
             with encoding("verify request"):
                 request = verifier_pb2.VerifyRequest(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Sequence
+from typing import Sequence, cast
 
 from specpipe.core import types
 from specpipe.core.errors import InvalidArgument
@@ -75,8 +75,9 @@ def draft_from_proto(msg: common_pb2.DraftTree) -> types.Draft:
 
 # --- verifier.proto ----------------------------------------------------------------------------
 
-def sources_to_proto(sources: Sequence[str]) -> list[int]:
-    return [types.DRAFT_SOURCES.index(source) + 1 for source in sources]
+def sources_to_proto(sources: Sequence[str]) -> list[common_pb2.DraftSource]:
+    # the enum's numbers (DRAFT_SOURCES' order, after UNSPECIFIED), which protobuf takes as its values
+    return [cast(common_pb2.DraftSource, types.DRAFT_SOURCES.index(source) + 1) for source in sources]
 
 
 def sources_from_proto(values: Sequence[int]) -> tuple[str, ...]:

@@ -8,14 +8,16 @@ import logging
 import socket
 import threading
 import time
+from typing import Any
 
+from specpipe.config.services import TlsFiles
 from specpipe.core.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
 
 class HttpServer:
-    def __init__(self, app, host: str, port: int, tls_files=None):
+    def __init__(self, app: Any, host: str, port: int, tls_files: TlsFiles | None = None) -> None:
         """tls_files: specpipe.config.services.TlsFiles (cert and key), or None for plain HTTP."""
         import uvicorn
 
@@ -27,10 +29,10 @@ class HttpServer:
             self._socket.close()
             raise Unavailable(f"cannot serve HTTP on {host}:{port}: {err}") from None
         self.host, self.port = host, self._socket.getsockname()[1]
-        self.scheme = "https" if tls_files is not None and tls_files.cert else "http"
+        cert, key = (tls_files.cert, tls_files.key) if tls_files is not None else (None, None)
+        self.scheme = "https" if cert else "http"
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                ssl_certfile=tls_files.cert if self.scheme == "https" else None,
-                                ssl_keyfile=tls_files.key if self.scheme == "https" else None,
+                                ssl_certfile=cert if cert else None, ssl_keyfile=key if cert else None,
                                 timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},

@@ -22,12 +22,14 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from specpipe.core import errors
+from specpipe.core.protocols import RoundVerifier
 from specpipe.core.types import RoundRequest, VerifyResult
 from specpipe.runtime import cpu
 from specpipe.serving import convert
@@ -56,7 +58,8 @@ class _Waiting:
 class VerifyMux:
     """One verifier replica's stream of rounds, shared by every session of this process."""
 
-    def __init__(self, open_stream, to_error):
+    def __init__(self, open_stream: Callable[[Iterator[verifier_pb2.VerifyBatch]], Any],
+                 to_error: Callable[[grpc.RpcError], errors.SpecpipeError]):
         """open_stream(requests) -> the call (a reply iterator); to_error(grpc.RpcError) -> SpecpipeError."""
         self._open_stream = open_stream
         self._to_error = to_error
@@ -64,8 +67,8 @@ class VerifyMux:
         self._queue: list[verifier_pb2.TaggedVerify] = []
         self._waiting: dict[int, _Waiting] = {}
         self._tags = itertools.count(1)
-        self._call = None      # the open stream, or None
-        self._stream = None    # a token of the open stream: its request iterator serves it only
+        self._call: Any = None            # the open stream, or None
+        self._stream: object | None = None  # a token of the open stream: its request iterator serves it only
         self._closed = False
 
     def verify(self, request: verifier_pb2.VerifyRequest, timeout_s: float | None) -> verifier_pb2.VerifyReply:
@@ -87,6 +90,7 @@ class VerifyMux:
         if waiting.error is not None:
             raise waiting.error
         reply = waiting.reply
+        assert reply is not None  # set with the event, unless error is
         if reply.code:
             raise errors.from_code(grpc.StatusCode(_status(reply.code)).name, reply.message)
         return reply.reply
@@ -121,7 +125,7 @@ class VerifyMux:
                 rounds, self._queue = self._queue, []
             yield verifier_pb2.VerifyBatch(rounds=rounds)
 
-    def _read(self, call) -> None:
+    def _read(self, call: Any) -> None:
         try:
             for batch in call:
                 with self._lock:
@@ -130,12 +134,12 @@ class VerifyMux:
                     if waiting is not None:  # None: its caller gave up (its timeout)
                         waiting.reply = reply
                         waiting.event.set()
-            error = errors.Unavailable("the verifier ended the stream of rounds")
+            error: errors.SpecpipeError = errors.Unavailable("the verifier ended the stream of rounds")
         except grpc.RpcError as err:
             error = self._to_error(err)
         self._broken(call, error)
 
-    def _broken(self, call, error: errors.SpecpipeError) -> None:
+    def _broken(self, call: Any, error: errors.SpecpipeError) -> None:
         """The stream is over: fail every round waiting on it; the next round opens another."""
         with self._lock:
             if self._call is not call:
@@ -156,12 +160,12 @@ def _status(code: int) -> tuple[int, str]:
 
 # --- server ---------------------------------------------------------------------------------------
 
-def serve_rounds(verifier, batches: Iterator[verifier_pb2.VerifyBatch], context=None,
+def serve_rounds(verifier: RoundVerifier, batches: Iterator[verifier_pb2.VerifyBatch], context: Any = None,
                  ) -> Iterator[verifier_pb2.VerifyBatchReply]:
     """The replies to a stream of round batches (see the module docstring). verifier: a
     SessionVerifier (submit, finish); one that runs one session per forward verifies on the reader.
     context: the call's (its end stops the replies)."""
-    done: queue.SimpleQueue = queue.SimpleQueue()
+    done: queue.SimpleQueue[Any] = queue.SimpleQueue()
     outstanding = _Count()
     if context is not None and hasattr(context, "add_callback"):
         context.add_callback(lambda: done.put(_STOP))
@@ -185,7 +189,7 @@ def serve_rounds(verifier, batches: Iterator[verifier_pb2.VerifyBatch], context=
                     if item is _END:
                         ended = True
                     else:
-                        replies.append(_reply(verifier, *item, outstanding))
+                        replies.append(_reply(verifier, item[0], item[1], outstanding))
             if replies:
                 yield verifier_pb2.VerifyBatchReply(replies=replies)
     finally:
@@ -193,7 +197,7 @@ def serve_rounds(verifier, batches: Iterator[verifier_pb2.VerifyBatch], context=
             threading.Thread(target=_drain, args=(verifier, done, outstanding, ended), daemon=True).start()
 
 
-def _next(done: queue.SimpleQueue):
+def _next(done: queue.SimpleQueue[Any]) -> Any:
     """The next finished round (or end); _STOP once the process is exiting (a stream nobody closed
     must not hold the interpreter's exit, which joins the server's threads)."""
     while True:
@@ -214,7 +218,8 @@ class _Count:
             self.value += n
 
 
-def _read_rounds(verifier, batches, done: queue.SimpleQueue, outstanding: _Count) -> None:
+def _read_rounds(verifier: RoundVerifier, batches: Iterator[verifier_pb2.VerifyBatch], done: queue.SimpleQueue[Any],
+                 outstanding: _Count) -> None:
     try:
         for batch in batches:
             with cpu.hop("verifier", "stream"):
@@ -227,7 +232,8 @@ def _read_rounds(verifier, batches, done: queue.SimpleQueue, outstanding: _Count
         done.put(_END)
 
 
-def _submit(verifier, batch: verifier_pb2.VerifyBatch, done: queue.SimpleQueue, outstanding: _Count) -> None:
+def _submit(verifier: RoundVerifier, batch: verifier_pb2.VerifyBatch, done: queue.SimpleQueue[Any],
+            outstanding: _Count) -> None:
     rounds: list[RoundRequest] = []
     for item in batch.rounds:
         try:
@@ -251,7 +257,7 @@ def _submit(verifier, batch: verifier_pb2.VerifyBatch, done: queue.SimpleQueue, 
             done.put((r.tag, outcome))
 
 
-def _reply(verifier, tag: int, outcome, outstanding: _Count) -> verifier_pb2.TaggedVerifyReply:
+def _reply(verifier: RoundVerifier, tag: int, outcome: Any, outstanding: _Count) -> verifier_pb2.TaggedVerifyReply:
     outstanding.add(-1)
     try:
         if isinstance(outcome, Exception):
@@ -266,7 +272,7 @@ def _reply(verifier, tag: int, outcome, outstanding: _Count) -> verifier_pb2.Tag
                                               message=f"internal error: {type(err).__name__}: {err}")
 
 
-def _drain(verifier, done: queue.SimpleQueue, outstanding: _Count, ended: bool) -> None:
+def _drain(verifier: RoundVerifier, done: queue.SimpleQueue[Any], outstanding: _Count, ended: bool) -> None:
     """After the caller left: finish (and drop) the rounds still running, so their sessions are free."""
     while not (ended and outstanding.value == 0):
         item = _next(done)
@@ -277,4 +283,4 @@ def _drain(verifier, done: queue.SimpleQueue, outstanding: _Count, ended: bool) 
         if item is _END:
             ended = True
         else:
-            _reply(verifier, *item, outstanding)
+            _reply(verifier, item[0], item[1], outstanding)
