@@ -43,6 +43,7 @@ def test_a_forward_splits_like_the_graphs_mode():
     assert forward_ms(CURVE, [1] * 33) == 8.0 + 4.0          # groups of 32: the second a batch of one
     # steps padded to 8; a chunk alone
     assert forward_ms(CURVE, [1, 5, 100]) == pytest.approx(6.0 + chunk_ms(CURVE, 100))
+    assert forward_ms(CURVE, [1, 1], [10]) == pytest.approx(4.5 + chunk_ms(CURVE, 10))  # a prompt chunk alone
     scaled = ForwardCurve(CURVE.source, CURVE.device, CURVE.role, CURVE.steps_ms, CURVE.chunk_ms, scale=3.0)
     assert forward_ms(scaled, [1] * 32) == 24.0
     assert "x3" in scaled.label and "GPU" in scaled.label
@@ -69,7 +70,7 @@ def test_curves_load_from_a_gpu_record_a_curve_file_or_a_packaged_name(tmp_path)
 
 
 def segments(*lengths):
-    return [SimpleNamespace(token_ids=(0,) * n) for n in lengths]
+    return [SimpleNamespace(token_ids=(0,) * n, logit_rows=n) for n in lengths]
 
 
 def test_a_clocked_forward_takes_the_curves_time_and_a_slower_one_its_own():

@@ -298,13 +298,20 @@ TOKEN_BUCKETS = (1, 2, 4, 8, 16)        # graphs mode: tokens per session of a w
 CHUNK_BUCKETS = (32, 64, 128, 256)      # graphs mode: tokens of a prompt chunk, one session per forward
 
 
+def is_chunk(segment: Segment, max_step_tokens: int) -> bool:
+    """Whether the graphs mode runs a segment as a forward of its own: a prompt chunk (no logits), or a
+    step longer than the largest captured step. A short chunk in the batch of whole steps would pad
+    every session's step to its length (32 sessions of one token padded to 16: twice the forward)."""
+    return not segment.logit_rows or len(segment.token_ids) > max_step_tokens
+
+
 class BatchGraphs:
     """The batched forward in the graphs mode: captured forwards of fixed shapes (sessions, tokens).
     A batch's whole steps (decode or verify: up to TOKEN_BUCKETS[-1] tokens each) run as one forward
     of the smallest (sessions, tokens) bucket that holds them (in groups of SESSION_BUCKETS[-1]), and
-    each prompt chunk as a forward of its own (1, CHUNK_BUCKETS) bucket, so a chunk never turns its
-    batch mates' decode steps into an eager forward; a chunk past the largest bucket runs
-    batched_forward. A session's logits do not depend on its mates (docs/batching.md), so splitting a
+    each prompt chunk (is_chunk) as a forward of its own (1, CHUNK_BUCKETS) bucket, so a chunk never
+    turns its batch mates' decode steps into an eager forward or pads them to its length; a chunk past
+    the largest bucket runs batched_forward. A session's logits do not depend on its mates (docs/batching.md), so splitting a
     batch changes no token.
 
     The captured forward is padded, not ragged: input buffers [B, n], and a working cache of B rows of
@@ -382,9 +389,9 @@ class BatchGraphs:
     @torch.inference_mode()
     def forward(self, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
         """batched_forward's contract, over the captured shapes (see the class docstring)."""
-        steps = [i for i, s in enumerate(segments) if len(s.token_ids) <= self.tokens[-1]]
+        steps = [i for i, s in enumerate(segments) if not is_chunk(s, self.tokens[-1])]
         groups = [steps[i : i + self.sessions[-1]] for i in range(0, len(steps), self.sessions[-1])]
-        groups += [[i] for i, s in enumerate(segments) if len(s.token_ids) > self.tokens[-1]]
+        groups += [[i] for i, s in enumerate(segments) if is_chunk(s, self.tokens[-1])]
         out: list[torch.Tensor | None] = [None] * len(segments)
         for group in groups:
             for i, logits in zip(group, self._run([segments[i] for i in group])):
