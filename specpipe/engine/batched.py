@@ -311,8 +311,8 @@ class BatchGraphs:
     of the smallest (sessions, tokens) bucket that holds them (in groups of SESSION_BUCKETS[-1]), and
     each prompt chunk (is_chunk) as a forward of its own (1, CHUNK_BUCKETS) bucket, so a chunk never
     turns its batch mates' decode steps into an eager forward or pads them to its length; a chunk past
-    the largest bucket runs batched_forward. A session's logits do not depend on its mates (docs/batching.md), so splitting a
-    batch changes no token.
+    the largest bucket runs batched_forward. A session's logits do not depend on its mates
+    (docs/batching.md), so splitting a batch changes no token.
 
     The captured forward is padded, not ragged: input buffers [B, n], and a working cache of B rows of
     `width` positions per layer ([layers, B, kv_heads, width, head_dim]) that each session's slot
