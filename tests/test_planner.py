@@ -14,6 +14,7 @@ from specpipe.engine.planner import (
     chunk_credit,
     flat_chunk_due,
     plan_forward,
+    step_shape,
 )
 
 CONFIG = BatchConfig(max_batch_tokens=512, prefill_chunk=256, prefill_stall=1.5)
@@ -56,3 +57,9 @@ def test_plan_forward_spreads_whole_chunks_where_their_time_is_flat():
     assert paid.batch == ((0, 1), (1, 1), (2, 256))  # a whole chunk, not a sliver
     between = plan_forward([PROMPT], 10.0, flat, CONFIG)  # sessions between rounds, the prompt alone pending
     assert between.batch == ((0, 256),)  # never idle with work pending
+
+
+def test_a_forwards_step_shape_rounds_its_sessions_and_tokens_up_to_powers_of_two():
+    assert step_shape([1] * 32) == (32, 1)
+    assert step_shape([1] * 33) == (64, 1)
+    assert step_shape([3, 1, 1]) == (4, 4)

@@ -139,6 +139,16 @@ def next_chunk(tokens: int, added_ms: float, room_ms: float) -> int:
 CREDIT_FORWARDS = 4  # the chunk credit saved up to: this many forwards' room
 
 
+def step_shape(step_tokens: Sequence[int]) -> tuple[int, int]:
+    """A forward's whole steps as (sessions, tokens of the longest step), each rounded up to a power
+    of two: forwards of one shape take about the same time (on a GPU, one captured shape), so what a
+    chunk adds is its forward's time less that of its shape's forwards alone."""
+    def up(n: int) -> int:
+        return 1 << max(0, n - 1).bit_length()
+
+    return up(len(step_tokens)), up(max(step_tokens, default=0))
+
+
 def chunk_credit(credit_ms: float, stall: float, alone_ms: float, added_ms: float) -> float:
     """The chunk credit after a forward of whole steps that alone take alone_ms, to which its prompt
     chunk (if any) added added_ms: each forward's room, (stall - 1) x alone_ms, less what it spent;

@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 
 from specpipe.config.services import BatchConfig
 from specpipe.core.errors import Cancelled, FailedPrecondition, ResourceExhausted, Unavailable
-from specpipe.core.fits import LinearFit
+from specpipe.core.fits import Ewma, LinearFit
 from specpipe.engine import cores
 from specpipe.engine.batched import Segment, batched_forward, service_forward, unbatched_reason
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
@@ -50,6 +50,7 @@ from specpipe.engine.planner import (
     gather_grace_s,
     next_chunk,
     plan_forward,
+    step_shape,
     step_work,
 )
 from specpipe.engine.runner import Runner
@@ -175,6 +176,7 @@ class Scheduler:
         self._cost = LinearFit(decay=0.9)  # forward ms against work fed (step_work)
         self._decode_cost = LinearFit(decay=0.9)  # the same, of forwards of whole steps only
         self._chunk_cost = LinearFit(decay=0.9)  # ms a prompt chunk adds beside whole steps, against its tokens
+        self._alone_ms: dict[tuple[int, int], Ewma] = {}  # forwards of whole steps alone, by step_shape
         self._chunk_credit_ms = 0.0  # specpipe.engine.planner.chunk_credit
         self._attention = attention if attention is not None else attention_weight(model.config)
         self._pending: list[Work] = []
@@ -341,15 +343,18 @@ class Scheduler:
         decode = sum(work for (w, _), work in zip(batch, works) if not w.step.chunked)
         chunks = [(w, n) for w, n in batch if w.step.chunked]
         stall = self.config.prefill_stall
+        shape = step_shape([n for w, n in batch if not w.step.chunked])
         if not chunks:
             self._decode_cost.add(decode, forward_ms)
+            self._alone_ms.setdefault(shape, Ewma(0.8)).add(forward_ms)
             if decode and stall:
                 self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, forward_ms, 0.0)
         elif decode and stall and self._decode_cost.line() is not None:
             alone_ms = self._decode_cost.predict(decode)
             prompt, tokens = chunks[0]
             added_ms = max(0.0, forward_ms - alone_ms)
-            self._chunk_cost.add(sum(n for _, n in chunks), added_ms)
+            if shape in self._alone_ms:  # what the chunks added beside forwards of the same whole steps alone
+                self._chunk_cost.add(sum(n for _, n in chunks), max(0.0, forward_ms - self._alone_ms[shape].mean()))
             self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, alone_ms, added_ms)
             prompt.next_chunk = next_chunk(tokens, added_ms, (stall - 1) * alone_ms)
 
