@@ -293,7 +293,8 @@ def csv_rows(path: Path) -> dict[str, dict]:
 @pytest.mark.slow  # `specpipe up` and Locust: 35 s; Locust runs in the default suite in the next test and test_tls.py
 def test_smoke_tiny_4_users(tmp_path):
     proc, summary = loadtest(tmp_path, "--preset", "tiny", "--shape", "constant", "--users", "4", "--run-time", "8",
-                             "--max-new-tokens", "32", "--prompt-limit", "5", "--slo", "ttft=60000,itl=60000")
+                             "--max-new-tokens", "32", "--prompt-limit", "5", "--slo", "ttft=60000,itl=60000",
+                             "--itl-events", "token")
     assert proc.returncode == 0, proc.stderr
     stats = csv_rows(tmp_path / "locust_stats.csv")
     assert int(stats["Aggregated"]["Failure Count"]) == 0
@@ -313,6 +314,25 @@ def test_smoke_tiny_4_users(tmp_path):
     assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"] and 0 <= level["itl_p50_ms"] <= level["itl_p99_ms"]
     assert_rounds_counted(records)
     assert level["tokens_per_round"] == sum(r.tokens for r in records) / sum(r.rounds for r in records)
+
+
+@pytest.mark.slow  # `specpipe up` and Locust: 40 s
+def test_a_load_at_gpu_speed_reports_where_the_cpu_goes(tmp_path):
+    """Through a `specpipe up` whose verifier and drafter are held to the packaged H200 curve: every level
+    has the CPU of each service's hops and processes (the load generator's too) and the verifier's
+    busy share, and the run names its clock."""
+    proc, summary = loadtest(tmp_path, "--preset", "tiny", "--up-args", "--cost-model nvidia-h200-qwen-coder",
+                             "--shape", "steps", "--levels", "1,4", "--hold-s", "6", "--max-new-tokens", "24",
+                             "--prompt-limit", "5")
+    assert proc.returncode == 0, proc.stderr
+    (costs,) = summary["costs"].values()
+    assert [c["users"] for c in costs] == [1, 4]
+    for level in costs:
+        assert 0 < level["busy_share"] <= 1.0 and level["tokens"] > 0 and level["forwards"] > 0
+        hops = level["hop_cpu_s"]
+        assert hops["orchestrator/orchestrator/call"] > 0 and hops["verifier/verifier/forward"] > 0
+        assert {"orchestrator", "verifier", "drafter", "load generator"} <= set(level["process_cpu_s"])
+    assert "NVIDIA H200" in next(iter(summary["clocks"].values()))
 
 
 @pytest.mark.slow  # `specpipe up` and Locust: 30 s
