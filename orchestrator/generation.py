@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from orchestrator.detokenize import Detokenizer
+from orchestrator.spans import UNTRACED, Untraced
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
 from specpipe.core.types import GenerationRequest, VerifyResult
 
@@ -20,6 +21,7 @@ class Generation:
     sent_text: str = ""             # the text streamed so far
     finish: str = ""                # "" while running, else eos | stop | length
     detokenizer: Detokenizer | None = None  # the output's text as it comes
+    spans: Untraced = UNTRACED      # its trace (orchestrator.spans), where it is traced
 
     @staticmethod
     def open(request: GenerationRequest, session_id: str, detokenizer: Detokenizer) -> Generation:

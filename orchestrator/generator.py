@@ -27,6 +27,7 @@ from orchestrator.observer import RoundObserver, count_parts, count_prediction, 
 from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
 from orchestrator.predictors import new_predictor, new_shared
 from orchestrator.schedules import Branch, Proposer, Round, Schedule, Sequential
+from orchestrator.spans import Traced
 from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.core.protocols import Drafter, NgramCache, Verifier
@@ -49,8 +50,9 @@ from specpipe.core.types import (
     SpeculationOptions,
 )
 from specpipe.core.verification import check_token_ids
-from specpipe.runtime import cpu
+from specpipe.runtime import cpu, tracing
 from specpipe.runtime.lifecycle import ContextPool, cancel_scope, deadline_scope, random_seed
+from specpipe.runtime.traced import traced_drafter, traced_verifier
 
 log = logging.getLogger("specpipe.orchestrator")
 
@@ -88,8 +90,8 @@ class Generator:
         specpipe.engine.cores), so a pre-draft slows the forward beside it about as much as it hides:
         adaptive control drafts a model's rounds sequentially there."""
         self.tokenizer = tokenizer
-        self.verifier = verifier
-        self.drafters = dict(drafters)
+        self.verifier = traced_verifier(verifier)  # spans where tracing is on (specpipe.runtime.traced)
+        self.drafters = {kind: traced_drafter(drafter, kind) for kind, drafter in drafters.items()}
         self.defaults = defaults
         self.limits = limits  # input caps (specpipe.config.limits), checked before any work
         self.cache = cache  # the n-gram store: the orchestrator forwards every confirmed token to it
@@ -164,14 +166,17 @@ class Generator:
         if any(not s for s in request.stop):
             raise InvalidArgument("stop strings must not be empty")
 
-    def generate(self, request: GenerationRequest) -> Iterator[GenerationChunk]:
-        """Validate now, then stream chunks; closing the iterator releases the sessions."""
+    def generate(self, request: GenerationRequest, traceparent: str = "") -> Iterator[GenerationChunk]:
+        """Validate now, then stream chunks; closing the iterator releases the sessions. traceparent: the
+        client's W3C trace context (a gRPC call's metadata, an HTTP request's header), the parent of the
+        generation's trace where tracing is on."""
         self.validate(request)
         if not request.sampling.greedy and request.sampling.seed == 0:  # no seed given: this request's own
             request = replace(request, sampling=replace(request.sampling, seed=random_seed()))
         # Sessions are per generation: two requests that share a request_id must not share a KV cache.
         session_id = f"{session_prefix(request.tenant)}{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}"
         gen = Generation.open(request, session_id, Detokenizer(self.tokenizer))
+        gen.spans = Traced.begin(request, session_id, traceparent)
         return self._rounds(gen)
 
     def _rounds(self, gen: Generation) -> Iterator[GenerationChunk]:
@@ -190,41 +195,54 @@ class Generator:
             start = laps.lap("control")
             return proposal, as_drafted, schedule.start(gen, proposal, as_drafted, hypotheses, draft_len), start
 
+        spans, error = gen.spans, None  # scopes never span a yield (orchestrator.spans)
         with self._load:
             try:
                 laps = Laps()
-                proposal, resolution, idle_since = schedule.first(gen, draft_len()), NO_SPECULATION, None
-                laps.lap("wait")
-                laps.move("wait", "prefill", schedule.prefill_ms)  # the first draft waited out the prefill
-                laps.lap("rest")
-                proposal, as_drafted, sent, start = send(proposal)
+                spans.begin_round()
+                with spans.in_round():
+                    proposal, resolution, idle_since = schedule.first(gen, draft_len()), NO_SPECULATION, None
+                    laps.lap("wait")
+                    laps.move("wait", "prefill", schedule.prefill_ms)  # the first draft waited out the prefill
+                    laps.lap("rest")
+                    proposal, as_drafted, sent, start = send(proposal)
                 while True:
-                    result = sent()
-                    verify_end = laps.lap("call")
-                    self.observer.verified(gen, proposal, result)
-                    laps.lap("record")
-                    policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3))
-                    laps.lap("control")
-                    idle_ms = (start - idle_since) * 1e3 if idle_since is not None else 0.0
-                    chunk = self._emit(gen, proposal, result, resolution, idle_ms, start, laps)
+                    with spans.in_round():
+                        result = sent()
+                        verify_end = laps.lap("call")
+                        self.observer.verified(gen, proposal, result)
+                        laps.lap("record")
+                        policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3))
+                        laps.lap("control")
+                        idle_ms = (start - idle_since) * 1e3 if idle_since is not None else 0.0
+                        chunk = self._emit(gen, proposal, result, resolution, idle_ms, start, laps)
                     if gen.finish:
                         yield chunk
                         break
                     gen.confirm(result)
                     laps.lap("rest")
-                    proposal, resolution = schedule.next(gen, proposal, result, draft_len, start, verify_end)
-                    laps.lap("wait")
-                    count_prediction(spec, resolution)
-                    if resolution.issued:
-                        policy.observe_prediction(resolution.proposal is not None)
-                    idle_since = verify_end
-                    proposal, as_drafted, sent, start = send(proposal)
+                    spans.begin_round()
+                    with spans.in_round():
+                        proposal, resolution = schedule.next(gen, proposal, result, draft_len, start, verify_end)
+                        laps.lap("wait")
+                        count_prediction(spec, resolution)
+                        if resolution.issued:
+                            policy.observe_prediction(resolution.proposal is not None)
+                        idle_since = verify_end
+                        proposal, as_drafted, sent, start = send(proposal)
                     yield chunk  # the client's write while the verifier checks the next round
                     laps.lap("rest")
-                self.observer.finished(gen)
+                with spans.in_generation():
+                    self.observer.finished(gen)
+                    log.info("generation finished", extra=finished_fields(gen))
+            except Exception as err:
+                error = err
+                raise
             finally:
-                schedule.close()
-                self._release(gen.session_id, proposer.drafter)
+                with spans.in_generation():
+                    schedule.close()
+                    self._release(gen.session_id, proposer.drafter)
+                spans.end(gen.finish, len(gen.output), error)
 
     def _fit(self, gen: Generation, proposal: ProposeResult) -> ProposeResult:
         """The draft cut to the verifier's context window: the room caps a draft's depth, not a
@@ -236,17 +254,21 @@ class Generator:
               start: float, laps: Laps) -> GenerationChunk:
         """The round's chunk for the client: its verified tokens, the new text and what it cost (laps:
         where its time went, taken for this round)."""
-        new_tokens, delta = gen.emit(result, gen.detokenizer, self.info.eos_token_ids)
+        spans = gen.spans
+        with tracing.child_of(spans.round, "detokenize"):  # with the stop strings
+            new_tokens, delta = gen.emit(result, gen.detokenizer, self.info.eos_token_ids)
         laps.lap("emit")
         round_ms = (time.perf_counter() - start) * 1e3
-        count_round(gen.request.speculation, proposal, result, len(new_tokens), resolution, idle_ms, round_ms)
+        count_round(gen.request.speculation, proposal, result, len(new_tokens), resolution, idle_ms, round_ms,
+                    spans.exemplar())
         laps.lap("record")
         parts = {f"{part}_ms": ms for part, ms in laps.take().items()}
         stats = RoundStats(len(proposal.draft), len(result.accepted_tokens), proposal.draft_ms, result.verify_ms,
                            resolution.issued, resolution.hit, resolution.wasted, resolution.hidden_ms, idle_ms, **parts)
         count_parts(gen.request.speculation, stats)
+        spans.end_round(stats, result, len(new_tokens))
         return GenerationChunk(gen.request.request_id or gen.session_id, tuple(new_tokens), delta, gen.finish, stats,
-                               gen.request.sampling.seed)
+                               gen.request.sampling.seed, spans.trace_id)
 
     def _proposer(self, gen: Generation, policy: DraftPolicy, branch: bool) -> Proposer:
         spec = gen.request.speculation
@@ -319,6 +341,14 @@ class Laps:
     def take(self) -> dict[str, float]:
         taken, self._ms = self._ms, dict.fromkeys(ROUND_PARTS, 0.0)
         return taken
+
+
+def finished_fields(gen: Generation) -> dict[str, object]:
+    """A finished generation's log line: the request id, its sessions and what it gave (the line carries
+    its trace and span ids where the generation is traced: specpipe.runtime.logs)."""
+    return {"request_id": gen.request.request_id or gen.session_id, "session_id": gen.session_id,
+            "prompt_tokens": len(gen.request.prompt_ids), "output_tokens": len(gen.output),
+            "finish_reason": gen.finish, "drafter": gen.request.speculation.drafter}
 
 
 def check_same_vocab(kind: str, drafter: Drafter, fingerprint: str) -> None:

@@ -19,7 +19,7 @@ from specpipe.core.learned import MATCH_TOKENS
 from specpipe.core.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.core.protocols import NgramCache
 from specpipe.core.types import ROUND_PARTS, ProposeResult, RoundStats, SpeculationOptions, VerifyResult
-from specpipe.runtime import cpu, metrics
+from specpipe.runtime import cpu, metrics, tracing
 from specpipe.runtime.breaker import Breaker
 
 log = logging.getLogger("specpipe.orchestrator")
@@ -58,13 +58,14 @@ class RoundObserver:
             self._guard("release", self.store.release, session_id).result()
 
     def _guard(self, call: str, fn: Callable[..., object], *args: Any) -> Future[None]:
-        return self._calls.submit(self._guarded, call, fn, *args)
+        """The call queued; where tracing is on, in the span that queued it (a round's, the generation's)."""
+        return self._calls.submit(self._guarded, call, fn, tracing.current() if tracing.ACTIVE else None, *args)
 
-    def _guarded(self, call: str, fn: Callable[..., object], *args: Any) -> None:
+    def _guarded(self, call: str, fn: Callable[..., object], parent: Any, *args: Any) -> None:
         if not self._breaker.allows():
             return
         try:
-            with cpu.hop("store", call):
+            with cpu.hop("store", call), tracing.scope(parent):
                 fn(*args)
         except Exception as err:
             self._breaker.failed()
@@ -103,7 +104,9 @@ def round_metrics(drafter: str, schedule: str) -> _RoundMetrics:
 
 
 def count_round(spec: SpeculationOptions, proposal: ProposeResult, result: VerifyResult, emitted: int,
-                resolution: Resolution, idle_ms: float, round_ms: float) -> None:
+                resolution: Resolution, idle_ms: float, round_ms: float, exemplar: dict[str, str] | None = None,
+                ) -> None:
+    """exemplar: the round's trace (the histogram's link to it), where it is traced."""
     bound = round_metrics(spec.drafter, spec.schedule)
     if len(proposal.draft):
         sources = proposal.draft.node_sources()
@@ -118,7 +121,7 @@ def count_round(spec: SpeculationOptions, proposal: ProposeResult, result: Verif
     bound.draft_ms.inc(proposal.draft_ms)
     bound.hidden_ms.inc(resolution.hidden_ms)
     bound.idle_ms.inc(idle_ms)
-    bound.round_ms.observe(round_ms)
+    bound.round_ms.observe(round_ms, exemplar)
 
 
 def count_parts(spec: SpeculationOptions, stats: RoundStats) -> None:

@@ -145,7 +145,8 @@ class Warmer:
 def prefill(verifier: Verifier, gen: Generation) -> float:
     """Open the generation's verifier session with its prompt; returns the call's time in ms."""
     start = time.perf_counter()
-    verifier.prefill(gen.session_id, gen.request.prompt_ids)
+    with gen.spans.in_generation():  # the generation's, not its first round's
+        verifier.prefill(gen.session_id, gen.request.prompt_ids)
     return (time.perf_counter() - start) * 1e3
 
 

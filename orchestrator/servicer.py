@@ -15,6 +15,7 @@ from specpipe.core.tenancy import tenant_from_metadata
 from specpipe.core.types import GenerationChunk
 from specpipe.runtime import metrics
 from specpipe.runtime.lifecycle import client_time_left, deadline_scope
+from specpipe.runtime.tracing import TRACEPARENT
 from specpipe.serving import convert
 from specpipe.serving.server import Service, rpc_method, service_name
 from specpipe.v1 import generation_pb2, generation_pb2_grpc
@@ -39,7 +40,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         metadata: Any = getattr(context, "invocation_metadata", tuple)()  # Ray Serve's gRPC context has none
         generation = replace(generation, tenant=tenant_from_metadata(metadata))
         prompt_ids = self._generator.encode(**source.encode_kwargs())
-        chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids))  # validates now
+        chunks = self._generator.generate(convert.with_prompt_ids(generation, prompt_ids),  # validates now
+                                          traceparent_from_metadata(metadata))
         try:
             for chunk in observe_latency(chunks, start):
                 if not context.is_active():  # client cancelled or deadline passed
@@ -49,16 +51,23 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             chunks.close()  # type: ignore[attr-defined]  # Generator.generate is a generator, annotated Iterator
 
 
+def traceparent_from_metadata(metadata: Any) -> str:
+    """The W3C traceparent a call's metadata carries ("" without one): a generation's trace's parent."""
+    return next((value for key, value in metadata or () if key == TRACEPARENT), "")
+
+
 def observe_latency(chunks: Iterator[GenerationChunk], start: float) -> Iterator[GenerationChunk]:
-    """The chunks, with the time to first token and the inter-token latency observed (both APIs)."""
+    """The chunks, with the time to first token and the inter-token latency observed (both APIs), a
+    traced generation's with its trace as their exemplar."""
     last = start
     for i, chunk in enumerate(chunks):
         now = time.perf_counter()
+        exemplar = {"trace_id": chunk.trace_id} if chunk.trace_id else None
         if i == 0:
-            metrics.TTFT_MS.observe((now - last) * 1e3)
+            metrics.TTFT_MS.observe((now - last) * 1e3, exemplar)
         else:  # a chunk of n tokens: n gaps of the round's time / n each
             for _ in chunk.token_ids:
-                metrics.INTER_TOKEN_MS.observe((now - last) * 1e3 / len(chunk.token_ids))
+                metrics.INTER_TOKEN_MS.observe((now - last) * 1e3 / len(chunk.token_ids), exemplar)
         last = now
         yield chunk
 

@@ -18,7 +18,7 @@ KINDS = {  # marker -> the test files of that kind (every test file has one; pyp
     "contract": ("test_contract_drafter", "test_contract_generation", "test_contract_verifier", "test_cache_contract",
                  "test_drafter_methods", "test_admission", "test_tls", "test_redis_security", "test_tenancy",
                  "test_limits", "test_lifecycle", "test_openai_api", "test_cache_cluster", "test_verify_stream",
-                 "test_replay"),
+                 "test_replay", "test_tracing"),
     "golden": ("test_golden_embedded", "test_golden_grpc", "test_golden_ngram", "test_golden_smollm2", "test_compile",
                "test_batching", "test_draft_batching", "test_branch", "test_adaptive", "test_sampling_e2e",
                "test_sampling_schedules", "test_context_window", "test_drafter_warm_up", "test_generator_errors"),

@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -45,8 +46,9 @@ from specpipe.engine.costmodel import ForwardCurve
 from specpipe.engine.kv import SlotKV, new_slot
 from specpipe.engine.models import load_model, model_info
 from specpipe.engine.scheduler import Scheduler, Step, Work, one_step, serving_scheduler
-from specpipe.runtime import cpu, metrics
+from specpipe.runtime import cpu, metrics, tracing
 from specpipe.runtime.lifecycle import Sweeper, current_cancellation, evict_idle, sweep_period
+from specpipe.runtime.traced import verdict_attributes
 from specpipe.serving.replicas import VerifierLoad
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class PendingRound:
     fed: list[int]              # [root] + the draft's tokens
     work: Work | None = None    # submitted: its scheduler work
     tag: int = 0                # submitted: the caller's tag (RoundRequest)
+    span: Any = None            # submitted and traced: the round's span here (specpipe.runtime.tracing)
 
 
 def entropy(logits: torch.Tensor) -> float:
@@ -210,19 +213,37 @@ class SessionVerifier:
                 out.append(err)
                 continue
             pending.tag = request.tag
+            if tracing.ACTIVE and request.traceparent:  # the round's own span, a child of the orchestrator's
+                pending.span = tracing.start("verify", tracing.remote(request.traceparent),
+                                             {"specpipe.drafted": len(request.draft)}, kind="server")
             tree = request.draft.parents if not request.draft.is_chain else None
             pending.work = Work(pending.session.cache, one_step(self._step(pending.session.cache, pending.fed, tree)),
-                                on_done=lambda work, p=pending: done(p))
+                                on_done=lambda work, p=pending: done(p), trace=pending.span)
             out.append(pending)
         taken = [i for i, p in enumerate(out) if isinstance(p, PendingRound)]
         for i, refused in zip(taken, self._scheduler.submit([out[i].work for i in taken])):
             if refused is not None:
                 out[i].session.lock.release()
+                if out[i].span is not None:
+                    out[i].span.end()
                 out[i] = refused
         return out
 
     def finish(self, pending: PendingRound) -> VerifyResult:
-        """The result of a submitted round whose forward is over (raises what it failed with)."""
+        """The result of a submitted round whose forward is over (raises what it failed with); a traced
+        round's verdict is a span of its own, and the round's span ends with it."""
+        if pending.span is None:
+            return self._finished(pending)
+        with tracing.scope(pending.span):
+            try:
+                with tracing.span("verdict"):
+                    result = self._finished(pending)
+                pending.span.set_attributes(verdict_attributes(result))
+                return result
+            finally:
+                pending.span.end()
+
+    def _finished(self, pending: PendingRound) -> VerifyResult:
         work = pending.work
         if work.error is not None:
             pending.session.lock.release()
@@ -271,7 +292,8 @@ class SessionVerifier:
     def _verdict(self, session: _Session, draft: Draft, sampling: SamplingParams, rows, verify_ms: float,
                  batch: tuple[int, int]) -> VerifyResult:
         past_len = len(session.context) - 1
-        metrics.VERIFY_MS.labels(draft_nodes=draft_nodes_label(len(draft))).observe(verify_ms)
+        metrics.VERIFY_MS.labels(draft_nodes=draft_nodes_label(len(draft))).observe(
+            verify_ms, tracing.exemplar(tracing.current()) if tracing.ACTIVE else None)
         scores = self._scores(rows, sampling)
         if sampling.greedy:
             accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, scores.argmax)

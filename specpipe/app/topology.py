@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from specpipe.app import up_security
-from specpipe.config.services import METRICS_OFFSET, ModelConfig, UpConfig
+from specpipe.config.services import METRICS_OFFSET, ModelConfig, TracingConfig, UpConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
 from specpipe.devtools import local_redis
 from specpipe.serving.security import Tls
@@ -162,7 +162,7 @@ def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[st
     cmd = [sys.executable, "-m", "specpipe.cli.main", "serve", role, "--host", HOST, "--port", str(port),
            "--drain-timeout", str(config.drain_timeout_s), "--metrics-port", str(metrics_port),
            *model_flags(config.model), "--threads", str(config.threads_per_service), "--log-level", config.log_level,
-           *extra]
+           *tracing_flags(config.tracing), *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(config.threads_per_service),
                MKL_NUM_THREADS=str(config.threads_per_service))
     env.pop("SPECPIPE_CACHE", None)  # only the store given: a drafter must not pick one up on its own
@@ -176,6 +176,12 @@ def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[st
                                 start_new_session=True,  # signals come from us, in order, not from the terminal
                                 preexec_fn=lambda: _child_setup(core))
     return Child(name, proc, stdout_path, stderr_path, core)
+
+
+def tracing_flags(config: TracingConfig) -> tuple[str, ...]:
+    """Every service's tracing flags (its trace file's path absolute: the children may run elsewhere)."""
+    file = ("--trace-file", str(pathlib.Path(config.trace_file).resolve())) if config.trace_file else ()
+    return ("--tracing", "on" if config.enabled else "off", "--trace-ratio", str(config.trace_ratio), *file)
 
 
 def simulation_flags(config: UpConfig, role: str) -> tuple[str, ...]:

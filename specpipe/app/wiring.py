@@ -27,6 +27,7 @@ from specpipe.config.services import (
 )
 from specpipe.core.errors import InvalidArgument, SpecpipeError
 from specpipe.engine.models import load_model, load_tokenizer, model_info
+from specpipe.runtime.traced import traced_drafter, traced_store
 from specpipe.serving.security import Tls
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def ngram_cache(url: str, tls: TlsFiles | Tls | None = None) -> NgramCache:
     (tls: of the channel to a cache service)."""
     from cache_service.stores import open_store
 
-    return open_store(url, tls=Tls.of(tls) if isinstance(tls, TlsFiles) else tls)
+    return traced_store(open_store(url, tls=Tls.of(tls) if isinstance(tls, TlsFiles) else tls))
 
 
 def build_drafters(kinds: Iterable[str], store: NgramCache | None, model_drafter: Drafter | None,
@@ -156,8 +157,10 @@ def drafter_methods(config: DrafterConfig) -> dict:
     drafter = load_drafter(model.specs()[1], model, drafter_forward(model), session_ttl_s=config.session_ttl_s,
                            cost_model=cost_curve(config.cost_model, "drafter"))
     if not config.cache:
-        return {"model": drafter}
-    return build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter, drafter.info())
+        return {"model": traced_drafter(drafter, "model", "propose")}
+    methods = build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter,
+                             drafter.info())
+    return {method: traced_drafter(served, method, "propose") for method, served in methods.items()}
 
 
 def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] | None = None,

@@ -12,7 +12,14 @@ from typing import Any
 from specpipe.cli.models_cmd import add_prepare_arg
 from specpipe.config.env import variable_value
 from specpipe.config.presets import PRESETS
-from specpipe.config.services import AdmissionConfig, BatchConfig, ModelConfig, OrchestratorConfig, VerifierConfig
+from specpipe.config.services import (
+    AdmissionConfig,
+    BatchConfig,
+    ModelConfig,
+    OrchestratorConfig,
+    TracingConfig,
+    VerifierConfig,
+)
 from specpipe.core import settings
 from specpipe.core.settings import CHOICES, ENV, HELP, METAVAR, SHOWN
 from specpipe.core.types import ALL_HYPOTHESES, DRAFTER_WITH_MODEL, SamplingParams, SpeculationOptions
@@ -126,6 +133,12 @@ def speculation_flags(spec: SpeculationOptions) -> tuple[str, ...]:
         return "all" if name == "hypotheses" and number == ALL_HYPOTHESES else str(number)
 
     return tuple(part for f in fields(SpeculationOptions) for part in ("--" + f.name.replace("_", "-"), value(f.name)))
+
+
+def add_tracing_args(parser: argparse.ArgumentParser) -> None:
+    """--tracing, --trace-ratio, --trace-file (docs/observability.md)."""
+    add_settings(parser.add_argument_group("tracing (OpenTelemetry)"), TracingConfig, "tracing", "trace_ratio",
+                 "trace_file")
 
 
 def add_hop_delay_arg(parser: Group) -> None:

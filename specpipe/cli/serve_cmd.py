@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             options.add_admission_args(sub, role)
         security_args.add_limit_args(sub)
         security_args.add_tls_args(sub, role)
+        options.add_tracing_args(sub)
+        if role == "orchestrator":
+            options.add_setting(sub, OrchestratorConfig, "ttft_slo_ms")
         if role in ("verifier", "drafter"):
             security_args.add_session_ttl_arg(sub)
             group = sub.add_argument_group("simulated device (load tests)")
@@ -72,13 +75,14 @@ CONFIGS = {"verifier": "verifier_config", "drafter": "drafter_config", "orchestr
 def run(args: argparse.Namespace) -> None:
     from specpipe.app import startup
     from specpipe.config import services as configs
-    from specpipe.runtime import logs
+    from specpipe.runtime import logs, tracing
 
     config = getattr(configs, CONFIGS[args.role])(vars(args))
     if args.role == "orchestrator":
         config.check_peers()  # before anything heavy
     server = configs.serve_config(vars(args))
     logs.configure(server.log_level, json=server.log_format == "json")
+    tracing.configure(config.tracing, args.role)  # before any channel or server is made: they carry it
     with startup.step(startup.IMPORTS):
         from specpipe.app import services
         from specpipe.engine.cores import set_threads
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> None:
     handle.wait()
     if http is not None:
         http.stop()
+    tracing.shutdown()  # the spans still buffered: exit_now skips the interpreter's exit hooks
     exit_now(0)
 
 

@@ -15,7 +15,14 @@ from typing import Any
 
 from specpipe.app.topology import run_up
 from specpipe.cli import options, security_args
-from specpipe.config.services import ModelConfig, UpConfig, given_settings, model_config, speculation
+from specpipe.config.services import (
+    ModelConfig,
+    UpConfig,
+    given_settings,
+    model_config,
+    speculation,
+    tracing_config,
+)
 from specpipe.core.types import DRAFTER_WITH_MODEL
 
 
@@ -38,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.add_speculation_args(parser, drafter=DRAFTER_WITH_MODEL)
     options.add_hop_delay_arg(parser)
     security_args.add_learn_global_arg(parser)
+    options.add_tracing_args(parser)
     parser.set_defaults(func=run)
 
 
@@ -58,5 +66,5 @@ def up_config(values: dict[str, Any], log_dir: pathlib.Path) -> UpConfig:
         **given_settings(values, UpConfig), "model": model_config(values), "log_dir": log_dir,
         "http_port": None if values["http_port"] < 0 else values["http_port"],
         "speculation": options.speculation_flags(speculation(values)) + passed_on,
-        "verifier_flags": tuple(shlex.split(values["verifier_flags"])),
+        "verifier_flags": tuple(shlex.split(values["verifier_flags"])), "tracing": tracing_config(values),
     })

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specpipe.core.errors import InvalidArgument
 
@@ -32,29 +32,42 @@ class Environment:
     tls_key: str | None = _variable("SPECPIPE_TLS_KEY", "its private key")
     tls_ca: str | None = _variable("SPECPIPE_TLS_CA", "the CA peers chain to")
     auth_token_file: str | None = _variable("SPECPIPE_AUTH_TOKEN_FILE", "the public API's bearer token")
+    tracing: bool | None = _variable("SPECPIPE_TRACING", "the default --tracing (on, off)")
+    trace_ratio: float | None = _variable("SPECPIPE_TRACE_RATIO", "the default --trace-ratio")
     max_new_tokens: int | None = _variable("SPECPIPE_MAX_NEW_TOKENS", "the load test's default answer length")
     home: Path = _variable("SPECPIPE_HOME", "prepared models, kernels, prompt packages")
     kernels: Path | None = _variable("SPECPIPE_KERNELS", "where the packed GEMM kernel is cached")
 
 
 VARIABLES = {f.metadata["variable"]: f.name for f in fields(Environment)}  # SPECPIPE_X -> Environment field
-_KINDS = {"health_port": int, "drain_timeout_s": float, "max_new_tokens": int}  # the rest: text (or a path)
 
 
-def _number(name: str, kind: type) -> Any:
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise ValueError(value)
+    return value == "on"
+
+
+# field -> (parse, what it is); the rest: text (or a path)
+_KINDS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "health_port": (int, "int"), "drain_timeout_s": (float, "float"), "max_new_tokens": (int, "int"),
+    "tracing": (_on_off, "switch (on, off)"), "trace_ratio": (float, "float")}
+
+
+def _number(name: str, parse: Callable[[str], Any], what: str) -> Any:
     value = os.environ.get(name)
     if not value:
         return None
     try:
-        return kind(value)
+        return parse(value)
     except ValueError:
-        raise InvalidArgument(f"{name}={value!r} is not a {kind.__name__}") from None
+        raise InvalidArgument(f"{name}={value!r} is not a {what}") from None
 
 
 def _read(f: Field[Any]) -> Any:
     name = f.metadata["variable"]
     if f.name in _KINDS:
-        return _number(name, _KINDS[f.name])
+        return _number(name, *_KINDS[f.name])
     value = os.environ.get(name) or None
     if f.name == "home":
         return Path(value or Path.home() / ".cache" / "specpipe")

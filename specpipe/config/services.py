@@ -190,6 +190,28 @@ class AdmissionConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """Distributed traces (OpenTelemetry; docs/observability.md): off by default, at no cost. On, a
+    process exports spans through the exporters the standard OTEL_* variables name (OTEL_TRACES_EXPORTER:
+    otlp, console or none; OTEL_EXPORTER_OTLP_ENDPOINT, ...) and --trace-file's."""
+
+    enabled: bool = setting(False, "export OpenTelemetry traces: one trace per generation, a span per round and "
+                            "its hops (the `otel` extra; exporters from the OTEL_* variables)", key="tracing",
+                            env="SPECPIPE_TRACING", choices=ON_OFF, shown="off; docs/observability.md")
+    trace_ratio: float = setting(
+        1.0, "with tracing on, the share of generations traced (a client's W3C traceparent decides for its own "
+        "request); the verifier and drafter follow the orchestrator's choice", env="SPECPIPE_TRACE_RATIO",
+        metavar="R")
+    trace_file: str | None = setting(
+        None, "also write every finished span as one JSON line to FILE (appended; several processes may share "
+        "one); without OTEL_TRACES_EXPORTER it is the only exporter", metavar="FILE", shown="none")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.trace_ratio <= 1.0:
+            raise InvalidArgument(f"trace_ratio must be in [0, 1], got {self.trace_ratio}")
+
+
+@dataclass(frozen=True)
 class TlsFiles:
     """PEM files (docs/security.md): this side's certificate and key, and the CA peers chain to."""
 
@@ -212,6 +234,7 @@ class VerifierConfig:
         None, "answer from a recorded transcript of the model's greedy decoding (`specpipe transcript record`) "
         "instead of running it: the real model's acceptance at --cost-model's speed, without its weights; greedy "
         "requests on the recorded prompts only", metavar="FILE", shown="off; docs/pipeline.md")
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         _positive("max_sessions", self.max_sessions)
@@ -229,6 +252,7 @@ class DrafterConfig:
     session_ttl_s: float = _session_ttl()
     tls: TlsFiles | None = None  # of its channel to a cache service
     cost_model: str | None = _cost_model()  # the model drafter's forwards
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         _positive("session_ttl_s", self.session_ttl_s)
@@ -239,6 +263,7 @@ class CacheConfig:
     cache: str = setting("memory", "the store to serve", metavar="URL")
     limits: Limits = DEFAULT_LIMITS
     tls: TlsFiles | None = None
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
 
 @dataclass(frozen=True)
@@ -288,10 +313,15 @@ class OrchestratorConfig:
     learn_global: bool = _learn_global()  # finished outputs feed their tenant's learned store (docs/security.md)
     tls: TlsFiles | None = None
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    ttft_slo_ms: float = setting(
+        2000.0, "the time-to-first-token objective: exported as specpipe_ttft_slo_ms, which the dashboard draws and "
+        "the TTFT alert compares the p99 with (deploy/k8s/components/monitoring)", metavar="MS")
 
     def __post_init__(self) -> None:
         _positive("rpc_timeout_s", self.rpc_timeout_s)
         _positive("connect_timeout_s", self.connect_timeout_s)
+        _positive("ttft_slo_ms", self.ttft_slo_ms)
         if self.hop_delay_ms < 0:
             raise InvalidArgument(f"hop_delay_ms must be >= 0, got {self.hop_delay_ms}")
 
@@ -313,6 +343,7 @@ class GeneratorConfig:
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     speculation: SpeculationOptions = DEFAULT_SPECULATION
     cache: str = _store()
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     @property
     def model(self) -> ModelConfig:
@@ -390,6 +421,7 @@ class UpConfig:
     cost_model: str | None = _cost_model()  # every verifier's and drafter's
     replay: str | None = setting(None, "every verifier answers from this transcript (`specpipe serve verifier "
                                  "--replay`)", metavar="FILE", shown="off; docs/pipeline.md")
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # every service's
 
     def __post_init__(self) -> None:
         if self.verifiers < 1 or self.drafters < 1 or self.orchestrators < 1:
@@ -433,6 +465,10 @@ def limits_config(values: Mapping[str, Any]) -> Limits:
         return Limits(**given_settings(values, Limits, LIMIT_PREFIX))
     except ValueError as err:
         raise InvalidArgument(str(err)) from None
+
+
+def tracing_config(values: Mapping[str, Any]) -> TracingConfig:
+    return TracingConfig(**given_settings(values, TracingConfig))
 
 
 def tls_files(values: Mapping[str, Any]) -> TlsFiles | None:
@@ -486,23 +522,25 @@ def speculation(
 
 def verifier_config(values: Mapping[str, Any]) -> VerifierConfig:
     return VerifierConfig(model=model_config(values), batch=batch_config(values), limits=limits_config(values),
-                          **given_settings(values, VerifierConfig))
+                          tracing=tracing_config(values), **given_settings(values, VerifierConfig))
 
 
 def drafter_config(values: Mapping[str, Any]) -> DrafterConfig:
     return DrafterConfig(model=model_config(values), limits=limits_config(values), tls=tls_files(values),
-                         **given_settings(values, DrafterConfig))
+                         tracing=tracing_config(values), **given_settings(values, DrafterConfig))
 
 
 def cache_config(values: Mapping[str, Any]) -> CacheConfig:
-    return CacheConfig(limits=limits_config(values), tls=tls_files(values), **given_settings(values, CacheConfig))
+    return CacheConfig(limits=limits_config(values), tls=tls_files(values), tracing=tracing_config(values),
+                       **given_settings(values, CacheConfig))
 
 
 def orchestrator_config(values: Mapping[str, Any], drafter_service: bool = False) -> OrchestratorConfig:
     """drafter_service: a drafter service drafts whatever the drafter_addr says (the Ray application)."""
     return OrchestratorConfig(
         model=model_config(values), speculation=speculation(values, drafter_service), limits=limits_config(values),
-        tls=tls_files(values), admission=admission_config(values), **given_settings(values, OrchestratorConfig))
+        tls=tls_files(values), admission=admission_config(values), tracing=tracing_config(values),
+        **given_settings(values, OrchestratorConfig))
 
 
 def serve_config(values: Mapping[str, Any]) -> ServeConfig:
@@ -515,7 +553,7 @@ def seed_config(values: Mapping[str, Any]) -> SeedConfig:
 
 def generator_config(values: Mapping[str, Any]) -> GeneratorConfig:
     return GeneratorConfig(verifier_config(values), speculation(values, in_process=True),
-                           **given_settings(values, GeneratorConfig))
+                           tracing=tracing_config(values), **given_settings(values, GeneratorConfig))
 
 
 # --- the settings each role takes (the Ray application's YAML keys) ----------------------------
@@ -526,10 +564,11 @@ def _keys(cls: type, prefix: str = "") -> frozenset[str]:
 
 _PEERS = frozenset(("verifier_addr", "drafter_addr", "connect_timeout", "hop_delay_ms"))  # on Ray: handles
 _MODEL, _LIMITS, _TLS = _keys(ModelConfig), _keys(Limits, LIMIT_PREFIX), _keys(TlsFiles, TLS_PREFIX)
+_TRACING = _keys(TracingConfig)
 SETTINGS = {
-    "verifier": _MODEL | _LIMITS | _keys(BatchConfig) | _keys(VerifierConfig),
-    "drafter": _MODEL | _LIMITS | _TLS | _keys(DrafterConfig),
-    "orchestrator": (_MODEL | _LIMITS | _TLS | _keys(SpeculationOptions) | _keys(AdmissionConfig)
+    "verifier": _MODEL | _LIMITS | _TRACING | _keys(BatchConfig) | _keys(VerifierConfig),
+    "drafter": _MODEL | _LIMITS | _TLS | _TRACING | _keys(DrafterConfig),
+    "orchestrator": (_MODEL | _LIMITS | _TLS | _TRACING | _keys(SpeculationOptions) | _keys(AdmissionConfig)
                      | _keys(OrchestratorConfig) - _PEERS),
 }
 

@@ -121,6 +121,7 @@ class RoundRequest:
     draft: Draft
     sampling: SamplingParams
     tag: int = 0  # the caller's: its reply carries it back
+    traceparent: str = ""  # the round's W3C trace context ("": untraced; specpipe.runtime.tracing)
 
 
 @dataclass(frozen=True)
@@ -258,3 +259,4 @@ class GenerationChunk:
     finish_reason: str          # "" while running, else "eos" | "stop" | "length"
     round: RoundStats | None = None
     seed: int = 0               # the seed the generation samples with (random if the request gave 0); 0 = greedy
+    trace_id: str = ""          # the generation's trace (hex) where it is traced: the latency exemplars' link

@@ -54,7 +54,7 @@ from specpipe.engine.planner import (
     step_work,
 )
 from specpipe.engine.runner import Runner
-from specpipe.runtime import cpu, metrics
+from specpipe.runtime import cpu, metrics, tracing
 from specpipe.runtime.lifecycle import Cancellation
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,13 @@ class Work:
     where a model runs unbatched: then kv may be any specpipe.engine.runner cache)."""
 
     def __init__(self, kv: SlotKV, steps: Generator[Step, torch.Tensor | None, Any],
-                 cancellation: Cancellation | None = None, on_done: Callable[[Work], None] | None = None):
+                 cancellation: Cancellation | None = None, on_done: Callable[[Work], None] | None = None,
+                 trace: Any = None):
         """on_done: called on the scheduler thread once the work is done or failed (Scheduler.submit's
-        callers; Scheduler.run waits instead)."""
+        callers; Scheduler.run waits instead). trace: the span its queue wait and forwards are children of
+        (default: the caller's current one, where tracing is on and the caller is traced)."""
         self.kv = kv
+        self.trace = trace if trace is not None or not tracing.ACTIVE else tracing.current()
         self.on_done = on_done
         self._steps = steps
         self.cancellation = cancellation  # set when its caller has gone: the rest is dropped (a prefill's chunks)
@@ -358,6 +361,16 @@ class Scheduler:
             self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, alone_ms, added_ms)
             prompt.next_chunk = next_chunk(tokens, added_ms, (stall - 1) * alone_ms)
 
+    def _trace_forward(self, batch: list[tuple[Work, int]], launched: float, ended: float, tokens: int) -> None:
+        """The forward as a span under each traced request in it (its batch: sessions and tokens)."""
+        start_ns, end_ns = wall_ns(launched), wall_ns(ended)
+        for work, n in batch:
+            if work.trace is not None:
+                tracing.start("forward", work.trace, {"specpipe.role": self._role, "specpipe.tokens": n,
+                                                      "specpipe.batch.sessions": len(batch),
+                                                      "specpipe.batch.tokens": tokens},
+                              start_ns=start_ns).end(end_time=end_ns)
+
     def _step(self, batch: list[tuple[Work, int]]) -> None:
         now = time.perf_counter()
         self._graced = False
@@ -365,7 +378,11 @@ class Scheduler:
             if not work.started:
                 work.started = True
                 self._turnaround(work)
-                metrics.QUEUE_WAIT_MS.labels(role=self._role).observe((now - work.enqueued) * 1e3)
+                metrics.QUEUE_WAIT_MS.labels(role=self._role).observe((now - work.enqueued) * 1e3,
+                                                                       tracing.exemplar(work.trace))
+                if work.trace is not None:
+                    tracing.start("queue", work.trace, {"specpipe.role": self._role},
+                                  start_ns=wall_ns(work.enqueued)).end(end_time=wall_ns(now))
         tokens = sum(n for _, n in batch)
         works = [self._work(work, n) for work, n in batch]
         self._batch_sessions.observe(len(batch))
@@ -386,6 +403,8 @@ class Scheduler:
             forward_ms = (ended - now) * 1e3
             self._forward_seconds.inc(ended - launched)  # the busy share: the forward alone
             self._forwards.inc()
+            if tracing.ACTIVE:
+                self._trace_forward(batch, launched, ended, tokens)
             self._steer_chunks(batch, works, forward_ms)
             self._cost.add(sum(works), forward_ms)
             for (work, n), rows, done in zip(batch, logits, works):
@@ -411,6 +430,11 @@ class Scheduler:
         batch.clear()
         while finished:
             finished.pop().complete()
+
+
+def wall_ns(perf_s: float) -> int:
+    """A time.perf_counter() reading as wall-clock nanoseconds (a span's timestamps)."""
+    return int(perf_s * 1e9) + time.time_ns() - time.perf_counter_ns()
 
 
 def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role: str, max_context: int,

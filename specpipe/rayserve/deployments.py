@@ -11,6 +11,7 @@ standard grpc.health.v1 health check, so the same clients and probes work as aga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import Any, AsyncIterator, Iterator, NoReturn
@@ -21,8 +22,25 @@ from ray import serve
 from specpipe.config.services import DrafterConfig, OrchestratorConfig, VerifierConfig
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 from specpipe.rayserve.handles import HandleDrafter, HandleVerifier, serve_replicas
+from specpipe.runtime import tracing
 
 _END = object()
+
+
+@contextlib.contextmanager
+def traced_call(name: str, traceparent: str) -> Iterator[None]:
+    """A handle call's server span (deployment.method), a child of its caller's traceparent (nothing where
+    it has none)."""
+    parent = tracing.remote(traceparent)
+    if parent is None:
+        yield
+        return
+    span = tracing.start(name, parent, kind="server")
+    try:
+        with tracing.scope(span):
+            yield
+    finally:
+        span.end()
 
 
 def _replica_id() -> str:
@@ -37,17 +55,22 @@ class VerifierDeployment:
         from specpipe.engine.cores import set_threads
 
         set_threads(config.model.threads)
+        tracing.configure(config.tracing, "verifier")
         self._verifier = load_verifier(config)
 
     def info(self) -> ModelInfo:
         return self._verifier.info()
 
-    def prefill(self, session_id: str, prompt_ids: tuple[int, ...]) -> tuple[int, str]:
-        """The context length, and this replica's id (where the session's KV now lives)."""
-        return self._verifier.prefill(session_id, prompt_ids), _replica_id()
+    def prefill(self, session_id: str, prompt_ids: tuple[int, ...], traceparent: str = "") -> tuple[int, str]:
+        """The context length, and this replica's id (where the session's KV now lives). traceparent:
+        the caller's trace context (HandleVerifier's, where it is traced)."""
+        with traced_call("Verifier.prefill", traceparent):
+            return self._verifier.prefill(session_id, prompt_ids), _replica_id()
 
-    def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
-        return self._verifier.verify(session_id, context_len, draft, sampling)
+    def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams,
+               traceparent: str = "") -> VerifyResult:
+        with traced_call("Verifier.verify", traceparent):
+            return self._verifier.verify(session_id, context_len, draft, sampling)
 
     def release(self, session_id: str) -> bool:
         return self._verifier.release(session_id)
@@ -63,13 +86,15 @@ class DrafterDeployment:
         from specpipe.engine.cores import set_threads
 
         set_threads(config.model.threads)
+        tracing.configure(config.tracing, "drafter")
         self._methods = DraftMethods(drafter_methods(config))
 
     def info(self) -> ModelInfo:
         return self._methods.info()
 
-    def propose(self, request: ProposeRequest, method: str = "") -> ProposeResult:
-        return self._methods.drafter(method).propose(request)
+    def propose(self, request: ProposeRequest, method: str = "", traceparent: str = "") -> ProposeResult:
+        with traced_call("Drafter.propose", traceparent):
+            return self._methods.drafter(method).propose(request)
 
     def release(self, session_id: str) -> bool:
         return self._methods.release(session_id)
@@ -145,6 +170,7 @@ class OrchestratorDeployment:
         from specpipe.engine.cores import set_threads
 
         set_threads(config.model.threads)
+        tracing.configure(config.tracing, "orchestrator")
         self._timeout_s = config.rpc_timeout_s
         drafter_info = await drafter.info.remote()  # the model infos, once: calls block only in threads
         self._verifier = HandleVerifier(verifier, await verifier.info.remote(), self._timeout_s)

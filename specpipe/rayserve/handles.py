@@ -27,6 +27,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 
 from specpipe.core import errors
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
+from specpipe.runtime import tracing
 from specpipe.serving.failover import ReplicatedVerifier
 from specpipe.serving.replicas import Probe, ReplicaSet
 
@@ -73,6 +74,13 @@ class Placement:
     released_s: float | None = None
 
 
+def trace_context() -> dict[str, str]:
+    """A handle call's keyword with the caller's trace context, where it is traced (a deployment method
+    takes it as its traceparent; specpipe.runtime.tracing)."""
+    traceparent = tracing.traceparent() if tracing.ACTIVE else ""
+    return {"traceparent": traceparent} if traceparent else {}
+
+
 class HandleVerifier:
     """specpipe.core.protocols.Verifier over the verifier deployment. Records where each session was
     prefilled (placements(): recent sessions, for operators and tests)."""
@@ -87,7 +95,8 @@ class HandleVerifier:
 
     def _call(self, session_id: str, method: str, *args: Any) -> Any:
         with ray_errors(f"verifier {method}"):
-            response = getattr(self._handle.options(session_id=session_id), method).remote(session_id, *args)
+            response = getattr(self._handle.options(session_id=session_id), method).remote(session_id, *args,
+                                                                                          **trace_context())
             return response.result(timeout_s=self._timeout_s)
 
     def info(self) -> ModelInfo:
@@ -134,7 +143,8 @@ class HandleDrafter:
 
     def propose(self, request: ProposeRequest) -> ProposeResult:
         with ray_errors("drafter propose"):
-            response = self._handle.options(session_id=request.session_id).propose.remote(request, self.method)
+            response = self._handle.options(session_id=request.session_id).propose.remote(request, self.method,
+                                                                                         **trace_context())
             return response.result(timeout_s=self._timeout_s)
 
     def release(self, session_id: str) -> bool:

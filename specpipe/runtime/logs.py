@@ -1,8 +1,10 @@
-"""Structured logging: one JSON object per line (ts, level, logger, msg, plus extra fields).
+"""Structured logging: one JSON object per line (ts, level, logger, msg, plus extra fields); a line
+logged inside a traced request also carries its trace_id and span_id (specpipe.runtime.tracing), so a
+log line leads to its trace and a trace to its lines.
 
     log.info("round done", extra={"session_id": sid, "request_id": rid, "accepted": 3})
     -> {"ts": "2025-01-01T12:00:00.123Z", "level": "INFO", "logger": "orchestrator", "msg": "round done",
-        "session_id": "...", "request_id": "...", "accepted": 3}
+        "session_id": "...", "request_id": "...", "accepted": 3, "trace_id": "...", "span_id": "..."}
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import logging
 import sys
 import time
 from typing import TextIO
+
+from specpipe.runtime import tracing
 
 # Attributes every LogRecord has; anything else on a record came in through `extra=`.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
@@ -32,6 +36,8 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _RECORD_ATTRS and not key.startswith("_"):
                 event[key] = value
+        if tracing.ACTIVE:  # the formatter runs on the logging thread: its context is the line's
+            event.update(tracing.log_fields())
         if record.exc_info:
             event["exc"] = self.formatException(record.exc_info)
         return json.dumps(event, default=str, ensure_ascii=False)
@@ -41,9 +47,10 @@ class TextFormatter(logging.Formatter):
     """Human-readable variant: `ts LEVEL logger: msg key=value ...`."""
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(
-            f"{k}={v}" for k, v in vars(record).items() if k not in _RECORD_ATTRS and not k.startswith("_")
-        )
+        fields = {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS and not k.startswith("_")}
+        if tracing.ACTIVE:
+            fields.update(tracing.log_fields())
+        extras = " ".join(f"{k}={v}" for k, v in fields.items())
         line = f"{_timestamp(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
         line = f"{line} {extras}" if extras else line
         return f"{line}\n{self.formatException(record.exc_info)}" if record.exc_info else line

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specpipe.core import errors, types
 from specpipe.core.tenancy import TENANT_METADATA
-from specpipe.runtime import cpu
+from specpipe.runtime import cpu, tracing
 from specpipe.runtime.lifecycle import call_timeout, check_cancelled, current_cancellation
 from specpipe.serving import convert
 from specpipe.serving.security import Tls, bearer_metadata
@@ -39,11 +39,14 @@ CHANNEL_OPTIONS = (
 
 
 def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
-    """A channel to target: TLS (mutual with tls.cert) when tls is given, else plaintext."""
+    """A channel to target: TLS (mutual with tls.cert) when tls is given, else plaintext; with tracing
+    on, through the gRPC instrumentation's interceptor (specpipe.runtime.tracing)."""
     if tls is not None:
         name = (("grpc.ssl_target_name_override", tls.server_name),) if tls.server_name else ()
-        return grpc.secure_channel(target, tls.channel_credentials(), options=CHANNEL_OPTIONS + name)
-    return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        made = grpc.secure_channel(target, tls.channel_credentials(), options=CHANNEL_OPTIONS + name)
+    else:
+        made = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return tracing.traced_channel(made)  # with tracing on, a generation's calls carry its traceparent
 
 
 def to_specpipe_error(err: grpc.RpcError) -> errors.SpecpipeError:
@@ -184,7 +187,8 @@ class VerifierClient(Client):
                 )
             if self._mux is not None:
                 try:
-                    reply = self._mux.verify(request, call_timeout(self.timeout_s, f"{self.target} verify"))
+                    reply = self._mux.verify(request, call_timeout(self.timeout_s, f"{self.target} verify"),
+                                             tracing.traceparent() if tracing.ACTIVE else "")
                     return convert.verify_result_from_proto(reply)
                 except errors.SpecpipeError as err:
                     if err.code != "UNIMPLEMENTED":
@@ -207,7 +211,7 @@ class VerifierClient(Client):
                                                      draft=convert.draft_to_proto(draft),
                                                      sampling=convert.sampling_to_proto(sampling))
             timeout_s = call_timeout(self.timeout_s, f"{self.target} verify")
-            sent = mux.send(request)
+            sent = mux.send(request, tracing.traceparent() if tracing.ACTIVE else "")
 
         def result() -> types.VerifyResult:
             with cpu.hop("orchestrator", "verify_rpc"):
@@ -286,9 +290,11 @@ class GenerationClient(Client):
         speculation: types.SpeculationOptions | None = None,  # None = the server's defaults
         request_id: str = "",
         tenant: str = "",
+        traceparent: str = "",
     ) -> Iterator[types.GenerationChunk]:
         """Exactly one of prompt / messages / token_ids (none: the server answers INVALID_ARGUMENT).
-        Closing the iterator early cancels the RPC, which releases the sessions on the server."""
+        Closing the iterator early cancels the RPC, which releases the sessions on the server.
+        traceparent: a W3C trace context, the parent of the generation's trace (docs/observability.md)."""
         source = convert.GenerateInput(
             prompt=prompt,
             messages=tuple(messages) if messages is not None else None,
@@ -299,6 +305,7 @@ class GenerationClient(Client):
         with encoding("generate request"):
             request = convert.generate_request_to_proto(source, max_new_tokens, request_id, stop, sampling, speculation)
         metadata = self._auth + (((TENANT_METADATA, tenant),) if tenant else ())  # tenant: specpipe.core.tenancy
+        metadata += ((tracing.TRACEPARENT, traceparent),) if traceparent else ()
         call = self._stub.Generate(request, timeout=self.timeout_s, wait_for_ready=self.wait_for_ready,
                                    metadata=metadata or None)
         return self._chunks(call)

@@ -27,7 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from specpipe.config.limits import DEFAULT_LIMITS
 from specpipe.config.services import ServeConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
-from specpipe.runtime import metrics
+from specpipe.runtime import metrics, tracing
 from specpipe.runtime.lifecycle import Cancellation, cancel_scope
 from specpipe.serving.security import Tls, TokenAuth
 
@@ -323,7 +323,7 @@ def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) ->
     drain = _Drain(names)
     auth = [TokenAuth(config.auth_token, names)] if config.auth_token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers), options=options,
-                         interceptors=(*auth, drain))
+                         interceptors=(*auth, drain, *tracing.server_interceptors()))
     for service in services:
         service.add_to_server(service.servicer, server)
 

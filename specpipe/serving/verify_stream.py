@@ -71,19 +71,21 @@ class VerifyMux:
         self._stream: object | None = None  # a token of the open stream: its request iterator serves it only
         self._closed = False
 
-    def verify(self, request: verifier_pb2.VerifyRequest, timeout_s: float | None) -> verifier_pb2.VerifyReply:
+    def verify(self, request: verifier_pb2.VerifyRequest, timeout_s: float | None, traceparent: str = "",
+               ) -> verifier_pb2.VerifyReply:
         """Send request on the stream and wait for its reply (DEADLINE_EXCEEDED after timeout_s)."""
-        return self.wait(self.send(request), timeout_s)
+        return self.wait(self.send(request, traceparent), timeout_s)
 
-    def send(self, request: verifier_pb2.VerifyRequest) -> tuple[int, _Waiting]:
-        """Queue request on the stream (opened if none is); wait() for its reply."""
+    def send(self, request: verifier_pb2.VerifyRequest, traceparent: str = "") -> tuple[int, _Waiting]:
+        """Queue request on the stream (opened if none is); wait() for its reply. traceparent: the
+        round's trace context ("" untraced), carried in the round itself (the stream is every session's)."""
         waiting = _Waiting()
         with self._lock:
             if self._closed:
                 raise errors.Unavailable("the verifier client is closed")
             tag = next(self._tags)
             self._waiting[tag] = waiting
-            self._queue.append(verifier_pb2.TaggedVerify(tag=tag, request=request))
+            self._queue.append(verifier_pb2.TaggedVerify(tag=tag, request=request, traceparent=traceparent))
             if self._call is None:
                 self._open()
             self._lock.notify()
@@ -248,7 +250,7 @@ def _submit(verifier: RoundVerifier, batch: verifier_pb2.VerifyBatch, done: queu
         try:
             request = item.request
             rounds.append(RoundRequest(request.session_id, request.context_len, convert.draft_from_proto(request.draft),
-                                       convert.sampling_from_proto(request.sampling), item.tag))
+                                       convert.sampling_from_proto(request.sampling), item.tag, item.traceparent))
         except errors.SpecpipeError as err:
             outstanding.add(1)
             done.put((item.tag, err))

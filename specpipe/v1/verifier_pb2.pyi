@@ -68,12 +68,14 @@ class VerifyBatch(_message.Message):
     def __init__(self, rounds: _Optional[_Iterable[_Union[TaggedVerify, _Mapping]]] = ...) -> None: ...
 
 class TaggedVerify(_message.Message):
-    __slots__ = ("tag", "request")
+    __slots__ = ("tag", "request", "traceparent")
     TAG_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     tag: int
     request: VerifyRequest
-    def __init__(self, tag: _Optional[int] = ..., request: _Optional[_Union[VerifyRequest, _Mapping]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, tag: _Optional[int] = ..., request: _Optional[_Union[VerifyRequest, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class VerifyBatchReply(_message.Message):
     __slots__ = ("replies",)
