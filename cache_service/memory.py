@@ -12,7 +12,8 @@ from typing import Any, Callable, Sequence
 from specpipe.core import learned, ngram
 from specpipe.core.learned import LearnedStore
 from specpipe.core.ngram import NgramConfig, NgramDraft, Table
-from specpipe.core.tenancy import check_tenant
+from specpipe.core.tenancy import check_tenant, tenant_label
+from specpipe.runtime import metrics
 
 
 @dataclass
@@ -70,7 +71,9 @@ class InMemoryNgramCache:
             self._sweep(self._clock())
             owner = self._tenant(tenant) or self._tenants.setdefault(tenant, _Tenant())
             owner.expires_at = self._clock() + self.config.learned.ttl_s
-            return learned.learn(owner.store, tokens, self.config.learned)
+            added = learned.learn(owner.store, tokens, self.config.learned)
+            metrics.LEARNED_STORE_TOKENS.labels(tenant=tenant_label(tenant)).set(owner.store.tokens)
+            return added
 
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)

@@ -50,8 +50,9 @@ from specpipe.core import learned, ngram
 from specpipe.core.errors import SpecpipeError, Unavailable
 from specpipe.core.learned import MATCH_TOKENS, Document, LearnedDraft, LearnedStore
 from specpipe.core.ngram import NgramConfig, NgramDraft
-from specpipe.core.tenancy import check_tenant
+from specpipe.core.tenancy import check_tenant, tenant_label
 from specpipe.core.types import Draft
+from specpipe.runtime import metrics
 
 GLOBAL_TAG = "{g}"  # the default tenant's learned store
 GLOBAL_PARTS = ("docs", "counts", "lru", "digests", "ix", "state")  # the KEYS of lua/learn.lua and learned_lookup.lua
@@ -175,7 +176,9 @@ class RedisNgramCache:
         args: list[Any] = [packed(tokens), options.index_n, options.max_occurrences, options.max_tokens,
                 max(1, round(options.ttl_s * 1000))]
         with _errors(self._url):
-            return int(self._learn(keys=global_keys(tenant), args=args))
+            added, held = self._learn(keys=global_keys(tenant), args=args)
+        metrics.LEARNED_STORE_TOKENS.labels(tenant=tenant_label(tenant)).set(int(held))
+        return int(added)
 
     def release(self, session_id: str) -> bool:
         ngram.check_session_id(session_id)

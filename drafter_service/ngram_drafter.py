@@ -11,19 +11,29 @@ x with probability p(x) (docs/design.md, "Verification").
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from specpipe.core import ngram
 from specpipe.core.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
 from specpipe.core.protocols import NgramCache
+from specpipe.core.tenancy import tenant_label
 from specpipe.core.trees import first_path
 from specpipe.core.types import ModelInfo, ProposeRequest, ProposeResult
 from specpipe.runtime import cpu, metrics
 from specpipe.runtime.breaker import Breaker
 
 log = logging.getLogger("specpipe.drafter")
+
+
+@functools.lru_cache(maxsize=1024)
+def learned_metrics(tenant: str) -> tuple[Any, Any]:
+    """A tenant's learned-store lookups and hits (labels bound once; the label a hash of the id)."""
+    label = tenant_label(tenant)
+    return metrics.LEARNED_LOOKUPS.labels(tenant=label), metrics.LEARNED_HITS.labels(tenant=label)
 
 
 class NgramDrafter:
@@ -33,6 +43,8 @@ class NgramDrafter:
         self._info = info  # the verifier's: the store holds the verifier's own tokens
         self._config = config
         self._breaker = Breaker()  # a store that fails is skipped for a while, not waited for every round
+        if cache is not None:
+            metrics.zero(metrics.CACHE_FAILURES, {"call": "lookup"})
 
     def info(self) -> ModelInfo:
         return self._info
@@ -86,6 +98,10 @@ class NgramDrafter:
                         extra={"session_id": request.session_id, "error": str(err)})
             return ngram.EMPTY_NGRAM_DRAFT
         self._breaker.succeeded()
+        lookups, hits = learned_metrics(request.tenant)
+        lookups.inc()
+        if "global" in found.sources:
+            hits.inc()
         return found
 
     def release(self, session_id: str) -> bool:

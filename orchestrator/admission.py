@@ -13,10 +13,13 @@ from specpipe.config.services import AdmissionConfig  # its settings: generation
 from specpipe.core.errors import DeadlineExceeded, ResourceExhausted
 from specpipe.runtime import metrics
 
+REASONS = ("full", "deadline")  # why a stream is refused (specpipe_admission_rejections_total)
+
 
 class Admission:
     def __init__(self, config: AdmissionConfig = AdmissionConfig()):
         self.config = config
+        metrics.zero(metrics.ADMISSION_REJECTIONS, *({"role": "orchestrator", "reason": r} for r in REASONS))
         self._running = 0
         self._waiting = 0
         self._cond = threading.Condition()
@@ -32,6 +35,7 @@ class Admission:
         with self._cond:
             if self._running >= self.config.max_sessions:
                 if self._waiting >= self.config.max_queue:
+                    metrics.ADMISSION_REJECTIONS.labels(role="orchestrator", reason="full").inc()
                     raise ResourceExhausted(
                         f"orchestrator is full: {self._running} generations running (max {self.config.max_sessions}) "
                         f"and {self._waiting} waiting (max {self.config.max_queue}); retry later")
@@ -39,6 +43,7 @@ class Admission:
                 metrics.QUEUE_DEPTH.labels(role="orchestrator").set(self._waiting)
                 try:
                     if not self._cond.wait_for(lambda: self._running < self.config.max_sessions, timeout_s):
+                        metrics.ADMISSION_REJECTIONS.labels(role="orchestrator", reason="deadline").inc()
                         raise DeadlineExceeded(f"no generation slot freed within the deadline ({timeout_s:.1f} s)")
                 finally:
                     self._waiting -= 1

@@ -34,6 +34,8 @@ class RoundObserver:
         self.learn_global = learn_global
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specpipe-store")  # FIFO: records in order
         self._breaker = Breaker()
+        if store is not None:
+            metrics.zero(metrics.CACHE_FAILURES, *({"call": call} for call in metrics.CACHE_CALLS))
 
     def verified(self, gen: Generation, proposal: ProposeResult, result: VerifyResult) -> None:
         """Before gen confirms the round: the verifier's argmax after each rejected draft node to the

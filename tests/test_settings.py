@@ -21,7 +21,7 @@ from specpipe.core.errors import InvalidArgument
 from specpipe.core.settings import ENV, default_of, settings_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SETTING_CLASSES = (services.ModelConfig, services.BatchConfig, services.AdmissionConfig, services.TlsFiles,
+SETTING_CLASSES = (services.ModelConfig, services.BatchConfig, services.AdmissionConfig, services.TlsFiles, services.TracingConfig,
                    services.VerifierConfig, services.DrafterConfig, services.CacheConfig, services.SeedConfig,
                    services.OrchestratorConfig, services.GeneratorConfig, services.ServeConfig, services.UpConfig)
 

@@ -111,6 +111,7 @@ class SessionVerifier:
         self._sessions_lock = threading.Lock()
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time per model
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "verifier-session-sweeper")
+        metrics.zero(metrics.ADMISSION_REJECTIONS, {"role": "verifier", "reason": "sessions"})
 
     @property
     def batched(self) -> bool:
@@ -149,6 +150,7 @@ class SessionVerifier:
             if session_id in self._sessions:
                 raise FailedPrecondition(f"session {session_id!r} is already open; release it or use a new id")
             if len(self._sessions) >= self._max_sessions:
+                metrics.ADMISSION_REJECTIONS.labels(role="verifier", reason="sessions").inc()
                 raise ResourceExhausted(f"verifier has {len(self._sessions)} open sessions (max {self._max_sessions}); "
                                         "release finished sessions, retry later or add verifier replicas")
             self._sessions[session_id] = session

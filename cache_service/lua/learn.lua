@@ -9,8 +9,9 @@
 -- A member is the document id as "%012d": the zset orders equal scores by member, so ties in `used`
 -- go to the lower id, as learned.learn's min((used, id)).
 -- ARGV: the document's tokens packed as little-endian int32, index_n, max_occurrences, max_tokens, ttl_ms.
--- Returns the tokens added: 0 for a repeat (which counts) or a document of <= index_n or > max_tokens
--- tokens. Every key of the tenant expires ttl_ms from now (learned.LearnedConfig.ttl_s).
+-- Returns {the tokens added, the tokens the store holds now}: added is 0 for a repeat (which counts) or a
+-- document of <= index_n or > max_tokens tokens. Every key of the tenant expires ttl_ms from now
+-- (learned.LearnedConfig.ttl_s).
 local docs, counts, lru, digests, ix, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local document = ARGV[1]
 local index_n = tonumber(ARGV[2])
@@ -137,4 +138,4 @@ local added = learn()
 for _, key in ipairs(KEYS) do
   redis.call("PEXPIRE", key, ttl_ms)  -- no-op on a key the tenant does not have (yet)
 end
-return added
+return {added, tonumber(redis.call("HGET", state, "tokens") or 0)}

@@ -38,7 +38,9 @@ def cache_service(config: CacheConfig) -> Service:
 def orchestrator_parts(config: OrchestratorConfig) -> Parts:
     """(the Generator, its Admission): what the gRPC and the HTTP API of one orchestrator share."""
     from orchestrator.admission import Admission
+    from specpipe.runtime import metrics
 
+    metrics.TTFT_SLO_MS.set(config.ttft_slo_ms)
     return orchestrator_generator(config), Admission(config.admission)
 
 

@@ -218,7 +218,8 @@ def remote_generator(config: OrchestratorConfig) -> Generator:
     tls, rpc_timeout_s, hop_delay_ms = Tls.of(config.tls), config.rpc_timeout_s, config.hop_delay_ms
     verifier_tls = peer_tls(tls, config.verifier_addr)
     verifiers = ReplicaSet(config.verifier_addr, lambda a: VerifierClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
-                                                                          tls=verifier_tls), verifier_probe)
+                                                                          tls=verifier_tls), verifier_probe,
+                           role="verifier")
     verifiers.wait_ready(config.connect_timeout_s)
     verifier = ReplicatedVerifier(verifiers)
     store = ngram_cache(config.cache, tls)
@@ -226,7 +227,8 @@ def remote_generator(config: OrchestratorConfig) -> Generator:
     if config.drafter_addr is not None:
         drafter_tls = peer_tls(tls, config.drafter_addr)
         drafters = ReplicaSet(config.drafter_addr, lambda a: DrafterClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
-                                                                           tls=drafter_tls), drafter_probe)
+                                                                           tls=drafter_tls), drafter_probe,
+                              role="drafter")
         methods = ("model",)
         try:
             methods = first_answer(drafters, "info").methods or methods

@@ -44,6 +44,14 @@ def session_prefix(tenant: str) -> str:
     return f"{tenant}/" if tenant else ""
 
 
+def tenant_label(tenant: str) -> str:
+    """A tenant's metric label: default for the default tenant, else a hash of its id (never the id: label
+    values are seen by whoever reads the metrics). An operator finds a tenant's with this function."""
+    if not tenant:
+        return "default"
+    return "t-" + hashlib.sha256(f"specpipe-tenant\0{tenant}".encode()).hexdigest()[:12]
+
+
 def salted_tenant(tenant: str, salt: str) -> str:
     """The tenant of requests that carry a salt (vLLM's cache_salt): what they learn drafts only for
     requests with the same tenant and salt. A plain id: the salt never reaches a key in clear."""

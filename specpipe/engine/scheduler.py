@@ -176,6 +176,7 @@ class Scheduler:
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
         self._forward_seconds = metrics.FORWARD_SECONDS.labels(role=role)
         self._forwards = metrics.FORWARDS.labels(role=role)
+        metrics.zero(metrics.ADMISSION_REJECTIONS, {"role": role, "reason": "queue"})
         self._cost = LinearFit(decay=0.9)  # forward ms against work fed (step_work)
         self._decode_cost = LinearFit(decay=0.9)  # the same, of forwards of whole steps only
         self._chunk_cost = LinearFit(decay=0.9)  # ms a prompt chunk adds beside whole steps, against its tokens
@@ -217,6 +218,7 @@ class Scheduler:
                 if self._closed:
                     refused.append(Unavailable(f"the {self._role} is shutting down"))
                 elif len(self._pending) >= self.config.max_queue:
+                    metrics.ADMISSION_REJECTIONS.labels(role=self._role, reason="queue").inc()
                     refused.append(ResourceExhausted(
                         f"{self._role} queue is full ({len(self._pending)} requests waiting, max "
                         f"{self.config.max_queue}); retry later or add {self._role} replicas"))

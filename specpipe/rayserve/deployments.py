@@ -22,7 +22,7 @@ from ray import serve
 from specpipe.config.services import DrafterConfig, OrchestratorConfig, VerifierConfig
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 from specpipe.rayserve.handles import HandleDrafter, HandleVerifier, serve_replicas
-from specpipe.runtime import tracing
+from specpipe.runtime import metrics, tracing
 
 _END = object()
 
@@ -171,6 +171,7 @@ class OrchestratorDeployment:
 
         set_threads(config.model.threads)
         tracing.configure(config.tracing, "orchestrator")
+        metrics.TTFT_SLO_MS.set(config.ttft_slo_ms)
         self._timeout_s = config.rpc_timeout_s
         drafter_info = await drafter.info.remote()  # the model infos, once: calls block only in threads
         self._verifier = HandleVerifier(verifier, await verifier.info.remote(), self._timeout_s)

@@ -61,7 +61,8 @@ def deployment_probe(client: Any) -> Probe:
 
 def serve_replicas(verifier: HandleVerifier) -> ReplicatedVerifier:
     """The failover verifier of the orchestrator deployment (see the module's docstring)."""
-    return ReplicatedVerifier(ReplicaSet(DEPLOYMENT_ENDPOINT, lambda address: verifier, deployment_probe))
+    return ReplicatedVerifier(ReplicaSet(DEPLOYMENT_ENDPOINT, lambda address: verifier, deployment_probe,
+                                         role="verifier"))
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,14 @@ NGRAM_DRAFT_TOKENS = Counter(
 CACHE_FAILURES = Counter(
     "specpipe_cache_failures_total", "N-gram store calls that failed (generation went on without them)", ["call"]
 )
+CACHE_CALLS = ("lookup", "record_branches", "update_global", "release")  # CACHE_FAILURES' calls
+# The learned store per tenant: the label is a hash of the tenant's id, never the id (core.tenancy.tenant_label)
+LEARNED_LOOKUPS = Counter("specpipe_learned_lookups_total", "N-gram drafter lookups of the shared store, by tenant",
+                          ["tenant"])
+LEARNED_HITS = Counter("specpipe_learned_hits_total", "Lookups whose draft came from the tenant's learned store "
+                       "(its finished outputs and seeded corpora)", ["tenant"])
+LEARNED_STORE_TOKENS = Gauge("specpipe_learned_store_tokens", "Tokens in a tenant's learned store, as the process that "
+                             "last fed it saw (max over processes: its size)", ["tenant"])
 
 VERIFY_BATCH_SESSIONS = Histogram("specpipe_verify_batch_sessions", "Sessions per batched verifier forward",
                                   buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
@@ -111,6 +119,24 @@ RPC_INFLIGHT = Gauge("specpipe_rpc_inflight", "RPCs being served now (a Generate
 RPC_SECONDS = Counter("specpipe_rpc_seconds_total", "Time spent serving RPCs; its rate is the busy ratio "
                       "(1.0 = one call always running)", ["method"])
 DRAINING = Gauge("specpipe_draining", "1 while the server drains (SIGTERM): health NOT_SERVING, no new sessions")
+REPLICAS = Gauge("specpipe_replicas", "Replicas of a role an orchestrator routes over, by state: serving, failed (no "
+                 "new work until a probe says SERVING), gone (left the DNS answer)", ["role", "state"])
+REPLICA_STATES = ("serving", "failed", "gone")
+REPLICA_FAILURES = Counter("specpipe_replica_failures_total", "Times a replica was marked failed by a call or a probe "
+                           "(it gets no new work until a probe says SERVING)", ["role"])
+ADMISSION_REJECTIONS = Counter(
+    "specpipe_admission_rejections_total", "Requests refused before any work, by the role that refused them and why: "
+    "full (every generation slot and queue place taken), deadline (no slot freed within the client's deadline), "
+    "sessions (the verifier's max sessions), queue (the model's queue)", ["role", "reason"])
+TTFT_SLO_MS = Gauge("specpipe_ttft_slo_ms", "The orchestrator's time-to-first-token objective (--ttft-slo-ms): what "
+                    "the dashboard draws and the TTFT alert compares the p99 with")
+
+
+def zero(counter: Counter, *label_sets: dict[str, str]) -> None:
+    """Export these children of counter at 0 from the start, so a rate or an increase sees their first event
+    (an alert on a child that appears with its first count would miss it)."""
+    for labels in label_sets:
+        counter.labels(**labels)
 
 # The pipeline's own cost (docs/pipeline.md): busy share and CPU time by hop, and the simulated clock.
 FORWARD_SECONDS = Counter("specpipe_forward_seconds_total", "Wall time of a role's model forwards (simulated ones at "

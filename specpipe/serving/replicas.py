@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, Protocol, TypeVar
 
 from specpipe.core.errors import InvalidArgument, SpecpipeError, Unavailable
+from specpipe.runtime import metrics
 
 log = logging.getLogger("specpipe.serving.replicas")
 
@@ -106,9 +107,12 @@ class ReplicaSet(Generic[C]):
     target every resolve_s."""
 
     def __init__(self, target: str, connect: Callable[[str], C], probe: Callable[[C], Probe],
-                 config: ReplicaSetConfig = ReplicaSetConfig()):
+                 config: ReplicaSetConfig = ReplicaSetConfig(), role: str = "replica"):
+        """role: whose replicas (verifier, drafter): the label of their metrics (specpipe_replicas)."""
         self.target = target
         self.config = config
+        self.role = role
+        self._failures = metrics.REPLICA_FAILURES.labels(role=role)  # at 0 from the start
         self._static, self._dns_name = parse_target(target)
         self._connect, self._probe = connect, probe
         self._replicas: dict[str, _Replica[C]] = {}
@@ -163,6 +167,8 @@ class ReplicaSet(Generic[C]):
             if replica is None:
                 return
             replica.serving, replica.failed_at = False, time.monotonic()
+        self._failures.inc()
+        self._count()
         log.warning("replica failed", extra={"target": self.target, "replica": address, "reason": reason})
 
     # refresh
@@ -181,11 +187,21 @@ class ReplicaSet(Generic[C]):
                 probe = Probe(serving=False)
                 log.debug("probe failed", extra={"replica": address, "error": str(err)})
             with self._lock:
+                if replica.serving and not probe.serving:
+                    self._failures.inc()
                 replica.serving, replica.load, replica.pinned = probe.serving, probe.load, 0
                 if not probe.serving:
                     replica.failed_at = replica.failed_at or time.monotonic()
                 else:
                     replica.failed_at = 0.0
+        self._count()
+
+    def _count(self) -> None:
+        """specpipe_replicas: the replicas by state, as this process routes over them."""
+        with self._lock:
+            states = [("gone" if r.gone else "serving" if r.serving else "failed") for r in self._replicas.values()]
+        for state in metrics.REPLICA_STATES:
+            metrics.REPLICAS.labels(role=self.role, state=state).set(states.count(state))
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until a replica serves; Unavailable after timeout_s."""
