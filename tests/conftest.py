@@ -14,7 +14,7 @@ KINDS = {  # marker -> the test files of that kind (every test file has one; pyp
     "unit": ("test_verification", "test_trees", "test_ngram", "test_sampling", "test_stops", "test_rpc_convert",
              "test_native", "test_cores", "test_prompts", "test_replicas", "test_ray_router", "test_packaged",
              "test_layers", "test_learned", "test_recurring", "test_settings", "test_docs", "test_recipes",
-             "test_lint", "test_costmodel", "test_pipecost", "test_planner"),
+             "test_lint", "test_costmodel", "test_pipecost", "test_planner", "test_observability"),
     "contract": ("test_contract_drafter", "test_contract_generation", "test_contract_verifier", "test_cache_contract",
                  "test_drafter_methods", "test_admission", "test_tls", "test_redis_security", "test_tenancy",
                  "test_limits", "test_lifecycle", "test_openai_api", "test_cache_cluster", "test_verify_stream",
@@ -24,7 +24,8 @@ KINDS = {  # marker -> the test files of that kind (every test file has one; pyp
                "test_sampling_schedules", "test_context_window", "test_drafter_warm_up", "test_generator_errors"),
     "faults": ("test_faults", "test_failover", "test_fuzz", "test_cache_soak"),
     "deploy": ("test_k8s_manifests", "test_k8s_ray", "test_dockerfile", "test_image", "test_up_replicas",
-               "test_ray_serve", "test_ray_cli", "test_auto_prepare", "test_cache_cmd"),
+               "test_ray_serve", "test_ray_cli", "test_auto_prepare", "test_cache_cmd",
+               "test_observability_up"),
     "bench": ("test_bench", "test_loadtest"),
 }
 KIND_OF = {name: kind for kind, names in KINDS.items() for name in names}

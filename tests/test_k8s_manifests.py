@@ -16,7 +16,9 @@ K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("cpu", "gpu", "simulated-gpu")
 KUBERNETES_VERSION = "1.32.0"
 CRDS = {("keda.sh/v1alpha1", "ScaledObject"),  # not in the core schemas: checked below instead
-        ("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
+        ("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer"),
+        ("monitoring.coreos.com/v1", "PodMonitor"),  # tests/test_observability.py checks these
+        ("monitoring.coreos.com/v1", "PrometheusRule")}
 PRESTOP_S, MARGIN_S = 5, 10
 
 

@@ -21,9 +21,9 @@ from specpipe.core.errors import InvalidArgument
 from specpipe.core.settings import ENV, default_of, settings_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SETTING_CLASSES = (services.ModelConfig, services.BatchConfig, services.AdmissionConfig, services.TlsFiles, services.TracingConfig,
-                   services.VerifierConfig, services.DrafterConfig, services.CacheConfig, services.SeedConfig,
-                   services.OrchestratorConfig, services.GeneratorConfig, services.ServeConfig, services.UpConfig)
+SETTING_CLASSES = (services.ModelConfig, services.BatchConfig, services.AdmissionConfig, services.TlsFiles,
+                   services.TracingConfig, services.VerifierConfig, services.DrafterConfig, services.CacheConfig,
+                   services.SeedConfig, services.OrchestratorConfig, services.GeneratorConfig, services.ServeConfig, services.UpConfig)
 
 
 @pytest.fixture(autouse=True)
