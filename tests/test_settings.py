@@ -23,7 +23,8 @@ from specpipe.core.settings import ENV, default_of, settings_of
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTING_CLASSES = (services.ModelConfig, services.BatchConfig, services.AdmissionConfig, services.TlsFiles,
                    services.TracingConfig, services.VerifierConfig, services.DrafterConfig, services.CacheConfig,
-                   services.SeedConfig, services.OrchestratorConfig, services.GeneratorConfig, services.ServeConfig, services.UpConfig)
+                   services.SeedConfig, services.OrchestratorConfig, services.GeneratorConfig, services.ServeConfig,
+                   services.UpConfig)
 
 
 @pytest.fixture(autouse=True)
