@@ -38,6 +38,12 @@ def test_final_stage_runs_as_non_root_with_the_role_as_command():
     assert any("SPECPIPE_HOME=/models" in i for i in final) and 'VOLUME ["/models"]' in final
 
 
+def test_the_image_installs_specpipe_with_opentelemetry():
+    """--tracing on works in the image: the otel extra (the SDK, the OTLP exporters) is installed."""
+    build = " ".join(stages()[0])
+    assert re.search(r'pip install "/src\[otel\]"', build)
+
+
 def test_no_build_tools_or_models_in_the_final_stage():
     final = " ".join(stages()[-1])
     for tool in ("pip install", "grpcio-tools", "build-essential", "git ", "models prepare"):
