@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.add_model_args(parser)
     options.add_speculation_args(parser, in_process=True)
     options.add_sampling_args(parser)
+    options.add_tracing_args(parser)  # in this process (without --addr): one trace of the embedded generation
     parser.set_defaults(func=run)
 
 
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         config = generator_config(vars(args))
         with startup.step(startup.IMPORTS):
             from specpipe.app.wiring import embedded_generator
+            from specpipe.runtime import tracing
+        tracing.configure(config.tracing, "generate")
         generator = embedded_generator(config)
         request = GenerationRequest(
             prompt_ids=generator.encode(prompt=prompt, messages=messages),
@@ -86,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         finish = chunk.finish_reason
     elapsed = time.perf_counter() - start
+    if not args.addr:
+        from specpipe.runtime import tracing
+
+        tracing.shutdown()  # the spans still buffered
     if args.json:
         print(json.dumps({"text": "".join(text), "token_ids": token_ids, "finish_reason": finish,
                           "stats": generation_stats(rounds, len(token_ids), elapsed)}))
