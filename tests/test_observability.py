@@ -196,3 +196,19 @@ def test_the_tracing_component_turns_tracing_on_toward_a_collector(tmp_path, mon
     for d in (o for o in objects if o["kind"] == "Deployment"):
         assert {"configMapRef": {"name": config["metadata"]["name"]}} in d["spec"]["template"]["spec"]["containers"][0][
             "envFrom"], d["metadata"]["name"]
+
+
+def test_a_tenant_is_labelled_by_a_hash_never_by_its_id():
+    from prometheus_client import REGISTRY
+
+    from cache_service.memory import InMemoryNgramCache
+    from specpipe.core.tenancy import tenant_label
+
+    assert tenant_label("") == "default"
+    label = tenant_label("acme-secret-customer")
+    assert re.fullmatch(r"t-[0-9a-f]{12}", label) and label == tenant_label("acme-secret-customer")
+    assert label != tenant_label("acme-secret-customer2")
+    InMemoryNgramCache().update_global(list(range(40)), tenant="acme-secret-customer")
+    assert REGISTRY.get_sample_value("specpipe_learned_store_tokens", {"tenant": label}) == 40
+    exposition = "".join(f"{s}" for family in REGISTRY.collect() for s in family.samples)
+    assert "acme-secret-customer" not in exposition

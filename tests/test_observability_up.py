@@ -122,4 +122,4 @@ def test_every_metric_the_dashboard_and_the_alerts_name_is_in_the_live_scrape(tr
             names.setdefault(name, set()).update(labels)
     assert unexported(all_expressions(), names) == []
     assert names["specpipe_learned_store_tokens"] == {"tenant"}  # fed by the generations, labelled by a hash
-    assert "t-" not in traced_up["scrapes"]["orchestrator"] or "default" in traced_up["scrapes"]["orchestrator"]
+    assert 'specpipe_learned_store_tokens{tenant="default"}' in traced_up["scrapes"]["orchestrator"]
