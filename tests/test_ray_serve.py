@@ -1,7 +1,8 @@
 """The Ray Serve application (deploy/ray) on a local Ray with the tiny preset, through Serve's gRPC
 proxy with the public GenerationClient: speculative output == the verifier's own greedy output for
 the model and n-gram drafters with the branch schedule; two concurrent sessions on two verifier
-replicas, both lossless; health and error statuses as against `specpipe up`."""
+replicas, both lossless; health and error statuses as against `specpipe up`. Tracing is on in every
+deployment (to a file): all of that holds with it, and a generation is one trace across them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]')
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 MAX_NEW_TOKENS = 32
-SETTINGS = {"preset": "tiny", "threads": 1}
+SPANS = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"specpipe-ray-spans-{os.getpid()}.jsonl"
+SETTINGS = {"preset": "tiny", "threads": 1, "tracing": "on", "trace_file": str(SPANS)}
 BRANCH = {drafter: SpeculationOptions(drafter=drafter, draft_len=4, schedule="branch", adaptive="off")
           for drafter in ("model", "ngram")}
 
@@ -91,6 +93,7 @@ def app():
             yield client
     finally:  # the whole local Ray goes (serve.shutdown() would first wait for a replica being replaced)
         ray.shutdown()
+        SPANS.unlink(missing_ok=True)
 
 
 HTTP: dict[str, str] = {}
@@ -189,3 +192,31 @@ def test_ray_health_and_errors(app):
         generate(app, (1, 2, 3), BRANCH["model"], max_new_tokens=0)
     with pytest.raises(errors.InvalidArgument, match="unknown drafter"):
         generate(app, (1, 2, 3), SpeculationOptions(drafter="bogus", schedule="branch"))
+
+
+@pytest.mark.slow
+def test_ray_a_generation_is_one_trace_across_the_deployments(app):
+    """The handles carry each call's trace context: the orchestrator's generation, the verifier's and the
+    drafter's deployment calls (and their forwards) in one trace, each span's parent in it."""
+    import json
+    import time
+
+    generate(app, tuple(b"def f(x):"), BRANCH["model"], max_new_tokens=8)
+    list(app.generate(token_ids=tuple(b"print(1)"), max_new_tokens=8, speculation=BRANCH["model"],
+                      request_id="ray-traced"))
+    expected = {("specpipe-orchestrator", "round"), ("specpipe-verifier", "Verifier.verify"),
+                ("specpipe-verifier", "forward"), ("specpipe-drafter", "Drafter.propose")}
+    deadline = time.monotonic() + 60
+    while True:  # the replicas export in batches (every few seconds), a parent after its children
+        spans = [json.loads(line) for line in SPANS.read_text().splitlines()] if SPANS.exists() else []
+        roots = [s for s in spans
+                 if s["name"] == "generation" and s["attributes"]["specpipe.request_id"] == "ray-traced"]
+        trace = [s for s in spans if roots and s["context"]["trace_id"] == roots[0]["context"]["trace_id"]]
+        names = {(s["resource"]["attributes"]["service.name"], s["name"]) for s in trace}
+        ids = {s["context"]["span_id"] for s in trace}
+        orphans = [s["name"] for s in trace if s["name"] != "generation" and s["parent_id"] not in ids]
+        if (expected <= names and not orphans) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert expected <= names, names
+    assert not orphans
