@@ -49,9 +49,8 @@ def distributed_generator(redis_url, verifier, model_drafter):
                 cache=redis_url,
             )
         )
-        assert all(
-            type(generator.drafters[kind]).__name__ == "ReplicatedDrafter" for kind in ("model", "ngram", "hybrid")
-        )
+        served = {kind: getattr(d, "_inner", d) for kind, d in generator.drafters.items()}  # with tracing: wrapped
+        assert all(type(served[kind]).__name__ == "ReplicatedDrafter" for kind in ("model", "ngram", "hybrid"))
         yield generator
     drafter_store.close()
 
