@@ -50,7 +50,7 @@ from specpipe.core.types import (
     SpeculationOptions,
 )
 from specpipe.core.verification import check_token_ids
-from specpipe.runtime import cpu, tracing
+from specpipe.runtime import cpu
 from specpipe.runtime.lifecycle import ContextPool, cancel_scope, deadline_scope, random_seed
 from specpipe.runtime.traced import traced_drafter, traced_verifier
 
@@ -255,7 +255,7 @@ class Generator:
         """The round's chunk for the client: its verified tokens, the new text and what it cost (laps:
         where its time went, taken for this round)."""
         spans = gen.spans
-        with tracing.child_of(spans.round, "detokenize"):  # with the stop strings
+        with spans.detokenize():  # with the stop strings
             new_tokens, delta = gen.emit(result, gen.detokenizer, self.info.eos_token_ids)
         laps.lap("emit")
         round_ms = (time.perf_counter() - start) * 1e3

@@ -31,6 +31,10 @@ class Untraced:
     def begin_round(self) -> None:
         pass
 
+    def detokenize(self) -> contextlib.AbstractContextManager[Any]:
+        """The round's detokenizing (and stop strings) as a span."""
+        return tracing.NULL
+
     def end_round(self, stats: RoundStats, result: VerifyResult, emitted: int) -> None:
         pass
 
@@ -70,6 +74,9 @@ class Traced(Untraced):
 
     def in_round(self) -> contextlib.AbstractContextManager[Any]:
         return tracing.scope(self.round if self.round is not None else self.generation)
+
+    def detokenize(self) -> contextlib.AbstractContextManager[Any]:
+        return tracing.child_of(self.round, "detokenize")
 
     def begin_round(self) -> None:
         self.rounds += 1
