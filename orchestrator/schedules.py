@@ -155,13 +155,12 @@ Round = Callable[[], VerifyResult]  # a round sent to the verifier: its verdict 
 def send_round(verifier: Verifier, gen: Generation, proposal: ProposeResult) -> Round:
     """The round sent now where the verifier can send without waiting (verify_async: the stream of
     rounds), so the caller streams the previous round's tokens while the verifier checks this one;
-    otherwise verified now."""
+    otherwise verified when its verdict is asked for (in process there is no write to overlap)."""
     args = (gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
     start = getattr(verifier, "verify_async", None)
     if start is not None:
         return cast(Round, start(*args))
-    result = verifier.verify(*args)
-    return lambda: result
+    return lambda: verifier.verify(*args)
 
 
 class Schedule(Protocol):
