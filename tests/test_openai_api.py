@@ -15,6 +15,8 @@ import pytest
 
 from orchestrator.admission import Admission, AdmissionConfig
 from orchestrator.openai_api import ApiConfig, create_app
+from orchestrator.request_path import RequestPath
+from specpipe.config.limits import DEFAULT_HTTP
 from specpipe.core.types import GenerationRequest, SamplingParams, SpeculationOptions
 from specpipe.serving.http import HttpServer
 from tests.golden import run
@@ -26,9 +28,9 @@ MODEL = "tiny"
 
 
 @contextlib.contextmanager
-def api(generator, admission=None, token=None, draining=lambda: False):
-    config = ApiConfig(MODEL, generator.info.max_context, token)
-    server = HttpServer(create_app(generator, admission or Admission(), config, draining), "127.0.0.1", 0)
+def api(generator, admission=None, token=None, draining=lambda: False, limits=DEFAULT_HTTP, **config):
+    app = create_app(RequestPath(generator, admission), ApiConfig(MODEL, token, **config), draining)
+    server = HttpServer(app, "127.0.0.1", 0, limits=limits)
     try:
         yield server
     finally:
@@ -166,7 +168,7 @@ def test_sampling_with_a_seed_is_repeatable(client):
     ("n", 2), ("best_of", 3), ("logprobs", 2), ("echo", True), ("suffix", "x"), ("presence_penalty", 0.5),
     ("frequency_penalty", 1.0), ("logit_bias", {"1": 5}), ("unknown_option", 1), ("max_tokens", 0),
     ("repetition_penalty", 1.2), ("use_beam_search", True),
-    ("temperature", 3), ("top_p", 0), ("stop", 7), ("drafter", "psychic"), ("draft_len", 10_000),
+    ("temperature", -1), ("top_p", 0), ("stop", 7), ("drafter", "psychic"), ("draft_len", 10_000),
     ("stream_options", {"include_usage": True}),
 ])
 def test_what_is_not_supported_is_refused_naming_the_field(server, field, value):

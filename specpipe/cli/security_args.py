@@ -8,7 +8,7 @@ import argparse
 from dataclasses import fields, replace
 
 from specpipe.config.env import environment
-from specpipe.config.limits import DEFAULT_LIMITS, Limits
+from specpipe.config.limits import DEFAULT_HTTP, DEFAULT_LIMITS, HttpLimits, Limits
 from specpipe.config.services import tls_files
 from specpipe.serving.security import Tls, read_token
 
@@ -25,7 +25,17 @@ HELP = {
     "max_id_chars": "characters of a request id",
     "max_session_id_chars": "characters of a session id",
     "max_prompt_chars": "characters of a text prompt",
-    "max_request_bytes": "bytes of one gRPC request message (beyond: RESOURCE_EXHAUSTED)",
+    "max_request_bytes": "bytes of one request: a gRPC message (beyond: RESOURCE_EXHAUSTED) or an HTTP body "
+                         "(beyond: 413, a Content-Length over it refused unread)",
+}
+HTTP_HELP = {  # specpipe.config.limits.HttpLimits: the OpenAI-compatible API's bounds on its clients
+    "header_timeout_s": "a request's headers must arrive within S seconds of its first byte, else 408 and the "
+                        "connection closes",
+    "body_timeout_s": "a request's body must arrive within S seconds of its headers, else 408",
+    "request_timeout_s": "an HTTP request's deadline, as a gRPC client's: its wait for a generation slot and its "
+                         "generation end by then",
+    "max_connections": "open HTTP connections; one more is answered 503 and closed at once, so a flood of "
+                       "them leaves the gRPC API its file descriptors",
 }
 
 
@@ -38,6 +48,27 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
     for f in fields(Limits):
         group.add_argument(flag(f.name), dest=f"limit_{f.name}", type=int, default=getattr(DEFAULT_LIMITS, f.name),
                            metavar="N", help=f"{HELP[f.name]} (default: %(default)s)")
+
+
+def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
+    """--http-header-timeout, --http-body-timeout, --http-request-timeout, --http-max-connections (0: no bound)."""
+    group = parser.add_argument_group("HTTP API: slow clients and floods (docs/http-api.md)")
+    for f in fields(HttpLimits):
+        group.add_argument("--http-" + f.name.removesuffix("_s").replace("_", "-"), dest=f"http_{f.name}",
+                           type=float if f.name.endswith("_s") else int, default=getattr(DEFAULT_HTTP, f.name),
+                           metavar="S" if f.name.endswith("_s") else "N",
+                           help=f"{HTTP_HELP[f.name]}; 0: no bound (default: %(default)s)")
+
+
+def http_limit_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of add_http_limit_args as given (`specpipe up` hands them to its orchestrator)."""
+    return tuple(part for f in fields(HttpLimits) for part in
+                 ("--http-" + f.name.removesuffix("_s").replace("_", "-"), str(getattr(args, f"http_{f.name}"))))
+
+
+def limit_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags of add_limit_args as given."""
+    return tuple(part for f in fields(Limits) for part in (flag(f.name), str(getattr(args, f"limit_{f.name}"))))
 
 
 def add_session_ttl_arg(parser: argparse.ArgumentParser) -> None:

@@ -55,6 +55,9 @@ def register(subparsers) -> None:
     options.add_speculation_args(parser, drafter=DRAFTER_WITH_MODEL)
     options.add_hop_delay_arg(parser)
     security_args.add_learn_global_arg(parser)
+    options.add_admission_args(parser, "orchestrator")  # the orchestrator's; the verifier's: --verifier-flags
+    security_args.add_limit_args(parser)  # the orchestrator's input caps
+    security_args.add_http_limit_args(parser)
     parser.set_defaults(func=run)
 
 
@@ -71,8 +74,15 @@ def _up(args: argparse.Namespace) -> int:
         pin=args.pin, startup_timeout_s=args.startup_timeout,
         log_dir=pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="specpipe-up-")), log_level=args.log_level,
         speculation=options.speculation_flags(speculation(vars(args))) + ("--hop-delay-ms", str(args.hop_delay_ms),
-                                                                          "--learn-global", args.learn_global),
+                                                                          "--learn-global", args.learn_global)
+        + orchestrator_flags(args),
         cache=args.cache, verifiers=args.verifiers, drafters=args.drafters, drain_timeout_s=args.drain_timeout,
         tls=args.tls, verifier_flags=tuple(shlex.split(args.verifier_flags)),
     )
     return run_up(config)
+
+
+def orchestrator_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The orchestrator's admission, input caps and HTTP bounds, as `up` was given them."""
+    return (("--max-sessions", str(args.max_sessions), "--max-queue", str(args.max_queue))
+            + security_args.limit_flags(args) + security_args.http_limit_flags(args))

@@ -45,37 +45,56 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-def at_most(value: int, cap: int, what: str) -> None:
+@dataclass(frozen=True)
+class HttpLimits:
+    """How the HTTP API bounds its clients (docs/http-api.md, "Overload and slow clients"); 0 = no bound."""
+
+    header_timeout_s: float = 10.0     # a request's headers must arrive within this from its first byte (408, closed)
+    body_timeout_s: float = 30.0       # its body within this after the headers (408)
+    request_timeout_s: float = 600.0   # its deadline, as a gRPC client's: the wait for a slot and the generation
+    max_connections: int = 512         # open connections per process; one more is answered 503 and closed
+
+    def __post_init__(self):
+        bad = [name for name, value in vars(self).items() if value < 0]
+        if bad:
+            raise ValueError(f"HTTP limits must be >= 0: {', '.join(bad)}")
+
+
+DEFAULT_HTTP = HttpLimits()
+
+
+def at_most(value: int, cap: int, what: str, field: str | None = None) -> None:
+    """field: the request field at fault (SpecpipeError.field)."""
     if value > cap:
-        raise InvalidArgument(f"{what} is {value}; this server allows at most {cap}")
+        raise InvalidArgument(f"{what} is {value}; this server allows at most {cap}", field=field)
 
 
 def check_id(value: str, what: str, limits: Limits) -> None:
     cap = limits.max_session_id_chars if what == "session_id" else limits.max_id_chars
-    at_most(len(value), cap, f"{what} length")
+    at_most(len(value), cap, f"{what} length", what)
 
 
 def check_generation(request: GenerationRequest, limits: Limits) -> None:
     """The sizes of a generation request: before the prompt is scanned or anything is opened."""
     spec = request.speculation
     check_id(request.request_id, "request_id", limits)
-    at_most(len(request.prompt_ids), limits.max_prompt_tokens, "prompt tokens")
-    at_most(request.max_new_tokens, limits.max_new_tokens, "max_new_tokens")
-    at_most(spec.draft_len, limits.max_draft_len, "draft_len")
-    at_most(spec.width, limits.max_width, "width")
+    at_most(len(request.prompt_ids), limits.max_prompt_tokens, "prompt tokens", "prompt")
+    at_most(request.max_new_tokens, limits.max_new_tokens, "max_new_tokens", "max_new_tokens")
+    at_most(spec.draft_len, limits.max_draft_len, "draft_len", "speculation.draft_len")
+    at_most(spec.width, limits.max_width, "width", "speculation.width")
     if spec.hypotheses != ALL_HYPOTHESES:
-        at_most(spec.hypotheses, limits.max_hypotheses, "hypotheses")
+        at_most(spec.hypotheses, limits.max_hypotheses, "hypotheses", "speculation.hypotheses")
     check_stops(request.stop, limits)
 
 
 def check_stops(stop: Sequence[str], limits: Limits) -> None:
-    at_most(len(stop), limits.max_stops, "the number of stop strings")
+    at_most(len(stop), limits.max_stops, "the number of stop strings", "stop")
     longest = max((len(s) for s in stop), default=0)
-    at_most(longest, limits.max_stop_chars, "the longest stop string's length")
+    at_most(longest, limits.max_stop_chars, "the longest stop string's length", "stop")
 
 
-def check_prompt_text(text: str, limits: Limits) -> None:
-    at_most(len(text), limits.max_prompt_chars, "prompt characters")
+def check_prompt_text(text: str, limits: Limits, field: str = "prompt") -> None:
+    at_most(len(text), limits.max_prompt_chars, "prompt characters", field)
 
 
 def check_prefill(session_id: str, prompt_ids: Sequence[int], limits: Limits) -> None:

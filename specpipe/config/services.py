@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from specpipe.config.limits import DEFAULT_LIMITS, Limits
+from specpipe.config.limits import DEFAULT_HTTP, DEFAULT_LIMITS, HttpLimits, Limits
 from specpipe.config.presets import DEFAULT_PRESET, PRESETS, ModelSpec, model_specs
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.types import (
@@ -174,6 +174,7 @@ class OrchestratorConfig:
     tls: TlsFiles | None = None
     max_sessions: int = 64
     max_queue: int = 64
+    http: HttpLimits = DEFAULT_HTTP  # the OpenAI-compatible API's bounds on its clients
 
     def check_peers(self) -> None:
         """The addresses a gRPC orchestrator needs (checked before anything heavy loads)."""
@@ -256,6 +257,14 @@ def limits_config(values: Mapping[str, Any]) -> Limits:
         raise InvalidArgument(str(err)) from None
 
 
+def http_limits(values: Mapping[str, Any]) -> HttpLimits:
+    """The HTTP API's bounds: http_<field> (--http-header-timeout for header_timeout_s, ...)."""
+    try:
+        return HttpLimits(**_given(values, HttpLimits, "http_"))
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
+
+
 def tls_files(values: Mapping[str, Any]) -> TlsFiles | None:
     given = _given(values, TlsFiles, "tls_")
     return TlsFiles(**given) if given else None
@@ -316,7 +325,8 @@ def orchestrator_config(values: Mapping[str, Any], drafter_service: bool = False
         cache=values.get("cache") or "memory", rpc_timeout_s=rpc_timeout or None,
         connect_timeout_s=values.get("connect_timeout") or 600.0, hop_delay_ms=values.get("hop_delay_ms") or 0.0,
         limits=limits_config(values), learn_global=values.get("learn_global", True) in ("on", True),
-        tls=tls_files(values), max_sessions=values.get("max_sessions") or 64, max_queue=values.get("max_queue") or 64)
+        tls=tls_files(values), max_sessions=values.get("max_sessions") or 64, max_queue=values.get("max_queue") or 64,
+        http=http_limits(values))
 
 
 def seed_config(values: Mapping[str, Any]) -> SeedConfig:
@@ -338,7 +348,7 @@ SETTINGS = {
     "verifier": _MODEL | _LIMITS | {f.name for f in fields(BatchConfig)} | {"max_sessions", "session_ttl"},
     "drafter": _MODEL | _LIMITS | _TLS | {"cache", "session_ttl"},
     "orchestrator": _MODEL | _LIMITS | _TLS | _SPECULATION | {
-        "cache", "rpc_timeout", "learn_global", "max_sessions", "max_queue"},
+        "cache", "rpc_timeout", "learn_global", "max_sessions", "max_queue", "http_request_timeout_s"},
 }
 
 

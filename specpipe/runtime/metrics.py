@@ -78,3 +78,5 @@ RPC_INFLIGHT = Gauge("specpipe_rpc_inflight", "RPCs being served now (a Generate
 RPC_SECONDS = Counter("specpipe_rpc_seconds_total", "Time spent serving RPCs; its rate is the busy ratio "
                       "(1.0 = one call always running)", ["method"])
 DRAINING = Gauge("specpipe_draining", "1 while the server drains (SIGTERM): health NOT_SERVING, no new sessions")
+HTTP_REFUSED = Counter("specpipe_http_refused_total", "HTTP connections and requests the server refused before the "
+                       "application read them: beyond --http-max-connections, headers or body too slow", ["reason"])
