@@ -49,7 +49,8 @@ STATUS = {  # a SpecpipeError's code -> (HTTP status, the OpenAI error type)
     "RESOURCE_EXHAUSTED": (429, "rate_limit_exceeded"), "UNAUTHENTICATED": (401, "authentication_error"),
     "UNAVAILABLE": (503, "service_unavailable"), "DEADLINE_EXCEEDED": (504, "timeout"),
 }
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 405, 408, 413, 429, 503, 504)}
+ERRORS = {status: {"model": ErrorResponse} for status in ("400", "401", "404", "408", "413", "429", "503", "504",
+                                                          "default")}  # "default": FastAPI then documents no 422
 
 
 class ApiError(HTTPException):
@@ -273,6 +274,38 @@ class JsonBody(Request):
         return self._json
 
 
+class BodyCap:
+    """ASGI middleware: a body over max_bytes is refused with a 413 in the OpenAI shape, at once when its
+    Content-Length says so (before any byte is read), else as soon as the bytes read pass it; the
+    connection closes, so the rest is never read. (Starlette's RequestBodyLimitMiddleware answers
+    such a request in plain text, whatever the application's error handler says.)"""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > self.max_bytes:
+            return await self.too_large().response()(scope, receive, send)
+        seen = 0
+
+        async def capped_receive():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b"")) if message["type"] == "http.request" else 0
+            if seen > self.max_bytes:
+                raise self.too_large()  # while the application reads the body: its error handler answers
+            return message
+
+        await self.app(scope, capped_receive, send)
+
+    def too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is larger than {self.max_bytes} bytes (--limit-request-bytes)",
+                        headers={"Connection": "close"})
+
+
 class JsonRoute(APIRoute):
     def get_route_handler(self):
         handler = super().get_route_handler()
@@ -287,8 +320,9 @@ def create_app(path: RequestPath, config: ApiConfig, draining: Callable[[], bool
     """The FastAPI application (served by uvicorn: specpipe.serving.http; on Ray by Serve's HTTP proxy)."""
     api = OpenAIApi(path, config, draining)
     app = FastAPI(title="specpipe", summary="The OpenAI-compatible API of a lossless speculative-decoding service",
-                  version="1", docs_url=None, redoc_url=None, max_body_size=config.max_request_bytes)
+                  version="1", docs_url=None, redoc_url=None)
     app.router.route_class = JsonRoute
+    app.add_middleware(BodyCap, max_bytes=config.max_request_bytes)
     auth = [Depends(api.authorize)]
     streamed = {200: {"content": {"text/event-stream": {}}, "description": "the answer, or its events (stream)"}}
     app.add_api_route("/health", api.health, methods=["GET"], response_model=Health, responses={503: {"model": Health}})
@@ -298,15 +332,15 @@ def create_app(path: RequestPath, config: ApiConfig, draining: Callable[[], bool
                       response_model=CompletionResponse, responses={**ERRORS, **streamed})
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=auth,
                       response_model=ChatCompletionResponse, responses={**ERRORS, **streamed})
-    app.add_exception_handler(HTTPException, http_error(config))
+    app.add_exception_handler(HTTPException, http_error())
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(SpecpipeError, lambda request, err: from_specpipe(err).response())
     app.add_exception_handler(Exception, internal_error)
     return app
 
 
-def http_error(config: ApiConfig):
-    """Starlette's own statuses (404, 405, 413, ...) and ApiError, in the OpenAI error shape."""
+def http_error():
+    """Starlette's own statuses (404, 405, ...) and ApiError, in the OpenAI error shape."""
     async def handler(request: Request, err: HTTPException) -> JSONResponse:
         if isinstance(err, ApiError):
             return err.response()
@@ -314,9 +348,8 @@ def http_error(config: ApiConfig):
         message = {404: f"no {request.method} {request.url.path} here (/v1/completions, /v1/chat/completions, "
                         "/v1/models, /health, /openapi.json)",
                    405: f"{request.method} is not allowed on {request.url.path} (allowed: {headers.get('Allow', '')})",
-                   413: f"the request body is larger than {config.max_request_bytes} bytes (--limit-request-bytes)",
                    }.get(err.status_code, str(err.detail))
-        if err.status_code in (408, 413):
+        if err.status_code == 408:
             headers["Connection"] = "close"  # the rest of the body is not read
         return ApiError(err.status_code, message, headers=headers).response()
 

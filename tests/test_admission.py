@@ -107,3 +107,75 @@ def test_orchestrator_refuses_streams_beyond_its_slots_and_health_answers(verifi
             list(client.generate(token_ids=[4, 5], max_new_tokens=4))
         assert_serving(client)
         long_stream.close()
+
+
+# --- one queue for both APIs: threads (gRPC) and the event loop (HTTP) ------------------------------
+
+def test_a_freed_slot_passes_to_the_first_waiter_whichever_api():
+    """FIFO across thread and event-loop waiters; the queue depth counts both; full means full for both."""
+    import asyncio
+
+    from specpipe.runtime import metrics
+
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=2))
+    order: list[str] = []
+    depth = metrics.QUEUE_DEPTH.labels(role="orchestrator")
+
+    async def scenario():
+        first = admission.admit()
+        thread_waiter = asyncio.get_running_loop().run_in_executor(None, lambda: admission.admit(timeout_s=10))
+        while admission.waiting < 1:
+            await asyncio.sleep(0.005)
+        loop_waiter = asyncio.ensure_future(admission.admit_async(timeout_s=10))
+        while admission.waiting < 2:
+            await asyncio.sleep(0.005)
+        assert depth._value.get() == 2
+        with pytest.raises(ResourceExhausted):  # a third waiter, from either side
+            await admission.admit_async()
+        with pytest.raises(ResourceExhausted):
+            admission.admit()
+        first.release()
+        second = await thread_waiter  # the thread came first
+        order.append("thread")
+        assert not loop_waiter.done() and admission.running == 1
+        second.release()
+        third = await loop_waiter
+        order.append("loop")
+        third.release()
+        third.release()  # idempotent
+
+    asyncio.run(scenario())
+    assert order == ["thread", "loop"] and admission.running == 0 and admission.waiting == 0
+    assert depth._value.get() == 0
+
+
+def test_a_waiter_that_leaves_the_queue_frees_its_place():
+    """An HTTP client that disconnects while queued (its task cancelled), a gRPC client that cancels:
+    neither holds a place nor a slot afterwards."""
+    import asyncio
+
+    from specpipe.core.errors import Cancelled
+    from specpipe.runtime.lifecycle import Cancellation
+
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=1))
+
+    async def scenario():
+        held = admission.admit()
+        waiter = asyncio.ensure_future(admission.admit_async())
+        while admission.waiting < 1:
+            await asyncio.sleep(0.005)
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        assert admission.waiting == 0
+        cancellation = Cancellation()
+        asyncio.get_running_loop().call_later(0.05, cancellation.cancel)
+        with pytest.raises(Cancelled):
+            await asyncio.to_thread(admission.admit, None, cancellation)
+        assert admission.waiting == 0
+        held.release()
+
+    asyncio.run(scenario())
+    assert admission.running == 0
+    with admission.slot():  # the one slot is free
+        assert admission.running == 1
