@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Self
 
 from specpipe.core.errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from specpipe.runtime import metrics
@@ -46,7 +47,7 @@ class Ticket:
             self._released = True
         self._admission._leave()
 
-    def __enter__(self) -> Ticket:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -31,8 +31,17 @@ from starlette.exceptions import HTTPException
 from orchestrator import openai_convert as convert
 from orchestrator.admission import RETRY_AFTER_S
 from orchestrator.openai_protocol import (
-    ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, ErrorInfo, ErrorResponse,
-    NEUTRAL, Health, ModelCard, ModelList, Sampling,
+    NEUTRAL,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
+    Health,
+    ModelCard,
+    ModelList,
+    Sampling,
 )
 from orchestrator.request_path import RequestPath
 from specpipe.config.limits import DEFAULT_HTTP, DEFAULT_LIMITS

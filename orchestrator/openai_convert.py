@@ -8,11 +8,26 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from orchestrator.openai_protocol import (
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-    CompletionChoice, CompletionRequest, CompletionResponse, Delta, Sampling, Usage,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Delta,
+    Sampling,
+    Usage,
 )
 from specpipe.core.errors import InvalidArgument
-from specpipe.core.types import ALL_HYPOTHESES, GenerationRequest, SamplingParams, SpeculationOptions
+from specpipe.core.types import (
+    ALL_HYPOTHESES,
+    GenerationRequest,
+    SamplingParams,
+    SpeculationOptions,
+)
 from specpipe.serving.convert import GenerateInput
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # specpipe's finish reasons -> the API's

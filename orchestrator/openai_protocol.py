@@ -145,18 +145,26 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class CompletionChoice(BaseModel):
+class Choice(BaseModel):
     index: int = 0
-    text: str
     logprobs: None = None
     finish_reason: FinishReason | None
 
 
-class CompletionResponse(BaseModel):
+class Answer(BaseModel):
+    """What an answer and each of its events carry."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
+    created: int  # the request's arrival, in seconds since the epoch
     model: str
+
+
+class CompletionChoice(Choice):
+    text: str
+
+
+class CompletionResponse(Answer):  # also each event of a streamed completion
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = absent_when_none("in a stream: with continuous_usage_stats, or the last event's")
 
@@ -166,18 +174,12 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int = 0
+class ChatChoice(Choice):
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: FinishReason | None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(Answer):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 
@@ -187,18 +189,12 @@ class Delta(BaseModel):
     content: str | None = absent_when_none()
 
 
-class ChatChunkChoice(BaseModel):
-    index: int = 0
+class ChatChunkChoice(Choice):
     delta: Delta
-    logprobs: None = None
-    finish_reason: FinishReason | None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(Answer):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = absent_when_none("with continuous_usage_stats, or the last event's")
 

@@ -48,7 +48,7 @@ def read_all(sock: socket.socket, timeout_s: float) -> bytes:
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             part = sock.recv(65536)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             break
         except OSError:  # reset: what came before it counts
             break

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 
@@ -19,7 +18,17 @@ import pytest
 from orchestrator.admission import Admission, AdmissionConfig
 from specpipe.config.limits import HttpLimits
 from tests.grpc_harness import wait_until
-from tests.http_harness import MODEL, api, assert_healthy, connect, error_of, exchange, post, read_all, status_of
+from tests.http_harness import (
+    MODEL,
+    api,
+    assert_healthy,
+    connect,
+    error_of,
+    exchange,
+    post,
+    read_all,
+    status_of,
+)
 
 LIMITS = HttpLimits(header_timeout_s=0.5, body_timeout_s=0.5, request_timeout_s=60.0, max_connections=1024)
 MAX_BODY = 1 << 16  # the body cap of these servers (64 KiB), so an oversized body is quick to send

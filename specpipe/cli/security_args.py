@@ -25,17 +25,17 @@ HELP = {
     "max_id_chars": "characters of a request id",
     "max_session_id_chars": "characters of a session id",
     "max_prompt_chars": "characters of a text prompt",
-    "max_request_bytes": "bytes of one request: a gRPC message (beyond: RESOURCE_EXHAUSTED) or an HTTP body "
-                         "(beyond: 413, a Content-Length over it refused unread)",
+    "max_request_bytes": ("bytes of one request: a gRPC message (beyond: RESOURCE_EXHAUSTED) or an HTTP body "
+                          "(beyond: 413, a Content-Length over it refused unread)"),
 }
 HTTP_HELP = {  # specpipe.config.limits.HttpLimits: the OpenAI-compatible API's bounds on its clients
-    "header_timeout_s": "a request's headers must arrive within S seconds of its first byte, else 408 and the "
-                        "connection closes",
+    "header_timeout_s": ("a request's headers must arrive within S seconds of its first byte, else 408 and the "
+                         "connection closes"),
     "body_timeout_s": "a request's body must arrive within S seconds of its headers, else 408",
-    "request_timeout_s": "an HTTP request's deadline, as a gRPC client's: its wait for a generation slot and its "
-                         "generation end by then",
-    "max_connections": "open HTTP connections; one more is answered 503 and closed at once, so a flood of "
-                       "them leaves the gRPC API its file descriptors",
+    "request_timeout_s": ("an HTTP request's deadline, as a gRPC client's: its wait for a generation slot and its "
+                          "generation end by then"),
+    "max_connections": ("open HTTP connections; one more is answered 503 and closed at once, so a flood of "
+                        "them leaves the gRPC API its file descriptors"),
 }
 
 

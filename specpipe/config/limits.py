@@ -8,8 +8,8 @@ and hold a model busy until its deadline (issue 20). docs/security.md lists the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.types import ALL_HYPOTHESES, Draft, GenerationRequest, ProposeRequest

@@ -11,7 +11,7 @@ standard grpc.health.v1 health check, so the same clients and probes work as aga
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from grpc_health.v1 import health_pb2
 from ray import serve

@@ -30,7 +30,7 @@ class ThreadStream:
                 self._put((item, None))
                 if self._stopped.is_set():
                     break
-        except BaseException as err:  # raised again on the event loop
+        except BaseException as err:  # noqa: BLE001 - raised again on the event loop, whatever it is
             error = err
         finally:
             close = getattr(items, "close", None)
