@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 
 from drafter_service.drafting import draft_steps
 from specpipe.config.presets import ModelSpec
-from specpipe.config.services import BatchConfig
+from specpipe.config.services import SESSION_TTL_S, BatchConfig
 from specpipe.core.errors import Aborted, InvalidArgument
 from specpipe.core.sampling import check_sampling
 from specpipe.core.trees import common_prefix
@@ -77,7 +77,7 @@ class ModelDrafter:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
                  max_branches: int = 4, mode: str = "eager", weights: str = "fp32",
                  buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig = DRAFT_BATCH, batching: bool = True,
-                 session_ttl_s: float = 600.0):
+                 session_ttl_s: float = SESSION_TTL_S):
         """batching: False drafts one proposal per forward even where batching is supported (to compare)."""
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears

@@ -19,7 +19,7 @@ from specpipe.core.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
 from specpipe.core.protocols import NgramCache
 from specpipe.core.trees import first_path
 from specpipe.core.types import ModelInfo, ProposeRequest, ProposeResult
-from specpipe.runtime import metrics
+from specpipe.runtime import cpu, metrics
 from specpipe.runtime.breaker import Breaker
 
 log = logging.getLogger("specpipe.drafter")
@@ -38,6 +38,10 @@ class NgramDrafter:
 
     def propose(self, request: ProposeRequest) -> ProposeResult:
         """A lookup has no state to protect: every epoch is served."""
+        with cpu.hop("drafter", "ngram"):
+            return self._propose(request)
+
+    def _propose(self, request: ProposeRequest) -> ProposeResult:
         start = time.perf_counter()
         width = request.width if request.sampling.greedy else 1
         k = min(request.draft_len, self._config.max_draft_len)
@@ -70,7 +74,8 @@ class NgramDrafter:
             return ngram.EMPTY_NGRAM_DRAFT
         suffix = [*request.context[-SUFFIX_TOKENS:], *chain][-SUFFIX_TOKENS:]
         try:
-            found = self._cache.lookup(request.session_id, suffix, k, width, request.tenant)
+            with cpu.hop("store", "lookup"):
+                found = self._cache.lookup(request.session_id, suffix, k, width, request.tenant)
         except Exception as err:
             self._breaker.failed()
             metrics.CACHE_FAILURES.labels(call="lookup").inc()

@@ -10,6 +10,7 @@ from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_propose
 from specpipe.core.errors import FailedPrecondition
 from specpipe.core.protocols import Drafter
 from specpipe.core.types import ModelInfo
+from specpipe.runtime import cpu
 from specpipe.serving import convert
 from specpipe.serving.server import Service, rpc_method, service_name
 from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
@@ -49,10 +50,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     @rpc_method
     def Propose(self, request, context):
-        propose = convert.propose_request_from_proto(request)
-        check_propose(propose, self._limits)
-        result = self._methods.drafter(request.method).propose(propose)
-        return convert.propose_result_to_proto(result)
+        with cpu.hop("drafter", "rpc"):
+            propose = convert.propose_request_from_proto(request)
+            check_propose(propose, self._limits)
+            result = self._methods.drafter(request.method).propose(propose)
+            return convert.propose_result_to_proto(result)
 
     @rpc_method
     def Release(self, request, context):

@@ -12,24 +12,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Self
 
+from specpipe.config.services import AdmissionConfig  # its settings: generations running, and waiting
 from specpipe.core.errors import Cancelled, DeadlineExceeded, ResourceExhausted
 from specpipe.runtime import metrics
 from specpipe.runtime.lifecycle import Cancellation
 
 RETRY_AFTER_S = 1  # what a refused client is told to wait (HTTP Retry-After)
-
-
-@dataclass(frozen=True)
-class AdmissionConfig:
-    max_sessions: int = 64  # generations running at once
-    max_queue: int = 64     # generations waiting for one of them
-
-    def __post_init__(self):
-        if self.max_sessions < 1 or self.max_queue < 0:
-            raise ValueError(f"max_sessions must be >= 1 and max_queue >= 0, got {self.max_sessions}, {self.max_queue}")
 
 
 class Ticket:

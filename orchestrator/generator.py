@@ -49,6 +49,7 @@ from specpipe.core.types import (
     SpeculationOptions,
 )
 from specpipe.core.verification import check_token_ids
+from specpipe.runtime import cpu
 from specpipe.runtime.lifecycle import ContextPool, cancel_scope, deadline_scope, random_seed
 
 log = logging.getLogger("specpipe.orchestrator")
@@ -279,16 +280,19 @@ class Generator:
 
 class Laps:
     """Where a generation's wall time goes, part by part (ROUND_PARTS): lap(part) adds the time since
-    the previous lap to part; take() hands a round's parts over and starts the next round's."""
+    the previous lap to part, and the thread's CPU time meanwhile to the orchestrator's hop of that
+    name (specpipe.runtime.cpu); take() hands a round's parts over and starts the next round's."""
 
     def __init__(self):
         self._last = time.perf_counter()
         self._ms = dict.fromkeys(ROUND_PARTS, 0.0)
+        cpu.start_laps()
 
     def lap(self, part: str) -> float:
         now = time.perf_counter()
         self._ms[part] += (now - self._last) * 1e3
         self._last = now
+        cpu.lap("orchestrator", part)
         return now
 
     def move(self, source: str, target: str, ms: float) -> None:

@@ -18,7 +18,7 @@ from specpipe.core.learned import MATCH_TOKENS
 from specpipe.core.ngram import SUFFIX_TOKENS, verifier_branches
 from specpipe.core.protocols import NgramCache
 from specpipe.core.types import ROUND_PARTS, ProposeResult, RoundStats, SpeculationOptions, VerifyResult
-from specpipe.runtime import metrics
+from specpipe.runtime import cpu, metrics
 from specpipe.runtime.breaker import Breaker
 
 log = logging.getLogger("specpipe.orchestrator")
@@ -63,7 +63,8 @@ class RoundObserver:
         if not self._breaker.allows():
             return
         try:
-            fn(*args)
+            with cpu.hop("store", call):
+                fn(*args)
         except Exception as err:
             self._breaker.failed()
             metrics.CACHE_FAILURES.labels(call=call).inc()

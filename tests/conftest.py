@@ -13,7 +13,7 @@ torch.set_num_threads(1)  # two cores: leave one to the gRPC servers and the oth
 KINDS = {  # marker -> the test files of that kind (every test file has one; pyproject.toml registers them)
     "unit": ("test_verification", "test_trees", "test_ngram", "test_sampling", "test_stops", "test_rpc_convert",
              "test_native", "test_cores", "test_prompts", "test_replicas", "test_ray_router", "test_packaged",
-             "test_layers", "test_learned", "test_recurring"),
+             "test_layers", "test_learned", "test_recurring", "test_settings"),
     "contract": ("test_contract_drafter", "test_contract_generation", "test_contract_verifier", "test_cache_contract",
                  "test_drafter_methods", "test_admission", "test_tls", "test_redis_security", "test_tenancy",
                  "test_limits", "test_lifecycle", "test_openai_api", "test_cache_cluster"),

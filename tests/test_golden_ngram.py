@@ -13,7 +13,7 @@ from cache_service.redis_store import RedisNgramCache
 from drafter_service.hybrid import HybridDrafter
 from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
-from specpipe.config.presets import model_specs
+from specpipe.config.services import ModelConfig, OrchestratorConfig
 from specpipe.core.types import GREEDY, GenerationRequest, ProposeRequest, SpeculationOptions
 from specpipe.serving.server import ServerConfig, serve
 from tests.golden import GOLDEN_PROMPTS, assert_golden, golden_references, run
@@ -40,8 +40,9 @@ def distributed_generator(redis_url, verifier, model_drafter):
     drafters = build_drafters(("model", "ngram", "hybrid"), drafter_store, model_drafter, model_drafter.info())
     with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
             serve([drafter_servicer.service(drafters)], config) as drafter_server:
-        generator = remote_generator(model_specs("tiny")[0], verifier_server.address, drafter_server.address,
-                                     SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), cache_url=redis_url)
+        generator = remote_generator(OrchestratorConfig(
+            verifier_addr=verifier_server.address, drafter_addr=drafter_server.address, model=ModelConfig(preset="tiny"),
+            speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), cache=redis_url))
         assert all(type(generator.drafters[kind]).__name__ == "ReplicatedDrafter" for kind in ("model", "ngram", "hybrid"))
         yield generator
     drafter_store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specpipe.core.protocols import Verifier
+from specpipe.runtime import cpu
 from specpipe.serving import convert
 from specpipe.serving.server import Service, rpc_method, service_name
 from specpipe.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
@@ -18,18 +19,20 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     @rpc_method
     def Prefill(self, request, context):
-        context_len = self._verifier.prefill(request.session_id, tuple(request.prompt_ids))
-        return verifier_pb2.PrefillReply(context_len=context_len)
+        with cpu.hop("verifier", "rpc"):
+            context_len = self._verifier.prefill(request.session_id, tuple(request.prompt_ids))
+            return verifier_pb2.PrefillReply(context_len=context_len)
 
     @rpc_method
     def Verify(self, request, context):
-        result = self._verifier.verify(
-            request.session_id,
-            request.context_len,
-            convert.draft_from_proto(request.draft),
-            convert.sampling_from_proto(request.sampling),
-        )
-        return convert.verify_result_to_proto(result)
+        with cpu.hop("verifier", "rpc"):
+            result = self._verifier.verify(
+                request.session_id,
+                request.context_len,
+                convert.draft_from_proto(request.draft),
+                convert.sampling_from_proto(request.sampling),
+            )
+            return convert.verify_result_to_proto(result)
 
     @rpc_method
     def Release(self, request, context):

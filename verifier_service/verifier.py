@@ -4,10 +4,14 @@ Invariant: a session's cache holds its context minus the last token (the root of
 A round feeds [root] + draft nodes in ONE forward pass (tree attention), keeps the KV entries of the
 accepted path only, and appends accepted tokens + correction to the context.
 
-Llama / Qwen2 models in eager or packed mode run batched (docs/batching.md): one scheduler thread
-owns the model and runs the pending rounds and prefill chunks of all sessions as one forward, a lone
-session being a batch of one (the same code). Other architectures, and the graphs mode, run one
-session's forward at a time through specpipe.engine.runner.
+Llama / Qwen2 models run batched (docs/batching.md): one scheduler thread owns the model and runs
+the pending rounds and prefill chunks of all sessions as one forward, a lone session being a batch
+of one (the same code); in the graphs mode (CUDA) as captured padded batches. Other architectures
+run one session's forward at a time through specpipe.engine.runner.
+
+SessionVerifier holds what every verifier does with sessions (admission, checks, accept / reject,
+rollback, the reply); ModelVerifier runs a model. verifier_service/replay.py answers from a recorded
+transcript of a model's greedy decoding instead (load tests at another device's speed).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -37,10 +41,11 @@ from specpipe.core.verification import (
     verify_greedy,
 )
 from specpipe.engine import cores, runner
+from specpipe.engine.costmodel import ForwardCurve
 from specpipe.engine.kv import SlotKV, new_slot
 from specpipe.engine.models import load_model, model_info
-from specpipe.engine.scheduler import Step, Work, one_step, serving_scheduler
-from specpipe.runtime import metrics
+from specpipe.engine.scheduler import Scheduler, Step, Work, one_step, serving_scheduler
+from specpipe.runtime import cpu, metrics
 from specpipe.runtime.lifecycle import Sweeper, current_cancellation, evict_idle, sweep_period
 from specpipe.serving.replicas import VerifierLoad
 
@@ -62,35 +67,35 @@ def entropy(logits: torch.Tensor) -> float:
     return float(-(log_p.exp() * log_p).sum())
 
 
-class ModelVerifier:
-    def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
-                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None,
-                 batching: bool = True, limits: Limits = DEFAULT_LIMITS, weights: str = "fp32"):
-        """batching: False runs one session per forward even where batching is supported (to compare);
-        weights: the packed linear layers' (fp32, or bf16 in packed mode: the verifier as configured,
-        which is what speculation is lossless against)."""
-        self._model = model
-        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears the batch uses
-        self._info = runner.served_info(info, self._runner)
+@dataclass(frozen=True)
+class Scores:
+    """What a round's verdict needs of its rows' logits: each row's argmax, a row's entropy, and for
+    sampling the logits themselves (None where the rows come from a transcript)."""
+
+    argmax: list[int]                     # [1 + n] the first maximum of each row
+    entropy: Callable[[int], float]       # row -> nats
+    logits: torch.Tensor | None = None    # [1 + n, vocab]
+
+    @staticmethod
+    def of(logits: torch.Tensor) -> Scores:
+        return Scores(row_argmax(logits), lambda row: entropy(logits[row]), logits)
+
+
+class SessionVerifier:
+    """A verifier's sessions: admission, the checks of every request, accept / reject and rollback;
+    a subclass runs the forwards (_new_cache, _forward, _scores, _keep_path)."""
+
+    def __init__(self, info: ModelInfo, scheduler: Scheduler | None, max_sessions: int = 64,
+                 session_ttl_s: float = 600.0, limits: Limits = DEFAULT_LIMITS):
+        self._info = info
+        self._scheduler = scheduler  # None: one session per forward (ModelVerifier's unbatched path)
         self._max_sessions = max_sessions
         self._limits = limits
         self._session_ttl_s = session_ttl_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
-        # graphs: captured now, before the first request
-        self._scheduler = serving_scheduler(self._runner, batching, batch or BatchConfig(), "verifier",
-                                            self._info.max_context)
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time per model
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "verifier-session-sweeper")
-
-    @classmethod
-    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs) -> ModelVerifier:
-        model = load_model(spec, device, dtype)
-        return cls(model, model_info(spec, model), **kwargs)
-
-    @property
-    def model(self) -> PreTrainedModel:
-        return self._model
 
     @property
     def batched(self) -> bool:
@@ -108,8 +113,7 @@ class ModelVerifier:
             raise InvalidArgument(
                 f"prompt has {len(prompt_ids)} tokens; the context window is {self._info.max_context} tokens"
             )
-        cache = new_slot(self._model, self._info.max_context) if self.batched else self._runner.new_cache()
-        session = _Session(list(prompt_ids), cache)
+        session = _Session(list(prompt_ids), self._new_cache(prompt_ids))
         with session.lock:
             self._admit(session_id, session)  # before any forward: a full verifier refuses at once
             try:
@@ -134,19 +138,18 @@ class ModelVerifier:
                                         "release finished sessions, retry later or add verifier replicas")
             self._sessions[session_id] = session
 
+    def _new_cache(self, prompt_ids: Sequence[int]):
+        """A new session's cache (empty)."""
+        raise NotImplementedError
+
     def _forward(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
-                 ) -> tuple[torch.Tensor | None, float, tuple[int, int]]:
+                 ) -> tuple[torch.Tensor | Scores | None, float, tuple[int, int]]:
         """Feed token_ids after the cached positions: a prompt (batched: in chunks, no logits) or a
-        round's [root] + draft nodes (tree_parents: a tree's, None: a chain). Returns the logits
-        [n, vocab] of a round, the forward time in ms, and the (sessions, tokens) of the (last)
-        forward it took part in."""
+        round's [root] + draft nodes (tree_parents: a tree's, None: a chain). Returns the rows of a
+        round (logits [n, vocab], or Scores), the forward time in ms, and the (sessions, tokens) of
+        the (last) forward it took part in."""
         if not token_ids:
             return None, 0.0, (1, 0)
-        if self._scheduler is None:
-            start = time.perf_counter()
-            with self._forward_lock, cores.forward("verifier"):
-                logits = self._runner.forward(cache, token_ids, tree_parents)
-            return logits, (time.perf_counter() - start) * 1e3, (1, len(token_ids))
         cancellation = None
         if prompt:  # a prefill whose caller left stops between chunks (docs/security.md, "Session lifecycle")
             step, cancellation = Step(tuple(token_ids), chunked=True), current_cancellation()
@@ -158,7 +161,17 @@ class ModelVerifier:
         work = self._scheduler.run(Work(cache, one_step(step), cancellation))
         return work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
+    def _scores(self, rows: torch.Tensor | Scores, sampling: SamplingParams) -> Scores:
+        return Scores.of(rows)
+
+    def _keep_path(self, cache, prefix_len: int, nodes: Sequence[int]) -> None:
+        runner.keep_tree_path(cache, prefix_len, nodes)
+
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
+        with cpu.hop("verifier", "verify"):
+            return self._verify(session_id, context_len, draft, sampling)
+
+    def _verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         check_sampling(sampling)
         check_draft(draft, self._limits)
         check_tree(draft.tokens, draft.parents, self._info.vocab_size)
@@ -184,20 +197,24 @@ class ModelVerifier:
     def _verify_locked(self, session: _Session, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         past_len = len(session.context) - 1
         tree = not draft.is_chain
-        logits, verify_ms, (batch_sessions, batch_tokens) = self._forward(  # [1 + n, vocab]
+        rows, verify_ms, (batch_sessions, batch_tokens) = self._forward(  # [1 + n] rows
             session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
         metrics.VERIFY_MS.labels(draft_nodes=draft_nodes_label(len(draft))).observe(verify_ms)
 
-        node_argmax = row_argmax(logits)
+        scores = self._scores(rows, sampling)
         if sampling.greedy:
-            accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, node_argmax)
+            accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, scores.argmax)
         else:
-            probs = warp(logits, sampling)
+            probs = warp(scores.logits, sampling)
             delta, correction = rejection_sample_chain(draft.tokens, draft.q, probs, sampling.seed, len(session.context))
             accepted_nodes = list(range(delta))
+        if correction < 0:  # no answer at that position (a replay past its transcript's end)
+            self._keep_path(session.cache, past_len + 1, [])
+            raise FailedPrecondition(f"the verifier has no token for position {past_len + 2 + len(accepted_nodes)} "
+                                     "of this session: its replay transcript ends before it")
 
         # Roll back the rejected nodes: keep context, root and the accepted path.
-        runner.keep_tree_path(session.cache, past_len + 1, accepted_nodes)
+        self._keep_path(session.cache, past_len + 1, accepted_nodes)
         accepted = tuple(draft.tokens[i] for i in accepted_nodes)
         session.context.extend([*accepted, correction])
         session.last_used = time.monotonic()
@@ -206,8 +223,8 @@ class ModelVerifier:
             accepted_tokens=accepted,
             accepted_nodes=tuple(accepted_nodes),
             correction_token=correction,
-            entropy=entropy(logits[row]),
-            node_argmax=tuple(node_argmax),
+            entropy=scores.entropy(row),
+            node_argmax=tuple(scores.argmax),
             verify_ms=verify_ms,
             context_len=len(session.context),
             batch_sessions=batch_sessions,
@@ -238,3 +255,44 @@ class ModelVerifier:
             open_sessions = len(self._sessions)
         queued = self._scheduler.depth if self._scheduler is not None else int(self._forward_lock.locked())
         return VerifierLoad(open_sessions, self._max_sessions, queued)
+
+
+class ModelVerifier(SessionVerifier):
+    def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 64, session_ttl_s: float = 600.0,
+                 mode: str = "eager", buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig | None = None,
+                 batching: bool = True, limits: Limits = DEFAULT_LIMITS, weights: str = "fp32",
+                 cost_model: ForwardCurve | None = None):
+        """batching: False runs one session per forward even where batching is supported (to compare);
+        weights: the packed linear layers' (fp32, or bf16 in packed mode: the verifier as configured,
+        which is what speculation is lossless against); cost_model: every forward held to its curve's
+        time (a load test's simulated device; batched forwards only)."""
+        self._model = model
+        self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears the batch uses
+        info = runner.served_info(info, self._runner)
+        # graphs: captured now, before the first request
+        scheduler = serving_scheduler(self._runner, batching, batch or BatchConfig(), "verifier", info.max_context,
+                                      cost_model)
+        super().__init__(info, scheduler, max_sessions, session_ttl_s, limits)
+
+    @classmethod
+    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs) -> ModelVerifier:
+        model = load_model(spec, device, dtype)
+        return cls(model, model_info(spec, model), **kwargs)
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
+
+    def _new_cache(self, prompt_ids: Sequence[int]):
+        return new_slot(self._model, self._info.max_context) if self.batched else self._runner.new_cache()
+
+    def _forward(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
+                 ) -> tuple[torch.Tensor | None, float, tuple[int, int]]:
+        if self._scheduler is not None or not token_ids:
+            return super()._forward(cache, token_ids, tree_parents, prompt)
+        start = time.perf_counter()
+        with self._forward_lock, cores.forward("verifier"):
+            logits = self._runner.forward(cache, token_ids, tree_parents)
+        forward_ms = (time.perf_counter() - start) * 1e3
+        metrics.FORWARD_SECONDS.labels(role="verifier").inc(forward_ms / 1e3)
+        return logits, forward_ms, (1, len(token_ids))

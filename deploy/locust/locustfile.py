@@ -31,6 +31,7 @@ from locust.stats import CSV_STATS_INTERVAL_SEC
 
 from specpipe.bench.loadstats import OK, RequestRecord, itl_per_token, round_parts, write_record
 from specpipe.bench.prompts import Prompt, load_suite
+from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 from specpipe.config.env import environment
 from specpipe.core import types
 from specpipe.core.errors import SpecpipeError, Unavailable
@@ -38,22 +39,24 @@ from specpipe.serving.clients import GenerationClient
 from specpipe.serving.security import Tls, read_token
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
+LOAD = LoadtestConfig()  # `specpipe loadtest`'s defaults (it passes every flag; these serve `locust -f` alone)
 
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser) -> None:
-    parser.add_argument("--api", default="grpc", choices=("grpc", "openai"),
+    parser.add_argument("--api", default=LOAD.api, choices=("grpc", "openai"),
                         help="grpc: the Generate RPC at host:port; openai: /v1/chat/completions at --host's URL "
                         "(default: %(default)s)")
-    parser.add_argument("--suite", default="mix", help="prompts: humaneval, mtbench, gsm8k, random, noise or mix "
+    parser.add_argument("--suite", default=LOAD.suite, help="prompts: humaneval, mtbench, gsm8k, random, noise or mix "
                         "(code, chat and math in turn) (default: %(default)s)")
-    parser.add_argument("--prompt-limit", type=int, default=20, help="prompts taken from each suite (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or 64,
+    parser.add_argument("--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts taken from each suite (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or LOAD.max_new_tokens,
                         help="tokens per generation (default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
-    parser.add_argument("--deadline-s", type=float, default=120.0, help="client deadline of every call (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0, help="prompt order and sampling seeds (default: %(default)s)")
+    parser.add_argument("--deadline-s", type=float, default=LOAD.deadline_s,
+                        help="client deadline of every call (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=LOAD.temperature, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=LOAD.top_p)
+    parser.add_argument("--seed", type=int, default=LOAD.seed, help="prompt order and sampling seeds (default: %(default)s)")
     # Speculation, per request: empty / 0 = the server's default
     parser.add_argument("--drafter", default="", help="model, ngram, hybrid or none (speculation off)")
     parser.add_argument("--draft-len", type=int, default=0)

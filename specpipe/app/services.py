@@ -27,9 +27,9 @@ def cache_service(config: CacheConfig):
 
 def orchestrator_parts(config: OrchestratorConfig):
     """(the Generator, its Admission): what the gRPC and the HTTP API of one orchestrator share."""
-    from orchestrator.admission import Admission, AdmissionConfig
+    from orchestrator.admission import Admission
 
-    return orchestrator_generator(config), Admission(AdmissionConfig(config.max_sessions, config.max_queue))
+    return orchestrator_generator(config), Admission(config.admission)
 
 
 def orchestrator_service(config: OrchestratorConfig, parts=None):

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from cache_service import local_redis
 from specpipe.app import up_security
-from specpipe.config.services import ModelConfig, UpConfig
+from specpipe.config.services import METRICS_OFFSET, ModelConfig, UpConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
 
 ROLES = ("verifier", "drafter", "orchestrator")  # start order; the orchestrator needs the other two
-METRICS_OFFSET = 100
+
 HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 TAIL_LINES = 20

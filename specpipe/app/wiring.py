@@ -141,21 +141,16 @@ def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] |
 def orchestrator_generator(config: OrchestratorConfig):
     """The orchestrator of a distributed deployment (specpipe serve orchestrator)."""
     config.check_peers()
-    return remote_generator(config.model.specs()[0], config.verifier_addr, config.drafter_addr, config.speculation,
-                            cache_url=config.cache, rpc_timeout_s=config.rpc_timeout_s,
-                            connect_timeout_s=config.connect_timeout_s, hop_delay_ms=config.hop_delay_ms,
-                            limits=config.limits, learn_global=config.learn_global, tls=Tls.of(config.tls))
+    return remote_generator(config)
 
 
-def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | None, defaults,
-                     cache_url: str = "memory", rpc_timeout_s: float | None = 60.0, connect_timeout_s: float = 60.0,
-                     hop_delay_ms: float = 0.0, limits=DEFAULT_LIMITS, learn_global: bool = True, tls=None):
+def remote_generator(config: OrchestratorConfig):
     """The orchestrator of a distributed deployment: verifier and drafter replicas behind gRPC clients.
     verifier_addr / drafter_addr: host:port, a comma list, or dns:///name:port re-resolved as replicas
     come and go (specpipe.serving.replicas); each session is pinned to the least-loaded verifier replica and
     moved with its context when that replica is lost (specpipe.serving.failover). Each draft method the
     drafter service serves (ModelInfo.methods) goes through it; the n-gram and hybrid methods it does
-    not serve run here, over the n-gram store cache_url, which this orchestrator feeds with every
+    not serve run here, over the n-gram store config.cache, which this orchestrator feeds with every
     confirmed token (a drafter service drafting n-grams must use the same store). Waits up to
     connect_timeout_s for a verifier replica (it may still be loading its model).
     hop_delay_ms: latency added to each direction of every call to the verifier and the drafter."""
@@ -169,24 +164,26 @@ def remote_generator(tokenizer_spec, verifier_addr: str, drafter_addr: str | Non
     )
     from specpipe.serving.replicas import ReplicaSet
 
-    verifier_tls = peer_tls(tls, verifier_addr)
-    verifiers = ReplicaSet(verifier_addr, lambda a: VerifierClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
-                                                                   tls=verifier_tls), verifier_probe)
-    verifiers.wait_ready(connect_timeout_s)
+    tls, rpc_timeout_s, hop_delay_ms = Tls.of(config.tls), config.rpc_timeout_s, config.hop_delay_ms
+    verifier_tls = peer_tls(tls, config.verifier_addr)
+    verifiers = ReplicaSet(config.verifier_addr, lambda a: VerifierClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
+                                                                          tls=verifier_tls), verifier_probe)
+    verifiers.wait_ready(config.connect_timeout_s)
     verifier = ReplicatedVerifier(verifiers)
-    store = ngram_cache(cache_url, tls)
+    store = ngram_cache(config.cache, tls)
     served: dict = {}
-    if drafter_addr is not None:
-        drafter_tls = peer_tls(tls, drafter_addr)
-        drafters = ReplicaSet(drafter_addr, lambda a: DrafterClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
-                                                                    tls=drafter_tls), drafter_probe)
+    if config.drafter_addr is not None:
+        drafter_tls = peer_tls(tls, config.drafter_addr)
+        drafters = ReplicaSet(config.drafter_addr, lambda a: DrafterClient(a, rpc_timeout_s, hop_delay_ms=hop_delay_ms,
+                                                                           tls=drafter_tls), drafter_probe)
         methods = ("model",)
         try:
             methods = first_answer(drafters, "info").methods or methods
         except SpecpipeError as err:  # not up yet: assume the small model alone
             log.warning("drafter service unreachable at start", extra={"error": str(err)})
         served = {method: ReplicatedDrafter(drafters, method) for method in methods}
-    return served_generator(tokenizer_spec, verifier, served, defaults, store, limits, learn_global)
+    return served_generator(config.model.specs()[0], verifier, served, config.speculation, store, config.limits,
+                            config.learn_global)
 
 
 def peer_tls(tls, target: str):

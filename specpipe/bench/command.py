@@ -150,7 +150,7 @@ def run_forward_curve(config: BenchConfig) -> int:
         raise InvalidArgument(f"--acceptance takes rates in [0, 1], got {config.acceptance!r}")
     if config.pin:
         pin(1)
-    set_threads(config.model.threads or 1)
+    set_threads(config.model.threads or 1)  # the curve is of one thread unless --threads says otherwise
     model = config.model
     modes = ("eager", forward_mode(model)) if forward_mode(model) != "eager" else ("eager",)
     curves: dict[str, dict[int, float]] = {}

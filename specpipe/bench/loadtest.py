@@ -20,7 +20,7 @@ from pathlib import Path
 
 from specpipe.bench import loadreport, loadruns, loadstats
 from specpipe.bench.prompts import RECURRING, RECURRING_SIZE
-from specpipe.config.bench import LoadtestConfig
+from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 from specpipe.config.services import TlsFiles
 from specpipe.core.errors import FailedPrecondition, InvalidArgument
 from specpipe.core.types import DRAFTER_KINDS
@@ -28,7 +28,6 @@ from specpipe.serving.security import Tls, read_token
 
 SERVER_DEFAULT = "default"  # a drafter: the server's own default speculation
 SUITES = ("mix", "humaneval", "mtbench", "gsm8k", "random", "noise")  # mix: the first three in turn
-SUITE_PROMPTS = 20  # prompts per suite unless --prompt-limit says
 WORKLOADS = ("suite", RECURRING)  # the --suite prompts in turn; or the recurring sequence, learning off and on
 LEARN_FLAG = "--learn-global"  # the orchestrator's switch for its store learning finished outputs (on / off)
 LEARNING = (("learn-off", "off"), ("learn-on", "on"))  # the recurring workload's servers: label, LEARN_FLAG value

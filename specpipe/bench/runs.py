@@ -137,7 +137,7 @@ def grpc_generators(config: BenchConfig, methods: list[Method], baselines: list[
 
     from specpipe.app import topology
     from specpipe.app.wiring import remote_generator
-    from specpipe.config.services import UpConfig
+    from specpipe.config.services import OrchestratorConfig, UpConfig
     from specpipe.engine.cores import set_threads
 
     model = replace(config.model, batching=True)
@@ -154,9 +154,9 @@ def grpc_generators(config: BenchConfig, methods: list[Method], baselines: list[
         if "verifier" in cores:
             os.sched_setaffinity(0, {cores["verifier"]})
         set_threads(1)
-        verifier_spec = model.specs()[0]
-        generators = {hop: remote_generator(verifier_spec, children[0].address, children[1].address,
-                                            config.speculation, hop_delay_ms=hop)
+        generators = {hop: remote_generator(OrchestratorConfig(
+                          verifier_addr=children[0].address, drafter_addr=children[1].address, model=model,
+                          speculation=config.speculation, hop_delay_ms=hop))
                       for hop in sorted({m.hop_delay_ms for m in methods})}
         yield generators, grpc_baseline_models(config, baselines)
     finally:

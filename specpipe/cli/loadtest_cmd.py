@@ -14,78 +14,36 @@ import argparse
 
 from specpipe.bench import loadstats
 from specpipe.bench.loadshapes import SHAPES, parse_levels
-from specpipe.bench.loadtest import LEARN_FLAG, SERVER_DEFAULT, SUITE_PROMPTS, SUITES, WORKLOADS
+from specpipe.bench.loadtest import SUITE_PROMPTS, SUITES, WORKLOADS
 from specpipe.bench.prompts import RECURRING_SIZE
-from specpipe.cli import security_args
-from specpipe.config.env import environment
-from specpipe.config.presets import PRESETS
+from specpipe.cli import options, security_args
+from specpipe.config.bench import LoadtestConfig
 from specpipe.core.errors import InvalidArgument
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("loadtest", help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
                                    description=__doc__.split("\n\n")[0])
     target = parser.add_argument_group("target")
-    target.add_argument("--addr", default=None, help="HOST:PORT of an orchestrator, or with --api openai the URL "
-                        "of its HTTP API (default: start `specpipe up`)")
-    target.add_argument("--api", default="grpc", choices=("grpc", "openai"),
-                        help="the API the users call: the Generate RPC, or the OpenAI-compatible "
-                        "/v1/chat/completions with server-sent events (docs/http-api.md) (default: %(default)s)")
-    target.add_argument("--preset", default=environment().preset or "tiny", choices=sorted(PRESETS),
-                        help="without --addr: the model pair of the `specpipe up` started (default: %(default)s)")
-    target.add_argument("--up-args", action="append", default=None, metavar="[LABEL=]FLAGS",
-                        help="without --addr: more `specpipe up` flags, e.g. \"--pin\". Repeat it to compare "
-                        "servers in one run, each labelled, e.g. --up-args \"unbatched:default=--batching off --pin\" "
-                        "--up-args \"batched=--pin\": each is started, loaded with every --drafter (or those "
-                        "after LABEL:, comma-separated), and stopped")
-    target.add_argument("--startup-timeout", type=float, default=600.0, metavar="S", help="(default: %(default)s)")
+    options.add_settings(target, LoadtestConfig, "addr", "api", "preset")
+    options.add_setting(target, LoadtestConfig, "up_args", action="append", default=None)
+    options.add_setting(target, LoadtestConfig, "startup_timeout")
     load = parser.add_argument_group("load")
-    load.add_argument("--shape", default="steps", choices=("constant", *SHAPES),
-                      help="steps: each of --levels held --hold-s; ramp / spike over the same span; constant: "
-                      "--users for --run-time (default: %(default)s)")
-    load.add_argument("--levels", default="1,2,4,8,16", type=_levels, help="user counts (default: %(default)s)")
-    load.add_argument("--hold-s", type=float, default=30.0, help="seconds per level (default: %(default)s)")
-    load.add_argument("--users", type=int, default=4, help="constant: users (default: %(default)s)")
-    load.add_argument("--run-time", type=float, default=60.0, metavar="S", help="constant: seconds (default: %(default)s)")
+    options.add_setting(load, LoadtestConfig, "shape", choices=("constant", *SHAPES))
+    options.add_setting(load, LoadtestConfig, "levels", type=_levels)
+    options.add_settings(load, LoadtestConfig, "hold_s", "users", "run_time")
     work = parser.add_argument_group("requests (flags of deploy/locust/locustfile.py)")
-    work.add_argument("--workload", default="suite", choices=WORKLOADS,
-                      help="suite: the --suite prompts in turn; recurring: a sequence from HumanEval, MT-Bench and "
-                      "GSM8K where about 30%% of the requests repeat an earlier one, 40%% take an earlier one's "
-                      "template with other values and 30%% are unique, and without --addr every server twice, its "
-                      f"n-gram store learning finished outputs off and on ({LEARN_FLAG} off / on), compared "
-                      "(default: %(default)s)")
-    work.add_argument("--suite", default="mix", choices=SUITES, help="mix: code, chat and math in turn (default: %(default)s)")
-    work.add_argument("--prompt-limit", type=int, default=None,
-                      help=f"prompts per suite (default: {SUITE_PROMPTS}); with --workload recurring, requests in the "
-                      f"sequence (default: {RECURRING_SIZE}; after them it starts again)")
-    work.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or 64,
-                      help="(default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
-    work.add_argument("--deadline-s", type=float, default=120.0, help="client deadline per call (default: %(default)s)")
-    work.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    work.add_argument("--top-p", type=float, default=1.0, help="(default: %(default)s)")
-    work.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    work.add_argument("--drafter", default=SERVER_DEFAULT,
-                      help="per-request drafter, comma-separated for one run each: model, ngram, hybrid, none "
-                      f"(speculation off) or {SERVER_DEFAULT} (the server's) (default: %(default)s)")
-    work.add_argument("--draft-len", type=int, default=0, help="0 = the server's (default: %(default)s)")
-    work.add_argument("--width", type=int, default=0, help="0 = the server's (default: %(default)s)")
-    work.add_argument("--schedule", default="", help="sequential or branch; empty = the server's")
-    work.add_argument("--adaptive", default="", help="on or off; empty = the server's")
+    options.add_setting(work, LoadtestConfig, "workload", choices=WORKLOADS)
+    options.add_setting(work, LoadtestConfig, "suite", choices=SUITES)
+    options.add_setting(work, LoadtestConfig, "prompt_limit",
+                        shown=f"{SUITE_PROMPTS} per suite, {RECURRING_SIZE} requests of the recurring sequence")
+    options.add_settings(work, LoadtestConfig, "max_new_tokens", "deadline_s", "temperature", "top_p", "seed",
+                         "drafter", "draft_len", "width", "schedule", "adaptive")
     security_args.add_client_tls_args(parser, " of --addr (without --addr and with --up-args --tls: the "
                                       "certificates `specpipe up` makes)")
     out = parser.add_argument_group("output")
-    out.add_argument("--slo", default="", type=_slo, help="goodput SLOs: ttft=MS,itl=MS (ITL: a request's mean)")
-    out.add_argument("--out", default=None, help="folder for Locust's CSV / HTML and the request records (default: a temp dir)")
-    out.add_argument("--json", action="store_true", help="print the summary as JSON")
-    out.add_argument("--report", default=None, metavar="MD", help="write the comparison into this Markdown file's "
-                     "generated section, plots into <its folder>/load/<its name>-*.png")
-    out.add_argument("--memory-every", type=float, default=0.0, metavar="S",
-                     help="without --addr: sample the services' resident memory every S seconds (0 = off)")
-    out.add_argument("--from-run", default=None, metavar="DIR",
-                     help="instead of a load run: the tables (and --report) from the request records of an "
-                     "earlier run's --out folder, described by that run's own flags (--slo, given, replaces "
-                     "its SLOs), e.g. after a change to the statistics")
-    out.add_argument("--warmup-s", type=float, default=30.0, help="memory samples before this are warm-up (default: %(default)s)")
+    options.add_setting(out, LoadtestConfig, "slo", type=_slo)
+    options.add_settings(out, LoadtestConfig, "out", "json", "report", "memory_every", "from_run", "warmup_s")
     parser.set_defaults(func=run)
 
 

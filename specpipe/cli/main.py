@@ -9,7 +9,8 @@ import sys
 from specpipe import __version__
 from specpipe.core.errors import SpecpipeError
 
-COMMANDS = ("models_cmd", "generate_cmd", "serve_cmd", "up_cmd", "bench_cmd", "cache_cmd", "loadtest_cmd", "serve_ray_cmd")
+COMMANDS = ("models_cmd", "generate_cmd", "serve_cmd", "up_cmd", "bench_cmd", "cache_cmd", "loadtest_cmd", "serve_ray_cmd",
+            "transcript_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

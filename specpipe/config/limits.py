@@ -12,26 +12,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specpipe.core.errors import InvalidArgument
+from specpipe.core.settings import setting
 from specpipe.core.types import ALL_HYPOTHESES, Draft, GenerationRequest, ProposeRequest
+
+
+LIMIT_PREFIX = "limit_"  # a cap's key in a mapping of settings: limit_max_prompt_tokens (--limit-prompt-tokens)
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_prompt_tokens: int = 8192         # prompt tokens of a generation / prefill
-    max_new_tokens: int = 4096            # output tokens of a generation
-    max_draft_len: int = 64               # k, the draft depth a client or an orchestrator may ask for
-    max_width: int = 16                   # tree width at the first levels
-    max_hypotheses: int = 16              # branch schedule pre-drafts per round (-1 = every outcome of <= k + 1)
-    max_stops: int = 16                   # stop strings per generation
-    max_stop_chars: int = 256             # characters of one stop string
-    max_draft_nodes: int = 512            # nodes of one verified draft tree
-    max_q_entries: int = 1024             # entries of one node's sparse q
-    max_id_chars: int = 128               # a request id
-    max_session_id_chars: int = 512       # a session id (the orchestrator's: tenant/request id-suffix)
-    max_prompt_chars: int = 1 << 20       # characters of a text prompt (before tokenising)
-    max_request_bytes: int = 8 << 20      # one gRPC request message (the server's receive limit)
+    max_prompt_tokens: int = setting(8192, "prompt tokens of a generation or a prefill")
+    max_new_tokens: int = setting(4096, "max_new_tokens of a generation")
+    max_draft_len: int = setting(64, "draft_len (k) a request may ask for")  # a client's or an orchestrator's
+    max_width: int = setting(16, "tree width a request may ask for")  # at the first levels
+    max_hypotheses: int = setting(  # branch schedule pre-drafts per round (-1 = every outcome of <= k + 1)
+        16, "branch-schedule hypotheses a request may ask for")
+    max_stops: int = setting(16, "stop strings per generation")
+    max_stop_chars: int = setting(256, "characters of one stop string")
+    max_draft_nodes: int = setting(512, "nodes of a draft tree sent to the verifier")
+    max_q_entries: int = setting(1024, "entries of one draft node's sparse q")
+    max_id_chars: int = setting(128, "characters of a request id")
+    max_session_id_chars: int = setting(  # the orchestrator's: tenant/request id-suffix
+        512, "characters of a session id")
+    max_prompt_chars: int = setting(1 << 20, "characters of a text prompt")  # before tokenising
+    max_request_bytes: int = setting(  # the gRPC server's receive limit, the HTTP API's body cap
+        8 << 20, "bytes of one request: a gRPC message (beyond: RESOURCE_EXHAUSTED) or an HTTP body (beyond: 413, "
+        "a Content-Length over it refused before any byte is read)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         bad = [name for name, value in vars(self).items() if value < 1]
         if bad:
             raise ValueError(f"limits must be >= 1: {', '.join(bad)}")
@@ -45,16 +53,26 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+HTTP_PREFIX = "http_"  # an HTTP bound's key in a mapping of settings: http_header_timeout (--http-header-timeout)
+
+
 @dataclass(frozen=True)
 class HttpLimits:
     """How the HTTP API bounds its clients (docs/http-api.md, "Overload and slow clients"); 0 = no bound."""
 
-    header_timeout_s: float = 10.0     # a request's headers must arrive within this from its first byte (408, closed)
-    body_timeout_s: float = 30.0       # its body within this after the headers (408)
-    request_timeout_s: float = 600.0   # its deadline, as a gRPC client's: the wait for a slot and the generation
-    max_connections: int = 512         # open connections per process; one more is answered 503 and closed
+    header_timeout_s: float = setting(
+        10.0, "a request's headers must arrive within S seconds of its first byte, else 408 and the connection "
+        "closes; 0: no bound", key="header_timeout", metavar="S")
+    body_timeout_s: float = setting(30.0, "a request's body must arrive within S seconds of its headers, else 408; "
+                                    "0: no bound", key="body_timeout", metavar="S")
+    request_timeout_s: float = setting(
+        600.0, "an HTTP request's deadline, as a gRPC client's: its wait for a generation slot and its generation "
+        "end by then; 0: none", key="request_timeout", metavar="S")
+    max_connections: int = setting(
+        512, "open HTTP connections per process; one more is answered 503 and closed at once, so a flood of them "
+        "leaves the gRPC API its file descriptors; 0: no cap", metavar="N")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         bad = [name for name, value in vars(self).items() if value < 0]
         if bad:
             raise ValueError(f"HTTP limits must be >= 0: {', '.join(bad)}")

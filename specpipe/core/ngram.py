@@ -157,14 +157,16 @@ def verifier_branches(context_tail: Sequence[int], draft: Draft, accepted_nodes:
 
     node_argmax: [num_nodes + 1], the argmax after the root (index 0) and after each node (VerifyResult).
     Accepted nodes (and the root) are skipped: their argmax is the next confirmed token, which the
-    context table records anyway. Branches come in node order."""
+    context table records anyway; so are nodes whose argmax is unknown (negative: a replayed verifier
+    knows its transcript's argmax only, verifier_service/replay.py). Branches come in node order."""
     keep = max_n - 1
     root_tail = tuple(context_tail[max(0, len(context_tail) - keep):])
     tails: list[tuple[int, ...]] = []  # [num_nodes] the last max_n-1 tokens up to and including node i
     for token, parent in zip(draft.tokens, draft.parents):
         tails.append(((root_tail if parent == ROOT else tails[parent]) + (token,))[-keep:])
     accepted = set(accepted_nodes)
-    return [tails[i] + (node_argmax[i + 1],) for i in range(len(draft.tokens)) if i not in accepted]
+    return [tails[i] + (node_argmax[i + 1],) for i in range(len(draft.tokens))
+            if i not in accepted and node_argmax[i + 1] >= 0]
 
 
 def longest_match(tables: Sequence[Table], suffix: Sequence[int], max_n: int) -> tuple[list[int], int, int] | None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from specpipe.core.settings import setting
+
 ROOT = -1  # parent index of first-level draft nodes: the session's last confirmed token
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0        # nucleus mass in (0, 1]
-    top_k: int = 0            # 0 = off
-    seed: int = 0             # 0 in a generation request: a fresh random seed (specpipe.runtime.lifecycle.random_seed)
+    temperature: float = setting(0.0, "0 = greedy")
+    top_p: float = setting(1.0, "nucleus mass in (0, 1]")
+    top_k: int = setting(0, "0 = off")
+    # 0 in a generation request: a fresh random seed (specpipe.runtime.lifecycle.random_seed)
+    seed: int = setting(0, "sampling seed; 0 = a fresh random one per generation")
 
     @property
     def greedy(self) -> bool:
@@ -160,15 +163,35 @@ DRAFTER_WITH_MODEL = "hybrid"
 
 @dataclass(frozen=True)
 class SpeculationOptions:
-    """How a generation speculates; the defaults here are the product's (CLI and API alike)."""
+    """How a generation speculates; the defaults here are the product's (CLI and API alike), each
+    beside its help text (specpipe.core.settings)."""
 
-    drafter: str = "ngram"               # one of DRAFTER_KINDS
-    draft_len: int = ADAPTIVE_DRAFT_LEN  # k; with adaptive control its cap
-    width: int = 1                       # tree width at the first levels; 1 = chain
-    schedule: str = "branch"             # one of SCHEDULES
-    predictor: str = "calibrated"        # one of PREDICTORS (branch schedule)
-    hypotheses: int = 1                  # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
-    adaptive: str = "on"                 # "on": choose k (<= draft_len) and M (<= hypotheses) each round
+    drafter: str = setting(  # one of DRAFTER_KINDS
+        "ngram", "draft source: the small model, the n-gram store, both merged into one tree (the n-gram lookup "
+        "first, the small model where it does not suffice), or none (the verifier alone)", choices=DRAFTER_KINDS)
+    draft_len: int = setting(  # k; with adaptive control its cap
+        ADAPTIVE_DRAFT_LEN, f"draft depth per round; with adaptive control its cap ({FREE_DRAFT_FACTOR}x that for "
+        "the n-gram drafter, whose drafts cost nothing: the evidence decides what is verified). Given without "
+        "--adaptive it fixes the draft depth (adaptive off)", metavar="K", shown=f"{ADAPTIVE_DRAFT_LEN}, adaptive")
+    width: int = setting(  # tree width at the first levels; 1 = chain
+        1, "tree width at the first draft levels; 1 = chain. With adaptive control the widest tree: each round "
+        "keeps only the alternatives whose expected acceptance pays for verifying them")
+    schedule: str = setting(  # one of SCHEDULES
+        "branch", "sequential: draft, then verify; branch: while the verifier checks a round, draft the next one "
+        "for its predicted outcomes, roll back on a miss", choices=SCHEDULES)
+    predictor: str = setting(  # one of PREDICTORS (branch schedule)
+        "calibrated", "branch schedule: calibrated (drafter confidence, calibrated online) or paper (the fitted "
+        "prediction function of Duan et al. 2024, eq. 12)", choices=PREDICTORS)
+    hypotheses: int = setting(  # M pre-drafts per round (branch schedule); ALL_HYPOTHESES = all
+        1, "branch schedule: outcomes pre-drafted per round, most likely first; all = every outcome of the main "
+        "chain", metavar="M")
+    adaptive: str = setting(  # "on": choose k (<= draft_len) and M (<= hypotheses) each round
+        "on", "on: choose each round's draft length (at most --draft-len, 0 = plain decoding), pre-drafts (at "
+        "most --hypotheses) and the draft nodes verified (the tree budget) for the most expected tokens per "
+        "second, from the measured verify and draft times, the acceptance per depth, draft source and rank, and "
+        "the verifier's entropy; greedy output is unchanged, a sampled one keeps its distribution but no longer "
+        "repeats from the seed alone; off: a fixed --draft-len", choices=ADAPTIVE,
+        shown="on, unless --draft-len is given")
 
 
 @dataclass(frozen=True)

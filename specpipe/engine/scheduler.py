@@ -42,13 +42,14 @@ import torch
 from transformers import PreTrainedModel
 
 from specpipe.config.services import GATHER_GRACE_SHARE, BatchConfig
-from specpipe.core.errors import Cancelled, ResourceExhausted, Unavailable
+from specpipe.core.errors import Cancelled, FailedPrecondition, ResourceExhausted, Unavailable
 from specpipe.core.fits import LinearFit
 from specpipe.engine import cores
 from specpipe.engine.batched import Segment, batched_forward, service_forward, unbatched_reason
+from specpipe.engine.costmodel import ClockedForward, ForwardCurve
 from specpipe.engine.kv import SlotKV
 from specpipe.engine.runner import Runner
-from specpipe.runtime import metrics
+from specpipe.runtime import cpu, metrics
 from specpipe.runtime.lifecycle import Cancellation
 
 log = logging.getLogger(__name__)
@@ -235,18 +236,21 @@ class Work:
 
 
 class Scheduler:
-    def __init__(self, model: PreTrainedModel, config: BatchConfig = BatchConfig(), role: str = "verifier",
-                 forward: Callable[[Sequence[Segment]], list] | None = None):
+    def __init__(self, model: PreTrainedModel | None, config: BatchConfig = BatchConfig(), role: str = "verifier",
+                 forward: Callable[[Sequence[Segment]], list] | None = None, attention: float | None = None):
         """forward: the batched forward (specpipe.engine.batched.service_forward: batched_forward, or in the
-        graphs mode a BatchGraphs')."""
+        graphs mode a BatchGraphs'); model may be None where forward and attention (attention_weight of
+        the model's config) are given (a replayed verifier, verifier_service/replay.py)."""
         self._model = model
         self._forward = forward or (lambda segments: batched_forward(model, segments))
         self.config = config
         self._role = role
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
+        self._forward_seconds = metrics.FORWARD_SECONDS.labels(role=role)
+        self._forwards = metrics.FORWARDS.labels(role=role)
         self._cost = LinearFit(decay=0.9)  # forward ms against work fed (step_work)
         self._decode_cost = LinearFit(decay=0.9)  # the same, of forwards of whole steps only
-        self._attention = attention_weight(model.config)
+        self._attention = attention if attention is not None else attention_weight(model.config)
         self._pending: list[Work] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -290,6 +294,7 @@ class Scheduler:
         self._thread.join()
 
     def _loop(self) -> None:
+        cpu.start_laps()
         while True:  # one forward per call: nothing of it outlives the call (released slots go)
             try:
                 if not self._dispatch():
@@ -297,6 +302,7 @@ class Scheduler:
             except Exception as err:  # a bug in planning must fail the requests, never leave them waiting
                 log.exception("%s batch scheduler: planning a forward failed", self._role)
                 self._fail_pending(RuntimeError(f"the {self._role} could not plan a forward: {err!r}"))
+            cpu.lap(self._role, "scheduler")  # the thread's CPU outside its forwards: planning, hand-offs
 
     def _fail_pending(self, error: Exception) -> None:
         with self._cond:
@@ -421,8 +427,10 @@ class Scheduler:
         self._batch_tokens.observe(tokens)
         finished: list[Work] = []
         try:
-            with cores.forward(self._role):
-                logits = self._forward([work.segment(n) for work, n in batch])
+            segments = [work.segment(n) for work, n in batch]
+            launched = time.perf_counter()
+            with cores.forward(self._role), cpu.hop(self._role, "forward"):
+                logits = self._forward(segments)
         except Exception as err:  # a bad forward fails its requests, never the scheduler
             for work, _ in batch:
                 work.error = err
@@ -430,6 +438,8 @@ class Scheduler:
         else:
             ended = time.perf_counter()
             forward_ms = (ended - now) * 1e3
+            self._forward_seconds.inc(ended - launched)  # the busy share: the forward alone
+            self._forwards.inc()
             self._steer_chunks(batch, works, forward_ms)
             self._cost.add(sum(works), forward_ms)
             for (work, n), rows, done in zip(batch, logits, works):
@@ -455,13 +465,21 @@ class Scheduler:
 
 
 def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role: str, max_context: int,
-                      ) -> Scheduler | None:
+                      curve: ForwardCurve | None = None) -> Scheduler | None:
     """The scheduler a verifier or model drafter batches its sessions with (in the graphs mode over
     BatchGraphs, captured now), or None where it runs one session per forward through runner (warmed
-    up now: its graphs captured)."""
+    up now: its graphs captured). curve: every forward held to its time (a load test's simulated
+    device, specpipe.engine.costmodel)."""
     reason = unbatched_reason(runner.model, batching)
     if reason is not None:
+        if curve is not None:
+            raise FailedPrecondition(f"--cost-model holds batched forwards to a curve; this {role} runs one session "
+                                     f"per forward ({reason})")
         log.info(f"{role} runs one session per forward", extra={"reason": reason})
         runner.warm_up()
         return None
-    return Scheduler(runner.model, config, role, service_forward(runner.model, runner.mode, max_context))
+    forward = service_forward(runner.model, runner.mode, max_context)
+    if curve is not None:
+        forward = ClockedForward(forward, curve)
+        log.info(f"{role} forwards held to a cost model", extra={"clock": curve.label})
+    return Scheduler(runner.model, config, role, forward)

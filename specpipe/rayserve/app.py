@@ -1,9 +1,9 @@
 """The Ray Serve application: `import_path: specpipe.rayserve.app:build_app` in a Serve config.
 
     args:                       # each role's settings: its `specpipe serve ROLE` flags' names
-      verifier: {preset: tiny, max_sessions: 64}
+      verifier: {preset: tiny, max_sessions: 32}
       drafter: {preset: tiny}
-      orchestrator: {preset: tiny, schedule: branch}
+      orchestrator: {preset: tiny, schedule: sequential}
 
 The orchestrator is the ingress (Serve's gRPC proxy calls it); it reaches the verifier and the
 drafter through DeploymentHandles. Both are routed by specpipe/rayserve/router.py: a session's verifier

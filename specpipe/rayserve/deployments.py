@@ -104,7 +104,7 @@ class RpcAborted(Exception):
 @serve.ingress()
 class OrchestratorDeployment:
     async def __init__(self, verifier, drafter, config: OrchestratorConfig):
-        from orchestrator.admission import Admission, AdmissionConfig
+        from orchestrator.admission import Admission
         from orchestrator.openai_api import ApiConfig, create_app
         from orchestrator.request_path import RequestPath
         from orchestrator.servicer import GenerationServicer
@@ -120,7 +120,7 @@ class OrchestratorDeployment:
         generator = served_generator(config.model.specs()[0], serve_replicas(self._verifier), served,
                                      config.speculation, ngram_cache(config.cache, config.tls), config.limits,
                                      config.learn_global)
-        admission = Admission(AdmissionConfig(config.max_sessions, config.max_queue))  # one for both APIs
+        admission = Admission(config.admission)  # one for both APIs
         self._servicer = GenerationServicer(generator, admission)
         self._app = create_app(RequestPath(generator, admission), ApiConfig(
             generator.info.model_name, None, config.limits.max_request_bytes, config.http.request_timeout_s))

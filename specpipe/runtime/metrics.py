@@ -80,3 +80,18 @@ RPC_SECONDS = Counter("specpipe_rpc_seconds_total", "Time spent serving RPCs; it
 DRAINING = Gauge("specpipe_draining", "1 while the server drains (SIGTERM): health NOT_SERVING, no new sessions")
 HTTP_REFUSED = Counter("specpipe_http_refused_total", "HTTP connections and requests the server refused before the "
                        "application read them: beyond --http-max-connections, headers or body too slow", ["reason"])
+
+# The pipeline's own cost (docs/pipeline.md): busy share and CPU time by hop, and the simulated clock.
+FORWARD_SECONDS = Counter("specpipe_forward_seconds_total", "Wall time of a role's model forwards (simulated ones at "
+                          "the cost model's time); its rate is the busy share", ["role"])
+FORWARDS = Counter("specpipe_forwards_total", "A role's model forwards (batched: one per forward, whatever its sessions)",
+                   ["role"])
+CPU_SECONDS = Counter("specpipe_cpu_seconds_total", "CPU time of the threads of a role, by hop (specpipe.runtime.cpu); "
+                      "the process's whole CPU time is process_cpu_seconds_total", ["role", "hop"])
+SIMULATED_FORWARDS = Counter("specpipe_simulated_forwards_total", "Forwards held to a cost model's curve (--cost-model)",
+                             ["role"])
+SIMULATED_OVERRUNS = Counter("specpipe_simulated_overruns_total", "Simulated forwards whose real compute took longer "
+                             "than the cost model allows (their real time is kept)", ["role"])
+SIMULATED_OVERRUN_MS = Counter("specpipe_simulated_overrun_ms_total", "Time by which real forwards overran the cost "
+                               "model", ["role"])
+SIMULATED_REAL_MS = Counter("specpipe_simulated_real_ms_total", "Real compute time of the simulated forwards", ["role"])

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specpipe.core import errors, types
 from specpipe.core.tenancy import TENANT_METADATA
+from specpipe.runtime import cpu
 from specpipe.runtime.lifecycle import call_timeout, check_cancelled, current_cancellation
 from specpipe.serving import convert
 from specpipe.serving.security import Tls, bearer_metadata
@@ -148,14 +149,15 @@ class VerifierClient(Client):
         return self._call(self._stub.Prefill, request, cancellable=True).context_len
 
     def verify(self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams) -> types.VerifyResult:
-        with encoding("verify request"):
-            request = verifier_pb2.VerifyRequest(
-                session_id=session_id,
-                context_len=context_len,
-                draft=convert.draft_to_proto(draft),
-                sampling=convert.sampling_to_proto(sampling),
-            )
-        return convert.verify_result_from_proto(self._call(self._stub.Verify, request))
+        with cpu.hop("orchestrator", "verify_rpc"):  # encoding, the call's own CPU, decoding
+            with encoding("verify request"):
+                request = verifier_pb2.VerifyRequest(
+                    session_id=session_id,
+                    context_len=context_len,
+                    draft=convert.draft_to_proto(draft),
+                    sampling=convert.sampling_to_proto(sampling),
+                )
+            return convert.verify_result_from_proto(self._call(self._stub.Verify, request))
 
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released
@@ -181,9 +183,10 @@ class DrafterClient(Client):
         return convert.model_info_from_proto(self._call(self._stub.Info, drafter_pb2.DrafterInfoRequest()))
 
     def propose(self, request: types.ProposeRequest) -> types.ProposeResult:
-        with encoding("propose request"):
-            message = convert.propose_request_to_proto(request, self.method)
-        return convert.propose_result_from_proto(self._call(self._stub.Propose, message))
+        with cpu.hop("orchestrator", "draft_rpc"):  # encoding, the call's own CPU, decoding
+            with encoding("propose request"):
+                message = convert.propose_request_to_proto(request, self.method)
+            return convert.propose_result_from_proto(self._call(self._stub.Propose, message))
 
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released

@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specpipe.config.limits import DEFAULT_LIMITS
+from specpipe.config.services import ServeConfig
 from specpipe.core.errors import SpecpipeError, Unavailable
 from specpipe.runtime import metrics
 from specpipe.runtime.lifecycle import Cancellation, cancel_scope
@@ -53,18 +54,21 @@ class Service:
     add_to_server: Callable[[object, grpc.Server], None]
 
 
+SERVE = ServeConfig()  # the settings' defaults (specpipe.config.services)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 0                    # 0 = a free port
+    host: str = SERVE.host
+    port: int = SERVE.port           # 0 = a free port
     metrics_port: int | None = None  # Prometheus HTTP; None = off, 0 = a free port
-    max_workers: int = 64            # concurrent RPCs (a Generate stream holds one for its lifetime)
+    max_workers: int = SERVE.max_workers  # concurrent RPCs (a Generate stream holds one for its lifetime)
     grace_s: float = 5.0             # in-flight RPCs get this long on stop
     max_request_bytes: int = DEFAULT_LIMITS.max_request_bytes  # a larger request: RESOURCE_EXHAUSTED, unread
     tls: Tls | None = None           # None = plaintext; with a CA, mutual TLS (specpipe.serving.security)
     auth_token: str | None = None    # the services (not health, reflection) require "authorization: Bearer <it>"
     reflection: bool = False         # server reflection (grpcurl without protos): off unless asked for
-    drain_timeout_s: float = 30.0    # on SIGTERM: how long running calls may go on before the stop
+    drain_timeout_s: float = SERVE.drain_timeout_s  # on SIGTERM: how long running calls may go on before the stop
     health_port: int | None = None   # also serve grpc.health.v1 alone, in plaintext, here (probes that
                                      # speak no TLS: Kubernetes' gRPC probes); None = off, 0 = a free port
 

@@ -1,0 +1,89 @@
+"""Recording a replay transcript (verifier_service/replay.py; docs/pipeline.md, "Replay"): a preset's
+verifier decodes the load test's prompts greedily, and one teacher-forced forward over each prompt and
+its continuation gives the entropy at every position (what adaptive control reads) and checks the
+continuation against the forward's own argmax.
+
+The continuation comes from the embedded default (speculative, and so token for token the verifier's
+own greedy decoding: the golden tests), which is several times faster on a CPU than decoding alone.
+The prompts are the ones the load test sends: a suite's (or the mix's) first prompt_limit, as chat
+messages through the orchestrator's own encoding."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specpipe.bench.prompts import Prompt, load_suite
+from specpipe.config.services import GeneratorConfig
+from specpipe.core.types import GenerationRequest
+from specpipe.engine.scheduler import attention_weight
+from verifier_service.replay import Entry, Transcript
+
+MIX = ("humaneval", "mtbench", "gsm8k")  # the load test's mix (deploy/locust/locustfile.py)
+FORCE_CHUNK = 128  # positions per teacher-forced forward
+
+
+@dataclass(frozen=True)
+class Recorded:
+    transcript: Transcript
+    disagreements: int   # continuation tokens that the teacher-forced forward's argmax differs from (near ties)
+    tokens: int
+
+
+def suite_prompts(suite: str, limit: int) -> list[Prompt]:
+    """The prompts the load test sends with --suite suite --prompt-limit limit."""
+    suites = MIX if suite == "mix" else (suite,)
+    return [p for name in suites for p in load_suite(name, limit=limit)]
+
+
+def row_entropy(logits: torch.Tensor) -> list[float]:
+    """Entropy in nats of softmax of each row of logits [n, vocab]."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return (-(log_p.exp() * log_p).sum(dim=-1)).tolist()
+
+
+@torch.inference_mode()
+def forced(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> tuple[list[float], list[int]]:
+    """Entropy and argmax of the distributions that chose each output token, from forwards over the
+    whole sequence (in chunks, through the model's own cache)."""
+    from transformers import DynamicCache
+
+    sequence = [*prompt_ids, *output_ids]
+    cache, entropy, argmax = DynamicCache(), [], []
+    first = len(prompt_ids) - 1  # the position whose logits choose output_ids[0]
+    for start in range(0, len(sequence) - 1, FORCE_CHUNK):
+        ids = torch.tensor([sequence[start:min(start + FORCE_CHUNK, len(sequence) - 1)]])
+        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]  # [n, vocab]
+        wanted = logits[max(0, first - start):]
+        if len(wanted):
+            entropy += row_entropy(wanted)
+            argmax += wanted.argmax(dim=-1).tolist()
+    return entropy, argmax
+
+
+def record(config: GeneratorConfig, prompts: Sequence[Prompt], max_new_tokens: int, source: str,
+           progress: bool = True) -> Recorded:
+    """Each prompt's greedy continuation of up to max_new_tokens, with its entropies."""
+    from tqdm import tqdm
+
+    from specpipe.app.wiring import embedded_generator
+
+    generator = embedded_generator(config)
+    model = generator.verifier.model
+    entries, disagreements, tokens = [], 0, 0
+    for prompt in tqdm(prompts, desc="recording greedy continuations", disable=not progress):
+        prompt_ids = generator.encode(messages=prompt.messages)
+        output, finish = [], ""
+        for chunk in generator.generate(GenerationRequest(prompt_ids, max_new_tokens, speculation=generator.defaults)):
+            output += chunk.token_ids
+            finish = chunk.finish_reason or finish
+        entropy, argmax = forced(model, prompt_ids, output)
+        disagreements += sum(a != t for a, t in zip(argmax, output))
+        tokens += len(output)
+        entries.append(Entry(tuple(prompt_ids), tuple(output), tuple(round(e, 5) if math.isfinite(e) else 0.0
+                                                                     for e in entropy), finish, prompt.id))
+    transcript = Transcript(generator.info, attention_weight(model.config), tuple(entries), source)
+    return Recorded(transcript, disagreements, tokens)
