@@ -5,6 +5,7 @@ health service still answers while every generation slot is taken."""
 from __future__ import annotations
 
 import contextlib
+import pathlib
 import threading
 
 import pytest
@@ -179,3 +180,20 @@ def test_a_waiter_that_leaves_the_queue_frees_its_place():
     assert admission.running == 0
     with admission.slot():  # the one slot is free
         assert admission.running == 1
+
+
+def test_up_hands_admission_caps_and_http_bounds_to_its_orchestrator():
+    """`specpipe up --max-sessions ... --limit-... --http-...`: the orchestrator it starts is configured so."""
+    from specpipe.cli.main import build_parser
+    from specpipe.cli.up_cmd import up_config
+    from specpipe.config.services import orchestrator_config
+
+    up = build_parser().parse_args(["up", "--preset", "tiny", "--max-sessions", "3", "--max-queue", "0",
+                                    "--limit-new-tokens", "99", "--http-header-timeout", "2.5",
+                                    "--http-max-connections", "7"])
+    flags = up_config(vars(up), pathlib.Path(".")).speculation
+    served = build_parser().parse_args(["serve", "orchestrator", "--verifier-addr", "127.0.0.1:1", *flags])
+    config = orchestrator_config(vars(served))
+    assert (config.admission.max_sessions, config.admission.max_queue) == (3, 0)
+    assert config.limits.max_new_tokens == 99
+    assert (config.http.header_timeout_s, config.http.max_connections) == (2.5, 7)

@@ -442,3 +442,35 @@ def test_created_is_the_time_of_the_request(server):
     created = [whole.json()["created"], *(json.loads(line[6:])["created"] for line in events.splitlines()
                                           if line.startswith("data: {"))]
     assert all(before <= c <= after for c in created)
+
+
+@pytest.mark.slow  # loads SmolLM2's verifier and drafter: a minute on two cores
+def test_smollm2_over_http_equals_verifier_greedy():
+    """The golden test over HTTP on a real model: chats, streamed and not, through the served default
+    speculation, give the verifier alone's greedy tokens (as text, and as many)."""
+    from drafter_service.model_drafter import ModelDrafter
+    from orchestrator.generator import Generator
+    from specpipe.config.presets import model_specs
+    from specpipe.engine import packaged
+    from specpipe.engine.models import load_tokenizer
+    from tests.golden import reference_greedy
+    from tests.test_golden_smollm2 import CHATS, MAX_NEW_TOKENS
+    from verifier_service.verifier import ModelVerifier
+
+    packaged.prepare("smollm2-135m", progress=False)
+    verifier_spec, drafter_spec = model_specs("smollm2")
+    verifier = ModelVerifier.load(verifier_spec)
+    generator = Generator(load_tokenizer(verifier_spec), verifier, {"model": ModelDrafter.load(drafter_spec)},
+                          SpeculationOptions(drafter="model"))
+    with api(generator) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        for chat in CHATS:
+            ids = generator.encode(messages=[("user", chat)])
+            expected = reference_greedy(verifier.model, ids, MAX_NEW_TOKENS)
+            text = generator.tokenizer.decode(expected, skip_special_tokens=True)
+            body = dict(model=MODEL, messages=[{"role": "user", "content": chat}], max_tokens=MAX_NEW_TOKENS,
+                        temperature=0)
+            whole = client.chat.completions.create(**body)
+            assert whole.choices[0].message.content == text and whole.usage.completion_tokens == len(expected)
+            events = client.chat.completions.create(**body, stream=True)
+            assert "".join(e.choices[0].delta.content or "" for e in events if e.choices) == text
