@@ -108,13 +108,15 @@ class OpenAIApi:
 
     def models(self) -> ModelList:
         info = self.path.generator.info
-        return ModelList(data=[ModelCard(id=self.config.model_id, created=self.started, max_model_len=info.max_context)])
+        card = ModelCard(id=self.config.model_id, created=self.started, max_model_len=info.max_context)
+        return ModelList(data=[card])
 
     def authorize(self, request: Request) -> None:
         if self.config.auth_token is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.config.auth_token.encode()):
+        expected = self.config.auth_token.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
             raise ApiError(401, "a valid bearer token is required (Authorization: Bearer <token>)",
                            kind="authentication_error", code="invalid_api_key")
 
@@ -137,7 +139,8 @@ class OpenAIApi:
         answer = convert.Answer(f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time()), self.config.model_id,
                                 kind == "chatcmpl")
         if self.draining():
-            raise ApiError(503, "this replica is draining (shutting down); retry on another", kind="service_unavailable")
+            raise ApiError(503, "this replica is draining (shutting down); retry on another",
+                           kind="service_unavailable")
         check_model(body, self.config.model_id)
         try:
             translated = translate(tenant_of(request.headers, body), answer.id)
@@ -176,7 +179,8 @@ class OpenAIApi:
                      encoded: list[GenerationRequest], cancellation: Cancellation) -> AsyncIterator[bytes]:
         """The server-sent events of a streamed answer; an error after the headers is its last event."""
         options = body.stream_options
-        include_usage, continuous = bool(options and options.include_usage), bool(options and options.continuous_usage_stats)
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(options and options.continuous_usage_stats)
         tokens, opening = 0, True
         try:
             async for piece in chunks:
@@ -191,7 +195,7 @@ class OpenAIApi:
             yield sse(from_specpipe(err, body).response().body.decode())
         except (asyncio.CancelledError, GeneratorExit):  # the client went away: stop the internal calls too
             cancellation.cancel()
-            gone(answer, "streaming")
+            log_gone(answer, "streaming")
             raise
         if include_usage:
             yield sse(convert.usage_event(answer, (len(encoded[0].prompt_ids), tokens)))
@@ -258,8 +262,13 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-def gone(answer: convert.Answer, phase: str) -> Response:
+def log_gone(answer: convert.Answer, phase: str) -> None:
+    """An expected disconnect: one structured line, no traceback."""
     log.info("client went away", extra={"request_id": answer.id, "phase": phase})
+
+
+def gone(answer: convert.Answer, phase: str) -> Response:
+    log_gone(answer, phase)
     return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
 

@@ -121,12 +121,15 @@ class Answer:
     model: str
     chat: bool
 
+    def head(self) -> dict:
+        return {"id": self.id, "created": self.created, "model": self.model}
+
 
 def whole(answer: Answer, text: str, finish: str | None, counts: tuple[int, int]):
     if answer.chat:
-        return ChatCompletionResponse(id=answer.id, created=answer.created, model=answer.model, usage=usage(*counts),
-                                      choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)])
-    return CompletionResponse(id=answer.id, created=answer.created, model=answer.model, usage=usage(*counts),
+        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
+        return ChatCompletionResponse(**answer.head(), usage=usage(*counts), choices=[choice])
+    return CompletionResponse(**answer.head(), usage=usage(*counts),
                               choices=[CompletionChoice(text=text, finish_reason=finish)])
 
 
@@ -137,13 +140,13 @@ def event(answer: Answer, text: str | None, finish: str | None, first: bool = Fa
     extra = {"usage": usage(*counts)} if counts is not None else {}
     if answer.chat:
         delta = Delta(role="assistant" if first else None, content=text)
-        return ChatCompletionChunk(id=answer.id, created=answer.created, model=answer.model, **extra,
+        return ChatCompletionChunk(**answer.head(), **extra,
                                    choices=[ChatChunkChoice(delta=delta, finish_reason=finish)])
-    return CompletionResponse(id=answer.id, created=answer.created, model=answer.model, **extra,
+    return CompletionResponse(**answer.head(), **extra,
                               choices=[CompletionChoice(text=text or "", finish_reason=finish)])
 
 
 def usage_event(answer: Answer, counts: tuple[int, int]):
     """The last event with include_usage: the usage, no choices."""
     cls = ChatCompletionChunk if answer.chat else CompletionResponse
-    return cls(id=answer.id, created=answer.created, model=answer.model, choices=[], usage=usage(*counts))
+    return cls(**answer.head(), choices=[], usage=usage(*counts))

@@ -61,7 +61,8 @@ def run_harness(url: str, out: Path) -> tuple[float, int]:
     proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", "loadtest", "--api", "openai", "--addr", url,
                            "--shape", "constant", "--users", str(USERS), "--run-time", str(SECONDS), "--suite", "mix",
                            "--prompt-limit", str(PROMPTS_PER_SUITE), "--max-new-tokens", str(ANSWER_TOKENS),
-                           "--out", str(out), "--json"], capture_output=True, text=True, timeout=SECONDS * 5, check=False)
+                           "--out", str(out), "--json"],
+                          capture_output=True, text=True, timeout=SECONDS * 5, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (level,) = json.loads(proc.stdout)["runs"]["default"]
     return level["tokens_per_s"], sum(level["errors"].values())
