@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 AIPERF = "aiperf==0.13.0"
-USERS, SECONDS, ANSWER_TOKENS, PROMPTS_PER_SUITE = 2, 60, 64, 4
+USERS, SECONDS, ANSWER_TOKENS, PROMPTS_PER_SUITE = 2, 90, 64, 4
 SUITES = ("humaneval", "mtbench", "gsm8k")  # the harness's mix, in its order
 
 
@@ -78,7 +78,8 @@ def run_aiperf(url: str, tokenizer: Path, out: Path) -> tuple[float, int, dict]:
     proc = subprocess.run(
         [str(aiperf_command()), "profile", "--model", "smollm2-135m", "--url", url, "--endpoint-type", "chat",
          "--streaming", "--tokenizer", str(tokenizer), "--input-file", str(prompts), "--custom-dataset-type",
-         "single_turn", "--concurrency", str(USERS), "--benchmark-duration", str(SECONDS),
+         "single_turn", "--dataset-sampling-strategy", "sequential",  # the harness's order
+         "--concurrency", str(USERS), "--benchmark-duration", str(SECONDS),
          "--output-tokens-mean", str(ANSWER_TOKENS), "--use-legacy-max-tokens", "--use-server-token-count",
          "--per-chunk-usage", "--extra-inputs", "temperature:0", "--artifact-dir", str(out), "--ui-type", "none",
          # a client as light as it goes (the server's cores are few): one worker, one record processor, no
