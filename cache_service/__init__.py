@@ -1,5 +1,5 @@
 """The cache service: the n-gram store (specpipe.core.ngram semantics) with two backends, in-memory
 (memory.InMemoryNgramCache) and Redis via server-side Lua (redis_store.RedisNgramCache), its gRPC
-servicer, stores.open_store (the store a --cache URL names) and local_redis (a private redis-server
-for `specpipe up --cache redis` and the tests). Backends must never block a generation: callers treat
-any error as "no draft"."""
+servicer and stores.open_store (the store a --cache URL names); the private redis-server of `specpipe
+up --cache redis` and the tests is specpipe.devtools'. Backends must never block a generation: callers
+treat any error as "no draft"."""

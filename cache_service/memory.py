@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from specpipe.core import learned, ngram
 from specpipe.core.learned import LearnedStore
@@ -60,6 +60,7 @@ class InMemoryNgramCache:
             return 0  # as Redis, which is not even called: no TTL refresh
         with self._lock:
             session = self._touch(session_id, True)
+            assert session is not None  # create: a missing session is opened
             return ngram.apply_branches(session.verifier, branches, self.config)
 
     def update_global(self, tokens: Sequence[int], tenant: str = "") -> int:
@@ -75,6 +76,9 @@ class InMemoryNgramCache:
         ngram.check_session_id(session_id)
         with self._lock:
             return self._live(session_id) is not None and self._sessions.pop(session_id) is not None
+
+    def close(self) -> None:
+        """Nothing to let go of: the tables live in this process."""
 
     def _touch(self, session_id: str, create: bool) -> _Session | None:
         """The live session with its TTL refreshed; a missing one is opened only if create (as Redis,
@@ -97,7 +101,7 @@ class InMemoryNgramCache:
         """The session unless it expired."""
         return self._unexpired(self._sessions, session_id)
 
-    def _unexpired(self, entries: dict, key: str):
+    def _unexpired(self, entries: dict[str, Any], key: str) -> Any:
         """entries[key] unless it expired (an expired one is dropped, as Redis drops its keys)."""
         entry = entries.get(key)
         if entry is not None and self._clock() >= entry.expires_at:

@@ -36,7 +36,8 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import struct
-from typing import Sequence
+from collections.abc import Iterator
+from typing import Any, Sequence, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -82,7 +83,7 @@ def packed(tokens: Sequence[int]) -> bytes:
 
 
 def _lua(name: str) -> str:
-    return importlib.resources.files("cache_service").joinpath("lua", name).read_text()
+    return importlib.resources.files("cache_service").joinpath("lua").joinpath(name).read_text()
 
 
 LOOKUP_LUA = _lua("lookup.lua")
@@ -104,7 +105,7 @@ def connect(url: str, timeout_s: float = 1.0) -> redis.Redis:
 
 
 @contextlib.contextmanager
-def _errors(url: str):
+def _errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError, ClusterDownError, TryAgainError, RedisClusterException) as err:
@@ -139,7 +140,7 @@ class RedisNgramCache:
         if k == 0:
             return ngram.EMPTY_NGRAM_DRAFT
         suffix = list(context_suffix)
-        calls = [(self._lookup, [verifier_key(session_id)],
+        calls: list[tuple[Any, list[str], list[Any]]] = [(self._lookup, [verifier_key(session_id)],
                   [self.config.max_n, k, width, *suffix[max(0, len(suffix) - (self.config.max_n - 1)):]])]
         if self.config.use_global:
             options = self.config.learned
@@ -171,7 +172,7 @@ class RedisNgramCache:
         ngram.check_tokens(tokens, "tokens")
         check_tenant(tenant)
         options = self.config.learned
-        args = [packed(tokens), options.index_n, options.max_occurrences, options.max_tokens,
+        args: list[Any] = [packed(tokens), options.index_n, options.max_occurrences, options.max_tokens,
                 max(1, round(options.ttl_s * 1000))]
         with _errors(self._url):
             return int(self._learn(keys=global_keys(tenant), args=args))
@@ -201,11 +202,12 @@ class RedisNgramCache:
 
     def _send(self, calls: Sequence[tuple[Script, list[str], list]]) -> list:
         pipe = self._redis.pipeline(transaction=False)
-        cluster = isinstance(self._redis, RedisCluster)
         for script, keys, args in calls:
             # On a cluster, name the slot's node: otherwise redis-py asks its default node for the
             # command's keys (COMMAND GETKEYS), a round trip more, and no way on while that node is down.
-            target = {"target_nodes": self._redis.get_node_from_key(keys[0])} if cluster else {}
+            redis_client = self._redis
+            target = ({"target_nodes": redis_client.get_node_from_key(keys[0])}
+                      if isinstance(redis_client, RedisCluster) else {})
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **target)
         return pipe.execute(raise_on_error=False)
 
@@ -226,13 +228,16 @@ def read_learned_store(client: redis.Redis | RedisCluster, tenant: str = "") -> 
     """A tenant's learned store as specpipe.core.learned keeps it, read back from its six keys (tests
     compare it with the reference; inspection). O(store): not for the serving path."""
     docs, counts, lru, digests, ix, state = global_keys(tenant)
-    tokens = client.hgetall(docs)
-    count, used, fields = client.hgetall(counts), dict(client.zrange(lru, 0, -1, withscores=True)), client.hgetall(state)
+    def hash_of(key: str) -> dict[bytes, bytes]:  # redis-py types replies as bytes or str: these are bytes
+        return cast(dict[bytes, bytes], client.hgetall(key))
+
+    tokens, count, fields = hash_of(docs), hash_of(counts), hash_of(state)
+    used = dict(cast(list[tuple[bytes, float]], client.zrange(lru, 0, -1, withscores=True)))
     return LearnedStore(
         documents={int(member): Document(_unpacked(tokens[member]), int(count[member]), int(used[member]))
                    for member in tokens},
-        index={_unpacked(key): list(zip(*[iter(_unpacked(pairs))] * 2)) for key, pairs in client.hgetall(ix).items()},
-        digests={digest.decode(): int(member) for digest, member in client.hgetall(digests).items()},
+        index={_unpacked(key): list(zip(*[iter(_unpacked(pairs))] * 2)) for key, pairs in hash_of(ix).items()},
+        digests={digest.decode(): int(member) for digest, member in hash_of(digests).items()},
         tokens=int(fields.get(b"tokens", 0)), next_id=int(fields.get(b"last_id", 0)) + 1,
         clock=int(fields.get(b"clock", 0)))
 

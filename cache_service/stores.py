@@ -5,6 +5,7 @@ from __future__ import annotations
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.ngram import NgramConfig
 from specpipe.core.protocols import NgramCache
+from specpipe.serving.security import Tls
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -14,7 +15,8 @@ FORMS = ("memory (this process)", "redis://[user:password@]host:port[/db]", "red
          "rediss+cluster://... (a Redis Cluster, TLS)", "grpc://host:port (a cache service)")
 
 
-def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0, tls=None) -> NgramCache:
+def open_store(url: str, config: NgramConfig = NgramConfig(), timeout_s: float = 1.0,
+               tls: Tls | None = None) -> NgramCache:
     """The store named by url: "memory" -> InMemoryNgramCache, a Redis URL -> RedisNgramCache (shared
     by every replica; redis+cluster:// on a Redis Cluster, cache_service.cluster), "grpc://host:port" ->
     a client of a cache service. timeout_s bounds each call (Redis socket timeouts, the gRPC deadline);

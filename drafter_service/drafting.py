@@ -33,7 +33,7 @@ class Nodes:
     runner_up: list[int] = field(default_factory=list)
     runner_up_confidence: list[float] = field(default_factory=list)
 
-    def add(self, token: int, parent: int, probs, runner_up: int, q: SparseDist | None = None) -> int:
+    def add(self, token: int, parent: int, probs: torch.Tensor, runner_up: int, q: SparseDist | None = None) -> int:
         """Append a node (probs: the drafter's distribution there); returns its index."""
         self.tokens.append(token)
         self.parents.append(parent)
@@ -50,8 +50,16 @@ class Nodes:
                      runner_up_confidence=tuple(self.runner_up_confidence))
 
 
-def draft_steps(context: Sequence[int], cached: int, draft_len: int, width: int, sampling: SamplingParams,
-                max_q_entries: int, chunk: int, stop_confidence: float = 0.0) -> Generator[list[int], torch.Tensor, Draft]:
+def draft_steps(
+    context: Sequence[int],
+    cached: int,
+    draft_len: int,
+    width: int,
+    sampling: SamplingParams,
+    max_q_entries: int,
+    chunk: int,
+    stop_confidence: float = 0.0,
+) -> Generator[list[int], torch.Tensor, Draft]:
     """Draft draft_len levels after context, whose first `cached` tokens (< len(context)) the cache
     holds: yields the tokens to feed (context[cached:] in chunks of at most `chunk`, then each chain
     token but the last), receives the logits [vocab] after them, returns the draft. A greedy chain

@@ -11,11 +11,12 @@ predicted outcomes of one round never disturb each other: a proposal that would 
 proposal of the same epoch may still extend forks the branch instead (copy-on-write).
 Branches of older epochs hold dropped hypotheses: they are cropped in place or evicted.
 
-Llama / Qwen2 models in eager or packed mode draft batched (docs/batching.md): each branch is a KV
-slot, and one scheduler thread runs the next step of every pending proposal, of every session, as
-one forward (drafter_service.drafting: the catch-up, then one token per depth). Other architectures
-and the CUDA graphs mode draft one proposal's forward at a time through specpipe.engine.runner; both paths
-run the same drafting coroutine.
+Llama / Qwen2 models draft batched in every forward mode (docs/batching.md; in the CUDA graphs mode
+as captured padded batches, specpipe.engine.batched.BatchGraphs): each branch is a KV slot, and one
+scheduler thread runs the next step of every pending proposal, of every session, as one forward
+(drafter_service.drafting: the catch-up, then one token per depth). Other architectures, and
+batching off, draft one proposal's forward at a time through specpipe.engine.runner; both paths run
+the same drafting coroutine.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -40,6 +41,7 @@ from specpipe.core.trees import common_prefix
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult
 from specpipe.core.verification import check_token_ids
 from specpipe.engine import cores, runner
+from specpipe.engine.costmodel import ForwardCurve
 from specpipe.engine.kv import SlotKV, new_slot
 from specpipe.engine.models import load_model, model_info
 from specpipe.engine.scheduler import Step, Work, serving_scheduler
@@ -77,8 +79,9 @@ class ModelDrafter:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
                  max_branches: int = 4, mode: str = "eager", weights: str = "fp32",
                  buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig = DRAFT_BATCH, batching: bool = True,
-                 session_ttl_s: float = SESSION_TTL_S):
-        """batching: False drafts one proposal per forward even where batching is supported (to compare)."""
+                 session_ttl_s: float = SESSION_TTL_S, cost_model: ForwardCurve | None = None):
+        """batching: False drafts one proposal per forward even where batching is supported (to compare);
+        cost_model: every forward held to its curve's time (a load test's simulated device)."""
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears
         self._info = runner.served_info(info, self._runner)
@@ -89,12 +92,13 @@ class ModelDrafter:
         self._sessions_lock = threading.Lock()  # sessions, and every branch's tokens
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time; a fork never sees one half done
         # graphs: captured now, before the first request
-        self._scheduler = serving_scheduler(self._runner, batching, batch, "drafter", self._info.max_context)
+        self._scheduler = serving_scheduler(self._runner, batching, batch, "drafter", self._info.max_context,
+                                            cost_model)
         self._session_ttl_s = session_ttl_s  # idle sessions are swept: their KV caches are freed
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "drafter-session-sweeper")
 
     @classmethod
-    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs) -> ModelDrafter:
+    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs: Any) -> ModelDrafter:
         model = load_model(spec, device, dtype)
         return cls(model, model_info(spec, model), **kwargs)
 
@@ -103,7 +107,7 @@ class ModelDrafter:
         return self._scheduler is not None
 
     @property
-    def model(self):
+    def model(self) -> PreTrainedModel:
         """The small model (packed in place in packed mode)."""
         return self._model
 
@@ -130,7 +134,10 @@ class ModelDrafter:
             steps = self._on_branch(session, branch, request.epoch, draft_steps(
                 context, len(branch.tokens), draft_len, width, request.sampling, self._max_q_entries, chunk,
                 request.stop_confidence))
-            draft = self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler else self._alone(branch, steps)
+            draft = (
+                self._scheduler.run(Work(branch.cache, steps)).result if self._scheduler  # type: ignore[arg-type]
+                else self._alone(branch, steps)
+            )
         finally:
             branch.busy = False
         draft_ms = (time.perf_counter() - start) * 1e3
@@ -146,7 +153,7 @@ class ModelDrafter:
         logits = None
         while True:
             try:
-                token_ids = draft.send(logits)
+                token_ids = draft.send(logits)  # type: ignore[arg-type]  # None primes it, as a coroutine's first send
             except StopIteration as done:
                 return done.value
             _stale(session, epoch)
@@ -156,7 +163,7 @@ class ModelDrafter:
 
     def _alone(self, branch: _Branch, steps: Generator[Step, torch.Tensor, Draft]) -> Draft:
         """Run steps one forward at a time on this thread (the unbatched path)."""
-        work = Work(branch.cache, steps)
+        work = Work(branch.cache, steps)  # type: ignore[arg-type]  # the unbatched path's kv is any runner cache (Work's docstring), its steps get tensors
         while work.step is not None:
             with self._forward_lock, cores.forward("drafter"):
                 logits = self._runner.forward(branch.cache, work.step.token_ids)  # [n, vocab]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from specpipe.core import ngram
 from specpipe.core.ngram import SUFFIX_TOKENS, NgramConfig, NgramDraft
@@ -56,7 +57,9 @@ class NgramDrafter:
             else:
                 chain = first_path(found.draft)
                 if len(chain) < k:
-                    found = ngram.after_chain(found, self._stored(request, chain, k - len(chain), 1 if chain else width))
+                    found = ngram.after_chain(
+                        found, self._stored(request, chain, k - len(chain), 1 if chain else width)
+                    )
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.NGRAM_LOOKUPS.inc()
         for level in found.levels:
@@ -64,13 +67,13 @@ class NgramDrafter:
         metrics.DRAFT_MS.labels(drafter="ngram").observe(draft_ms)
         return ProposeResult(found.as_draft(), draft_ms)
 
-    def _context(self, context, k: int, width: int) -> NgramDraft:
+    def _context(self, context: Sequence[int], k: int, width: int) -> NgramDraft:
         return ngram.context_lookup(context, k, width, self._config.max_n, self._config.max_continuations)
 
     def _stored(self, request: ProposeRequest, chain: list[int], k: int, width: int) -> NgramDraft:
         """The store's continuation after the context and chain; a store that fails costs its part,
         and is skipped (specpipe.runtime.breaker) until its pause has passed."""
-        if not self._breaker.allows():
+        if self._cache is None or not self._breaker.allows():
             return ngram.EMPTY_NGRAM_DRAFT
         suffix = [*request.context[-SUFFIX_TOKENS:], *chain][-SUFFIX_TOKENS:]
         try:

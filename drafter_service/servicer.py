@@ -4,7 +4,7 @@ service serves one or more draft methods (model, ngram, hybrid), chosen per requ
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping
+from typing import Any, Mapping
 
 from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_propose
 from specpipe.core.errors import FailedPrecondition
@@ -45,11 +45,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._limits = limits  # an orchestrator's own Generate caps draft_len and width; any other caller, here
 
     @rpc_method
-    def Info(self, request, context):
+    def Info(self, request: drafter_pb2.DrafterInfoRequest, context: Any) -> common_pb2.ModelInfo:
         return convert.model_info_to_proto(self._methods.info())
 
     @rpc_method
-    def Propose(self, request, context):
+    def Propose(self, request: drafter_pb2.ProposeRequest, context: Any) -> drafter_pb2.ProposeReply:
         with cpu.hop("drafter", "rpc"):
             propose = convert.propose_request_from_proto(request)
             check_propose(propose, self._limits)
@@ -57,7 +57,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             return convert.propose_result_to_proto(result)
 
     @rpc_method
-    def Release(self, request, context):
+    def Release(self, request: common_pb2.ReleaseRequest, context: Any) -> common_pb2.ReleaseReply:
         return common_pb2.ReleaseReply(released=self._methods.release(request.session_id))
 
 

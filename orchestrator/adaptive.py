@@ -46,10 +46,18 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Callable
 from typing import Sequence
 
-from orchestrator.costs import (Sharing, best_budget, best_budget_rate, choose_draft_len, hypotheses_that_fit,
-                               node_acceptance, round_rate)
+from orchestrator.costs import (
+    Sharing,
+    best_budget,
+    best_budget_rate,
+    choose_draft_len,
+    hypotheses_that_fit,
+    node_acceptance,
+    round_rate,
+)
 from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key, shrink
 from specpipe.core.fits import Ewma, LinearFit
 from specpipe.core.types import FREE_DRAFT_FACTOR
@@ -62,7 +70,9 @@ SESSION_WEIGHT = 6.0      # pseudo-rounds of the shared estimate in a session's
 PROBE_AFTER = 4           # rounds without a draft before drafting one token to look again
 MAX_PROBE_AFTER = 64      # ... doubling after each failed probe, up to this many
 PROBE_SHARE = 0.03        # ... and never so often that probes take more than this share of plain rounds' time
-FREE_DRAFTERS = ("ngram",)  # drafters whose drafts cost nothing: asked for FREE_DRAFT_FACTOR x the cap, the tree budget cuts
+FREE_DRAFTERS = (
+    "ngram",
+)  # drafters whose drafts cost nothing: asked for FREE_DRAFT_FACTOR x the cap, the tree budget cuts
 STOP_CONFIDENCE = 0.4     # a model's greedy chain ends after a token it gives less (transformers' assisted generation's
                           # assistant_confidence_threshold): the cap bounds a draft, its confidence ends it
 EVIDENCE_SOURCES = ("global", "context")  # sources whose nodes' confidences are evidence: a match's length
@@ -198,7 +208,8 @@ class AdaptiveController:
         self._free_first = (parents, nodes) if free_rate >= model_rate else None
         return self._free_first is not None
 
-    def _node_rater(self, sources: Sequence[str], confidence: Sequence[float] | None):
+    def _node_rater(self, sources: Sequence[str],
+                    confidence: Sequence[float] | None) -> Callable[[int, int, int], float]:
         """rate(node, depth, rank) for node_acceptance: P(node accepted | its parent was and its earlier
         siblings were not), by rank, source and evidence."""
         def rate(node: int, depth: int, rank: int) -> float:

@@ -11,8 +11,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from typing import Self
+from collections.abc import Callable, Iterator
 
 from specpipe.config.services import AdmissionConfig  # its settings: generations running, and waiting
 from specpipe.core.errors import Cancelled, DeadlineExceeded, ResourceExhausted
@@ -37,17 +36,17 @@ class Ticket:
             self._released = True
         self._admission._leave()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Ticket:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
 class _Waiter:
     """One queued request; granted() is called under the admission's lock when a slot passes to it."""
 
-    def __init__(self, wake):
+    def __init__(self, wake: Callable[[], None]):
         self.granted = False
         self._wake = wake
 
@@ -91,8 +90,12 @@ class Admission:
         loop = asyncio.get_running_loop()
         granted = loop.create_future()
 
+        def grant() -> None:
+            if not granted.done():
+                granted.set_result(None)
+
         def wake() -> None:  # called under the lock, maybe on another thread
-            loop.call_soon_threadsafe(lambda: granted.done() or granted.set_result(None))
+            loop.call_soon_threadsafe(grant)
 
         waiter = self._enter(wake)
         if waiter is not None:
@@ -114,7 +117,7 @@ class Admission:
         with self.admit(timeout_s, cancellation):
             yield
 
-    def _enter(self, wake) -> _Waiter | None:
+    def _enter(self, wake: Callable[[], None]) -> _Waiter | None:
         """None: a slot is taken now; else the waiter queued; RESOURCE_EXHAUSTED when the queue is full."""
         with self._lock:
             if self._running < self.config.max_sessions and not self._queue:

@@ -1,7 +1,7 @@
-"""The branch schedule (docs/design.md, "Branch-prediction scheduling"; Duan et al. 2024, section 4): as soon as round r's draft goes to the
-verifier, draft round r+1 for the most likely outcomes of round r (hypotheses), one after another in
-the background; on the verifier's verdict use the pre-draft of the matching hypothesis at once (hit),
-or drop them all, bump the session's epoch and draft afresh from the true context (miss).
+"""The branch schedule (docs/design.md, "Branch-prediction scheduling"; Duan et al. 2024, section 4): as soon
+as round r's draft goes to the verifier, draft round r+1 for the most likely outcomes of round r (hypotheses),
+one after another in the background; on the verifier's verdict use the pre-draft of the matching hypothesis at
+once (hit), or drop them all, bump the session's epoch and draft afresh from the true context (miss).
 
 Pre-drafts never reach the client: they are only drafts, and the verifier checks every one of them.
 The drafter aborts a proposal whose epoch is older than the session's newest, and a reply from an
@@ -123,7 +123,9 @@ class BranchScheduler:
                 pre.finished = time.perf_counter()
                 pre.done.set()
 
-    def resolve(self, proposal: ProposeResult, result: VerifyResult, verify_start: float, verify_end: float) -> Resolution:
+    def resolve(
+        self, proposal: ProposeResult, result: VerifyResult, verify_start: float, verify_end: float
+    ) -> Resolution:
         """Match the verdict against this round's hypotheses; the predictor learns from it."""
         with self._lock:
             pending, self._pending, self._resolved = self._pending, [], True
@@ -144,7 +146,7 @@ class BranchScheduler:
             issued=len(pending),
             wasted=sum(len(pre.result.draft) for pre in pending if pre.result is not None and
                        (pre is not match or used is None)),
-            hidden_ms=overlap_ms(match.started, match.finished, verify_start, verify_end) if used is not None else 0.0,
+            hidden_ms=hidden_ms(match if used is not None else None, verify_start, verify_end),
             bonus=bonus,
         )
 
@@ -165,5 +167,14 @@ def is_verdict(hypothesis: Hypothesis, result: VerifyResult) -> bool:
 
 
 def first_token(pre: PreDraft) -> int | None:
-    nodes = first_path_nodes(pre.result.draft) if pre.result is not None else []
+    if pre.result is None:
+        return None
+    nodes = first_path_nodes(pre.result.draft)
     return pre.result.draft.tokens[nodes[0]] if nodes else None
+
+
+def hidden_ms(used: PreDraft | None, verify_start: float, verify_end: float) -> float:
+    """How much of the used pre-draft's drafting overlapped the verification (0 without one)."""
+    if used is None or used.started is None or used.finished is None:
+        return 0.0
+    return overlap_ms(used.started, used.finished, verify_start, verify_end)

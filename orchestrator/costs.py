@@ -20,10 +20,13 @@ tokens yields and costs, and which k or which draft nodes give the most tokens p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Sequence
 
 from specpipe.core.types import ROOT
+
+CostCurve = Callable[[float], float]  # milliseconds of a forward (or a draft) of n tokens (n: a mean may be fractional)
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def round_ms(k: int, verify_ms: float, draft_ms: float, hit_rate: float, sharing
     return max(alone, sharing.turns * verify_ms, sharing.drafter_turns * draft_ms)
 
 
-def round_rate(acceptance: Sequence[float], k: int, verify_ms, draft_ms, hit_rate: float = 0.0,
+def round_rate(acceptance: Sequence[float], k: int, verify_ms: CostCurve, draft_ms: CostCurve, hit_rate: float = 0.0,
                sharing: Sharing = ALONE, overhead_ms: float = 0.0) -> float:
     """Expected tokens per millisecond of a round of k drafts, the tokens of the whole forward counted
     (sharing). verify_ms(n): T(n) for n tokens fed; draft_ms(k): time to draft k tokens;
@@ -76,7 +79,8 @@ def round_rate(acceptance: Sequence[float], k: int, verify_ms, draft_ms, hit_rat
     return (sharing.others_emitted + expected_tokens(acceptance, k)) / max(1e-6, cost)
 
 
-def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: int, hit_rate: float = 0.0,
+def choose_draft_len(acceptance: Sequence[float], verify_ms: CostCurve, draft_ms: CostCurve, k_max: int,
+                     hit_rate: float = 0.0,
                      sharing: Sharing = ALONE, overhead_ms: float = 0.0) -> int:
     """The k in 0..k_max with the most expected tokens per millisecond (round_rate)."""
     best_k, best_rate = 0, 0.0
@@ -87,7 +91,7 @@ def choose_draft_len(acceptance: Sequence[float], verify_ms, draft_ms, k_max: in
     return best_k
 
 
-def node_acceptance(parents: Sequence[int], rate) -> list[float]:
+def node_acceptance(parents: Sequence[int], rate: Callable[[int, int, int], float]) -> list[float]:
     """P(node accepted) for each node of a draft tree (parents[v] < v, ROOT for the first level):
     P(parent accepted) * P(no earlier sibling was) * rate(v, depth, rank), where rate is P(v accepted
     | its parent was and its earlier siblings were not) and rank is v's place among its siblings."""
@@ -106,12 +110,12 @@ def node_acceptance(parents: Sequence[int], rate) -> list[float]:
     return probs
 
 
-def best_budget(probs: Sequence[float], verify_ms, spent_ms: float, sharing: Sharing = ALONE) -> list[int]:
+def best_budget(probs: Sequence[float], verify_ms: CostCurve, spent_ms: float, sharing: Sharing = ALONE) -> list[int]:
     """After drafting: the nodes to verify (best_budget_rate)."""
     return best_budget_rate(probs, verify_ms, spent_ms, sharing)[0]
 
 
-def best_budget_rate(probs: Sequence[float], verify_ms, spent_ms: float,
+def best_budget_rate(probs: Sequence[float], verify_ms: CostCurve, spent_ms: float,
                      sharing: Sharing = ALONE) -> tuple[list[int], float]:
     """The nodes to verify and their expected tokens per millisecond. The m most likely nodes (a
     node is never more likely than its parent, so they form a tree) yield 1 + the sum of their

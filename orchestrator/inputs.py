@@ -8,6 +8,7 @@ keeps its control tokens."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from specpipe.config.limits import Limits, check_prompt_text
 from specpipe.core.errors import InvalidArgument
@@ -40,7 +41,7 @@ def check_messages(messages: Sequence[tuple[str, str]], limits: Limits) -> None:
     check_prompt_text("".join(content for _, content in messages), limits, "messages")
 
 
-def chat_ids(tokenizer, messages: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+def chat_ids(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> tuple[int, ...]:
     """The prompt of a chat: the tokenizer's chat template, contents as text; a tokenizer without one
     (a base model): the contents joined by newlines, as text."""
     if getattr(tokenizer, "chat_template", None):

@@ -17,14 +17,16 @@ import logging
 import reprlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pydantic_core
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
@@ -47,7 +49,7 @@ from orchestrator.request_path import RequestPath
 from specpipe.config.limits import DEFAULT_HTTP, DEFAULT_LIMITS
 from specpipe.core.errors import SpecpipeError
 from specpipe.core.tenancy import TENANT_METADATA, salted_tenant, tenant_from_metadata
-from specpipe.core.types import GenerationRequest
+from specpipe.core.types import GenerationChunk, GenerationRequest
 from specpipe.runtime.lifecycle import Cancellation
 from specpipe.serving.streams import ThreadStream
 
@@ -58,8 +60,9 @@ STATUS = {  # a SpecpipeError's code -> (HTTP status, the OpenAI error type)
     "RESOURCE_EXHAUSTED": (429, "rate_limit_exceeded"), "UNAUTHENTICATED": (401, "authentication_error"),
     "UNAVAILABLE": (503, "service_unavailable"), "DEADLINE_EXCEEDED": (504, "timeout"),
 }
-ERRORS = {status: {"model": ErrorResponse} for status in ("400", "401", "404", "408", "413", "429", "503", "504",
-                                                          "default")}  # "default": FastAPI then documents no 422
+# the statuses every generation route may answer; "default" as well, so FastAPI documents no 422 (errors are 400s)
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in ("400", "401", "404", "408", "413", "429", "503", "504", "default")}
 
 
 class ApiError(HTTPException):
@@ -133,7 +136,8 @@ class OpenAIApi:
 
         return await self.generate(request, body, translate, "chatcmpl")
 
-    async def generate(self, request: Request, body: Sampling, translate, kind: str) -> Response:
+    async def generate(self, request: Request, body: Sampling, translate: Callable[[str, str], convert.Translated],
+                       kind: str) -> Response:
         """validate -> admission (on the event loop) -> the path's run on a thread of its own -> the answer.
         translate(tenant, request_id): the request as the path's (openai_convert)."""
         answer = convert.Answer(f"{kind}-{uuid.uuid4().hex[:24]}", int(time.time()), self.config.model_id,
@@ -142,10 +146,11 @@ class OpenAIApi:
             raise ApiError(503, "this replica is draining (shutting down); retry on another",
                            kind="service_unavailable")
         check_model(body, self.config.model_id)
+        cancellation = Cancellation()  # set when the client goes away
         try:
             translated = translate(tenant_of(request.headers, body), answer.id)
             call = self.path.accept(translated.source, translated.request, self.config.request_timeout_s or None,
-                                    Cancellation(), translated.fit_window)
+                                    cancellation, translated.fit_window)
             ticket = await until_gone(request, self.path.admit_async(call))
         except SpecpipeError as err:
             raise from_specpipe(err, body) from None
@@ -154,7 +159,7 @@ class OpenAIApi:
         encoded: list[GenerationRequest] = []  # the request once its prompt is encoded (for usage)
         stream = ThreadStream(self.path.run(call, ticket, encoded.append), ticket.release,
                               name="specpipe-http-generate")
-        return await self.respond(request, body, answer, stream, call.cancellation, encoded)
+        return await self.respond(request, body, answer, stream, cancellation, encoded)
 
     async def respond(self, request: Request, body: Sampling, answer: convert.Answer, stream: ThreadStream,
                       cancellation: Cancellation, encoded: list[GenerationRequest]) -> Response:
@@ -192,7 +197,7 @@ class OpenAIApi:
                 if piece.finish_reason in convert.FINISH:
                     yield sse(convert.event(answer, None, convert.FINISH[piece.finish_reason], counts=counts))
         except SpecpipeError as err:
-            yield sse(from_specpipe(err, body).response().body.decode())
+            yield sse(bytes(from_specpipe(err, body).response().body).decode())
         except (asyncio.CancelledError, GeneratorExit):  # the client went away: stop the internal calls too
             cancellation.cancel()
             log_gone(answer, "streaming")
@@ -202,13 +207,14 @@ class OpenAIApi:
         yield sse("[DONE]")
 
 
-async def prepend(first, rest: AsyncIterator) -> AsyncIterator:
+async def prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
 
 
-async def collect(answer: convert.Answer, chunks: AsyncIterator, encoded: list[GenerationRequest]):
+async def collect(answer: convert.Answer, chunks: AsyncIterator[GenerationChunk],
+                  encoded: list[GenerationRequest]) -> ChatCompletionResponse | CompletionResponse:
     """The whole answer of a non-streamed request."""
     text, tokens, finish = [], 0, None
     async for piece in chunks:
@@ -218,7 +224,7 @@ async def collect(answer: convert.Answer, chunks: AsyncIterator, encoded: list[G
     return convert.whole(answer, "".join(text), finish, (len(encoded[0].prompt_ids), tokens))
 
 
-def sse(event) -> bytes:
+def sse(event: BaseModel | str) -> bytes:
     data = event if isinstance(event, str) else event.model_dump_json()
     return f"data: {data}\n\n".encode()
 
@@ -240,7 +246,7 @@ def tenant_of(headers: Headers, body: Sampling) -> str:
     return tenant if body.cache_salt is None else salted_tenant(tenant, body.cache_salt)
 
 
-async def until_gone(request: Request, work: Awaitable):
+async def until_gone(request: Request, work: Awaitable[Any]) -> Any:
     """work's result, or ClientGone (work cancelled) if the client disconnects first."""
     task, gone = asyncio.ensure_future(work), asyncio.ensure_future(disconnected(request))
     try:
@@ -278,12 +284,12 @@ class JsonBody(Request):
     """A body read as JSON whatever its Content-Type says (curl -d says a form), by pydantic's strict
     parser: no lone surrogates, no NaN, at most 200 levels of nesting (a 400, never a RecursionError)."""
 
-    def __init__(self, scope, receive):
+    def __init__(self, scope: Any, receive: Any):
         super().__init__(scope, receive)
         raw = [(key, value) for key, value in scope["headers"] if key != b"content-type"]
         self._headers = Headers(raw=[*raw, (b"content-type", b"application/json")])
 
-    async def json(self):
+    async def json(self) -> Any:
         if not hasattr(self, "_json"):
             try:
                 self._json = pydantic_core.from_json(await self.body(), allow_inf_nan=False)
@@ -298,10 +304,10 @@ class BodyCap:
     connection closes, so the rest is never read. (Starlette's RequestBodyLimitMiddleware answers
     such a request in plain text, whatever the application's error handler says.)"""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app: Any, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = Headers(scope=scope).get("content-length", "")
@@ -309,7 +315,7 @@ class BodyCap:
             return await self.too_large().response()(scope, receive, send)
         seen = 0
 
-        async def capped_receive():
+        async def capped_receive() -> Any:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b"")) if message["type"] == "http.request" else 0
@@ -325,7 +331,7 @@ class BodyCap:
 
 
 class JsonRoute(APIRoute):
-    def get_route_handler(self):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
@@ -342,7 +348,8 @@ def create_app(path: RequestPath, config: ApiConfig, draining: Callable[[], bool
     app.router.route_class = JsonRoute
     app.add_middleware(BodyCap, max_bytes=config.max_request_bytes)
     auth = [Depends(api.authorize)]
-    streamed = {200: {"content": {"text/event-stream": {}}, "description": "the answer, or its events (stream)"}}
+    streamed: dict[int | str, dict[str, Any]] = {
+        200: {"content": {"text/event-stream": {}}, "description": "the answer, or its events (stream)"}}
     app.add_api_route("/health", api.health, methods=["GET"], response_model=Health, responses={503: {"model": Health}})
     app.add_api_route("/v1/models", api.models, methods=["GET"], dependencies=auth, response_model=ModelList,
                       responses=ERRORS)
@@ -357,9 +364,10 @@ def create_app(path: RequestPath, config: ApiConfig, draining: Callable[[], bool
     return app
 
 
-def http_error():
+def http_error() -> Callable[[Request, Exception], Coroutine[Any, Any, JSONResponse]]:
     """Starlette's own statuses (404, 405, ...) and ApiError, in the OpenAI error shape."""
-    async def handler(request: Request, err: HTTPException) -> JSONResponse:
+    async def handler(request: Request, err: Exception) -> JSONResponse:
+        assert isinstance(err, HTTPException)
         if isinstance(err, ApiError):
             return err.response()
         headers = dict(err.headers or {})
@@ -374,12 +382,13 @@ def http_error():
     return handler
 
 
-async def validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+async def validation_error(request: Request, err: Exception) -> JSONResponse:
+    assert isinstance(err, RequestValidationError)
     model = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}.get(request.url.path)
     return refusal(err.errors(), model).response()
 
 
-def refusal(errors, model) -> ApiError:
+def refusal(errors: Sequence[Any], model: type[BaseModel] | None) -> ApiError:
     """A pydantic validation error as the OpenAI error: the first error's field as param."""
     first = errors[0]
     where = list(first["loc"][1:]) if first["loc"][:1] == ("body",) else list(first["loc"])
@@ -411,7 +420,7 @@ def _short_repr() -> reprlib.Repr:
 SHORT = _short_repr()
 
 
-def param_name(loc: list) -> str | None:
+def param_name(loc: list[Any]) -> str | None:
     """("messages", 0, "role") -> "messages[0].role"; pydantic's union member tags ("str", "list[int]") end it."""
     if not loc:
         return None

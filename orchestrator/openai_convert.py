@@ -6,6 +6,7 @@ request's own name for it (the OpenAI error's `param`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from orchestrator.openai_protocol import (
     AssistantMessage,
@@ -18,6 +19,7 @@ from orchestrator.openai_protocol import (
     CompletionRequest,
     CompletionResponse,
     Delta,
+    FinishReason,
     Sampling,
     Usage,
 )
@@ -30,7 +32,7 @@ from specpipe.core.types import (
 )
 from specpipe.serving.convert import GenerateInput
 
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # specpipe's finish reasons -> the API's
+FINISH: dict[str, FinishReason] = {"eos": "stop", "stop": "stop", "length": "length"}  # specpipe's -> the API's
 DEFAULT_COMPLETION_TOKENS = 16  # the API's default for /v1/completions
 TOP_K_OFF = -1  # vLLM's "off", besides 0
 
@@ -50,7 +52,7 @@ def completion_request(body: CompletionRequest, defaults: SpeculationOptions, te
     if isinstance(prompt, str):
         source = GenerateInput(prompt=prompt)
     elif all(isinstance(t, int) for t in prompt):
-        source = GenerateInput(token_ids=tuple(prompt))
+        source = GenerateInput(token_ids=tuple(t for t in prompt if isinstance(t, int)))
     else:
         raise InvalidArgument("a batch of prompts is not supported: send one prompt per request", field="prompt")
     max_new = DEFAULT_COMPLETION_TOKENS if body.max_tokens is None else body.max_tokens
@@ -121,11 +123,12 @@ class Answer:
     model: str
     chat: bool
 
-    def head(self) -> dict:
+    def head(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "model": self.model}
 
 
-def whole(answer: Answer, text: str, finish: str | None, counts: tuple[int, int]):
+def whole(answer: Answer, text: str, finish: FinishReason | None,
+          counts: tuple[int, int]) -> ChatCompletionResponse | CompletionResponse:
     if answer.chat:
         choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
         return ChatCompletionResponse(**answer.head(), usage=usage(*counts), choices=[choice])
@@ -133,20 +136,20 @@ def whole(answer: Answer, text: str, finish: str | None, counts: tuple[int, int]
                               choices=[CompletionChoice(text=text, finish_reason=finish)])
 
 
-def event(answer: Answer, text: str | None, finish: str | None, first: bool = False,
-          counts: tuple[int, int] | None = None):
+def event(answer: Answer, text: str | None, finish: FinishReason | None, first: bool = False,
+          counts: tuple[int, int] | None = None) -> ChatCompletionChunk | CompletionResponse:
     """One streamed event; text None: the last event's (its finish reason only); counts: the usage
-    so far (continuous usage stats), else none."""
-    extra = {"usage": usage(*counts)} if counts is not None else {}
+    so far (continuous usage stats), else none (left out of the JSON)."""
+    so_far = usage(*counts) if counts is not None else None
     if answer.chat:
         delta = Delta(role="assistant" if first else None, content=text)
-        return ChatCompletionChunk(**answer.head(), **extra,
+        return ChatCompletionChunk(**answer.head(), usage=so_far,
                                    choices=[ChatChunkChoice(delta=delta, finish_reason=finish)])
-    return CompletionResponse(**answer.head(), **extra,
+    return CompletionResponse(**answer.head(), usage=so_far,
                               choices=[CompletionChoice(text=text or "", finish_reason=finish)])
 
 
-def usage_event(answer: Answer, counts: tuple[int, int]):
+def usage_event(answer: Answer, counts: tuple[int, int]) -> ChatCompletionChunk | CompletionResponse:
     """The last event with include_usage: the usage, no choices."""
     cls = ChatCompletionChunk if answer.chat else CompletionResponse
     return cls(**answer.head(), choices=[], usage=usage(*counts))

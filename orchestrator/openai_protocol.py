@@ -44,7 +44,7 @@ def _speculation_model() -> type[Strict]:
     """specpipe's speculation options, the gRPC request's SpeculationOptions field for field (absent: the
     server's defaults); hypotheses also takes "all"."""
     hints = get_type_hints(SpeculationOptions)
-    options = {f.name: (hints[f.name] | None, None) for f in fields(SpeculationOptions)}
+    options: dict[str, Any] = {f.name: (hints[f.name] | None, None) for f in fields(SpeculationOptions)}
     options["hypotheses"] = (int | Literal["all"] | None, None)
     return create_model("Speculation", __base__=Strict, **options)
 
@@ -134,7 +134,7 @@ class ChatCompletionRequest(Sampling):
 FinishReason = Literal["stop", "length"]
 
 
-def absent_when_none(description: str | None = None):
+def absent_when_none(description: str | None = None) -> Any:
     """A field left out of the JSON while it is None (a delta's role and content, a stream event's usage)."""
     return Field(None, exclude_if=lambda value: value is None, description=description)
 

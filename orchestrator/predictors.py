@@ -1,4 +1,5 @@
-"""Branch predictors: the outcomes of a round worth drafting the next round for (docs/design.md, "Branch-prediction scheduling").
+"""Branch predictors: the outcomes of a round worth drafting the next round for (docs/design.md,
+"Branch-prediction scheduling").
 
 An outcome of a round is (gamma, g): gamma tokens of the draft's main chain accepted, then the
 correction g. Candidates, one per gamma: g = the drafter's runner-up at position gamma + 1 when
@@ -6,8 +7,9 @@ gamma < n, and g = the drafter's own next token (BONUS: known once the pre-draft
 gamma = n. Both predictors learn from every round they observe and rank the candidates:
 
 - calibrated: a_i = P(node i accepted | the nodes before it were), from the drafter's confidence
-  (and the node's depth and source) calibrated online (per session, leaning on the global estimate until the session has its own
-  evidence); P(gamma) = a_1...a_gamma (1 - a_{gamma+1}) times P(c = g | gamma), calibrated the same way.
+  (and the node's depth and source) calibrated online (per session, leaning on the global estimate until the
+  session has its own evidence); P(gamma) = a_1...a_gamma (1 - a_{gamma+1}) times P(c = g | gamma), calibrated
+  the same way.
 - paper: Duan et al. 2024, eq. 12, phi(x) = a p^x (1 - p) + c for x < n and the rest of the mass at n, with p,
   a and c fitted to the accepted counts observed so far; it ranks by phi(gamma) alone.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from orchestrator.estimates import Acceptance, Rates, confidence_bin, depth_key
 from specpipe.core.trees import common_prefix, first_path_nodes
@@ -92,7 +94,7 @@ class CalibratedPredictor:
         draft = proposal.draft
         confidence = draft.confidence[node] if draft.confidence else -1.0
         source = draft.sources[node] if draft.sources else "model"
-        runner_up = draft.runner_up_confidence[node] if draft.confidence else 0.0
+        runner_up = draft.runner_up_confidence[node] if draft.runner_up_confidence else 0.0
         # P(runner-up | the node's token rejected), as the drafter sees it
         conditional = runner_up / max(1e-6, 1.0 - confidence) if confidence >= 0 else -1.0
         return (("accept", source, confidence_bin(confidence), depth_key(depth)),
@@ -191,10 +193,10 @@ class PaperPredictor:
         self._counts.add(len(first_path_nodes(proposal.draft)), outcome(proposal, result).accepted)
 
 
-def new_predictor(kind: str, shared) -> Predictor:
+def new_predictor(kind: str, shared: Any) -> Predictor:
     return CalibratedPredictor(shared) if kind == "calibrated" else PaperPredictor(shared)
 
 
-def new_shared(kind: str):
+def new_shared(kind: str) -> Any:
     """The state a predictor kind shares across sessions."""
     return Rates() if kind == "calibrated" else AcceptedCounts()

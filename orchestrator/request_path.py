@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any
 
 from orchestrator.admission import Admission, Ticket
 from orchestrator.generator import Generator
@@ -96,7 +97,7 @@ class RequestPath:
             try:
                 yield from observe_latency(chunks, call.arrived)
             finally:
-                chunks.close()
+                chunks.close()  # type: ignore[attr-defined]  # Generator.generate is a generator, annotated Iterator
 
 
 def check_request(validate: Callable[[GenerationRequest], None], request: GenerationRequest) -> None:
@@ -140,13 +141,13 @@ def _field_paths() -> tuple[tuple[str, ...], ...]:
 FIELD_PATHS = _field_paths()
 
 
-def _get(value, path: tuple[str, ...]):
+def _get(value: Any, path: tuple[str, ...]) -> Any:
     for name in path:
         value = getattr(value, name)
     return value
 
 
-def _with(value, path: tuple[str, ...], new):
+def _with(value: Any, path: tuple[str, ...], new: Any) -> Any:
     if len(path) == 1:
         return replace(value, **{path[0]: new})
     return replace(value, **{path[0]: _with(getattr(value, path[0]), path[1:], new)})

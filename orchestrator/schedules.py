@@ -53,7 +53,9 @@ class Proposer:
         if self.drafter is None or draft_len <= 0:
             return NO_DRAFT
         try:
-            return self.drafter.propose(replace(self.template, context=tuple(context), draft_len=draft_len, epoch=epoch))
+            return self.drafter.propose(
+                replace(self.template, context=tuple(context), draft_len=draft_len, epoch=epoch)
+            )
         except Exception as err:
             self.failed(err)
             return NO_DRAFT

@@ -5,7 +5,9 @@ its verifier and drafter sessions."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 from orchestrator.admission import Admission
 from orchestrator.generator import Generator
@@ -22,16 +24,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._path = RequestPath(generator, admission)
 
     @rpc_method
-    def Generate(self, request, context):
+    def Generate(self, request: generation_pb2.GenerateRequest, context: Any) -> Iterator[generation_pb2.GenerateChunk]:
         call = self._accept(request, context)  # refused before any work
         for chunk in self._path.run(call, self._path.admit(call)):  # queued, or RESOURCE_EXHAUSTED
             if not context.is_active():  # client cancelled or deadline passed
                 return
             yield convert.chunk_to_proto(chunk)
 
-    def _accept(self, request, context) -> Call:
+    def _accept(self, request: generation_pb2.GenerateRequest, context: Any) -> Call:
         source, generation = convert.generate_request_from_proto(request, self._path.generator.defaults)
-        metadata = getattr(context, "invocation_metadata", tuple)()  # Ray Serve's gRPC context has none
+        metadata: Any = getattr(context, "invocation_metadata", tuple)()  # Ray Serve's gRPC context has none
         generation = replace(generation, tenant=tenant_from_metadata(metadata))
         return self._path.accept(source, generation, client_time_left(context.time_remaining()),
                                  current_cancellation())

@@ -70,7 +70,9 @@ def main() -> None:
 
         draft_model = load_model(drafter_spec)
         draft_info = model_info(drafter_spec, draft_model)
-        services["one session per forward"][1]["model"] = ModelDrafter(draft_model, draft_info, mode=mode, batching=False)
+        services["one session per forward"][1]["model"] = ModelDrafter(
+            draft_model, draft_info, mode=mode, batching=False
+        )
         services["batched"][1]["model"] = ModelDrafter(draft_model, draft_info, mode="eager")
     speculation = SpeculationOptions(drafter=args.drafter, draft_len=4, adaptive=args.adaptive, schedule=args.schedule)
     prompts = [tuple(tokenizer(p)["input_ids"]) for p in GOLDEN_PROMPTS]

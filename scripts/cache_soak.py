@@ -20,11 +20,11 @@ from typing import Callable
 
 import redis
 
-from cache_service import local_redis
 from cache_service.memory import InMemoryNgramCache
 from cache_service.redis_store import RedisNgramCache, connect
 from specpipe.core.learned import MATCH_TOKENS, LearnedConfig
 from specpipe.core.ngram import NgramConfig
+from specpipe.devtools import local_redis
 from tests.test_cache_soak import VOCAB, soak
 
 
@@ -50,13 +50,17 @@ def latencies(url: str, calls: int, document_tokens: int) -> tuple[list[tuple[st
     client.flushdb()
     empty = client.info("memory")["used_memory"]
     roomy = RedisNgramCache.from_url(url, NgramConfig(), timeout_s=10)
-    rows = [("update_global, a new document, no eviction", *timed(client, lambda i: roomy.update_global(docs[i]), calls))]
+    rows = [
+        ("update_global, a new document, no eviction", *timed(client, lambda i: roomy.update_global(docs[i]), calls))
+    ]
     unique_bytes_per_token = (client.info("memory")["used_memory"] - empty) / (calls * document_tokens)
     rows.append(("update_global, a repeat", *timed(client, lambda i: roomy.update_global(docs[i]), calls)))
     contexts = [docs[i][100:100 + MATCH_TOKENS] for i in range(calls)]
     rows.append(("lookup (verifier table + learned store), k=8: drafts 8",
                  *timed(client, lambda i: roomy.lookup(f"s{i}", contexts[i], 8, 1), calls)))
-    rows.append(("lookup, no match", *timed(client, lambda i: roomy.lookup(f"s{i}", [i, i + 1, i + 2] * 10, 8, 1), calls)))
+    rows.append(
+        ("lookup, no match", *timed(client, lambda i: roomy.lookup(f"s{i}", [i, i + 1, i + 2] * 10, 8, 1), calls))
+    )
     verifier_only = RedisNgramCache.from_url(url, NgramConfig(use_global=False), timeout_s=10)
     rows.append(("lookup, verifier table only (use_global off)",
                  *timed(client, lambda i: verifier_only.lookup(f"s{i}", contexts[i], 8, 1), calls)))
@@ -75,7 +79,9 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=20_000)
     parser.add_argument("--max-tokens", type=int, default=50_000)
     parser.add_argument("--samples", type=int, default=20)
-    parser.add_argument("--memory", action="store_true", help="also run the in-memory store in lockstep (checks equality)")
+    parser.add_argument(
+        "--memory", action="store_true", help="also run the in-memory store in lockstep (checks equality)"
+    )
     parser.add_argument("--calls", type=int, default=1000, help="calls per latency median")
     parser.add_argument("--document-tokens", type=int, default=300)
     args = parser.parse_args()
@@ -89,11 +95,17 @@ def main() -> None:
         samples = []
         for s in soak(store, client, InMemoryNgramCache(config) if args.memory else None, args.documents, args.samples):
             samples.append(s)
-            print(f"| {s.documents} | {s.tokens} | {s.used_memory / 2**20:.2f} | {(s.used_memory - baseline) / s.tokens:.1f} "
-                  f"| {s.drafted:.2f} | {s.learn_ms:.2f} | {s.lookup_ms:.2f} |", flush=True)
+            print(
+                f"| {s.documents} | {s.tokens} | {s.used_memory / 2**20:.2f} "
+                f"| {(s.used_memory - baseline) / s.tokens:.1f} "
+                f"| {s.drafted:.2f} | {s.learn_ms:.2f} | {s.lookup_ms:.2f} |",
+                flush=True,
+            )
         store.close()
         late = samples[len(samples) // 2:]
-        per_token = (statistics.fmean(s.used_memory for s in late) - baseline) / statistics.fmean(s.tokens for s in late)
+        per_token = (statistics.fmean(s.used_memory for s in late) - baseline) / statistics.fmean(
+            s.tokens for s in late
+        )
         print(f"\nbytes per learned token (the soak's second half): {per_token:.1f}")
         rows, unique_bytes_per_token = latencies(server.url, args.calls, args.document_tokens)
         print(f"bytes per learned token of unique text: {unique_bytes_per_token:.1f}\n")

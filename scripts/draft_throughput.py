@@ -66,7 +66,9 @@ def main() -> None:
             drafts.append(finals)
         if drafts[0] != drafts[1]:
             raise SystemExit("batching changed a draft: this is a bug")
-        print(f"{n:>8} | " + " | ".join(f"{rate:>12.1f} proposals/s" for rate in rates) + f" | {rates[1] / rates[0]:.2f}x")
+        print(
+            f"{n:>8} | " + " | ".join(f"{rate:>12.1f} proposals/s" for rate in rates) + f" | {rates[1] / rates[0]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ def main() -> None:
         first = None
         for attempt in range(args.tries):
             start, tokens, rounds = time.perf_counter(), [], 0
-            for chunk in generator.generate(GenerationRequest(generator.encode(messages=(("user", prompt),)), args.max_new_tokens)):
+            for chunk in generator.generate(
+                GenerationRequest(generator.encode(messages=(("user", prompt),)), args.max_new_tokens)
+            ):
                 tokens += chunk.token_ids
                 rounds += chunk.round is not None
             seconds = time.perf_counter() - start

@@ -1,7 +1,8 @@
-"""How much a drafter's work on the other core slows the verifier's forward (docs/results/2026-11-25-load-curve-256-tokens.md,
-"What a drafter costs the verifier"): the verifier's batched forward of n tokens, pinned to one
-core, timed while a drafter process pinned to another core is idle, decodes (steps of one token per
-session, as when drafting), or catches up (chunks of 32 tokens, as a warm-up feeds them).
+"""How much a drafter's work on the other core slows the verifier's forward
+(docs/results/2026-11-25-load-curve-256-tokens.md, "What a drafter costs the verifier"): the verifier's
+batched forward of n tokens, pinned to one core, timed while a drafter process pinned to another core is idle,
+decodes (steps of one token per session, as when drafting), or catches up (chunks of 32 tokens, as a warm-up
+feeds them).
 
     PYTHONPATH=. python scripts/forward_interference.py --preset qwen-coder --tokens 1,8,16
 
@@ -86,7 +87,9 @@ def drafter_loop(spec, core: int, load, ready, stop) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="qwen-coder")
-    parser.add_argument("--tokens", default="1,8,16", help=f"verifier tokens per forward, spread over {SESSIONS} sessions")
+    parser.add_argument(
+        "--tokens", default="1,8,16", help=f"verifier tokens per forward, spread over {SESSIONS} sessions"
+    )
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--forwards", type=int, default=4, help="timed forwards per load per pass")
     parser.add_argument("--out", default=None, help="write the medians and every sample (ms) as JSON here")

@@ -66,7 +66,8 @@ def metrics_section() -> str:
     return "\n".join(rows)
 
 
-HEADLINE_RUNS = tuple(f"headline-128/{preset}-{suite}" for preset in ("qwen-coder", "smollm2")  # bench-results/
+HEADLINE = "2026-11-30-headline-128"  # the run folder under bench-results/ the README's table comes from
+HEADLINE_RUNS = tuple(f"{HEADLINE}/{preset}-{suite}" for preset in ("qwen-coder", "smollm2")
                       for suite in ("humaneval", "gsm8k", "mtbench"))
 
 

@@ -35,7 +35,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         generated = generate(pathlib.Path(tmp))
         if args.check:
-            stale = [g.name for g in generated if not (OUT / g.name).exists() or not filecmp.cmp(g, OUT / g.name, shallow=False)]
+            stale = [
+                g.name
+                for g in generated
+                if not (OUT / g.name).exists() or not filecmp.cmp(g, OUT / g.name, shallow=False)
+            ]
             if stale:
                 sys.exit(f"generated stubs are stale, run scripts/gen_protos.py: {stale}")
             print(f"{len(generated)} generated stubs are up to date")

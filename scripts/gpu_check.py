@@ -52,8 +52,12 @@ QWEN2_COMMON = dict(vocab_size=151936, num_key_value_heads=2, max_position_embed
                     rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False,
                     bos_token_id=151643, eos_token_id=151645)
 ARCHITECTURES = {
-    "verifier": dict(QWEN2_COMMON, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
-    "drafter": dict(QWEN2_COMMON, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
+    "verifier": dict(
+        QWEN2_COMMON, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12
+    ),
+    "drafter": dict(
+        QWEN2_COMMON, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14
+    ),
 }
 SETUPS = {  # forward setup -> (runner mode, batching)
     "eager batched": ("eager", True),
@@ -122,13 +126,18 @@ def golden_setup(device: str, dtype: str, setup: str, max_new_tokens: int, quick
             case["drafted"] += sum(c.round.drafted for c in chunks if c.round)
             case["accepted"] += sum(c.round.accepted for c in chunks if c.round)
             if tokens != expected:
-                at = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected))
+                )
                 case["mismatches"].append({"prompt": prompt, "first_difference": at,
                                            **top2(verifier.model, ids, expected, at)})
         case["seconds"] = round(time.perf_counter() - started, 2)
         cases[name] = case
-        print(f"  {dtype:8s} {setup:30s} {name:34s} generate {case['equal_generate']}/{case['prompts']} "
-              f"alone {case['equal_alone']}/{case['prompts']} accepted {case['accepted']}/{case['drafted']}", flush=True)
+        print(
+            f"  {dtype:8s} {setup:30s} {name:34s} generate {case['equal_generate']}/{case['prompts']} "
+            f"alone {case['equal_alone']}/{case['prompts']} accepted {case['accepted']}/{case['drafted']}",
+            flush=True,
+        )
     sampled = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
     ids = next(iter(references.values()))[0]
     outputs = {schedule: run(generator, GenerationRequest(ids, max_new_tokens, sampling=sampled, speculation=
@@ -215,8 +224,13 @@ def plain_decode(model, new_tokens: int, quick: bool) -> dict:
 
     def generate():
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                           do_sample=False)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+            )
         synchronize(model.device)
     generate()
     start = time.perf_counter()
@@ -321,7 +335,9 @@ def main() -> None:
     parser.add_argument("--sections", default="golden,cost", help="comma list of golden, cost (default: %(default)s)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--quick", action="store_true", help="a few cases and two-layer models: try the script on a CPU")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few cases and two-layer models: try the script on a CPU"
+    )
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("no CUDA device here: run with --device cpu --quick to try the script")

@@ -4,6 +4,7 @@
 # wheels in .whl/ (docs/gpu.md says which and how); they go to /tmp/site, ahead of the machine's.
 #   bash scripts/gpu_check.sh [OUT_DIR]    # writes OUT_DIR/gpu-check.json and OUT_DIR/gpu-check.log
 set -uo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0; fi
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-.}}"
 mkdir -p "$out"

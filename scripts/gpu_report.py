@@ -2,8 +2,8 @@
 bound that the CPU runs' measured acceptance would give on that GPU, and how it falls with load,
 side by side with the CPU's (docs/gpu.md).
 
-    python3 scripts/gpu_report.py bench-results/gpu/gpu-check-nvidia-h200-2026-11-26.json \
-        --out docs/results/gpu-nvidia-h200-2026-11-26.md
+    python3 scripts/gpu_report.py bench-results/2026-11-26-gpu-nvidia-h200/gpu-check-nvidia-h200-2026-11-26.json \
+        --out docs/results/2026-11-26-gpu-nvidia-h200.md
 
 The bound is the bench's (specpipe.bench.measure.speedup_bound: Leviathan et al.'s expected tokens per round
 with a measured acceptance rate per draft position), with each draft length's verification read off
@@ -20,17 +20,20 @@ from pathlib import Path
 
 from specpipe.bench.measure import best_draft_len
 
+DEFAULT_48 = "2026-11-24-default-48-tokens"
+NGRAM, MODEL = "adaptive k<=8 width=1 branch calibrated M<=1", "k=8 width=1 branch calibrated M=1"
 # What the CPU runs measured (bench-results/), per suite: the default n-gram drafter's acceptance by
 # draft position, and the model drafter's at k = 8 (qwen-coder).
 ACCEPTANCE = {
-    "n-gram": {"HumanEval": ("default-humaneval.json", "specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1"),
-               "GSM8K": ("default-gsm8k.json", "specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1"),
-               "MT-Bench": ("default-mtbench.json", "specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1")},
-    "model": {"HumanEval": ("report-humaneval.json", "specpipe model k=8 width=1 branch calibrated M=1"),
-              "GSM8K": ("sweep-gsm8k.json", "specpipe model k=8 width=1 branch calibrated M=1"),
-              "MT-Bench": ("sweep-mtbench.json", "specpipe model k=8 width=1 branch calibrated M=1")},
+    "n-gram": {"HumanEval": (f"{DEFAULT_48}/default-humaneval.json", f"specpipe ngram {NGRAM}"),
+               "GSM8K": (f"{DEFAULT_48}/default-gsm8k.json", f"specpipe ngram {NGRAM}"),
+               "MT-Bench": (f"{DEFAULT_48}/default-mtbench.json", f"specpipe ngram {NGRAM}")},
+    "model": {"HumanEval": ("2026-11-23-alternatives/report-humaneval.json", f"specpipe model {MODEL}"),
+              "GSM8K": ("2026-11-23-adaptive/sweep-gsm8k.json", f"specpipe model {MODEL}"),
+              "MT-Bench": ("2026-11-23-adaptive/sweep-mtbench.json", f"specpipe model {MODEL}")},
 }
-CPU_CURVE = ("forward-curve-qwen-coder-epyc512.json", "verifier packed", "drafter packed")  # one core, seconds
+CPU_CURVE = ("2026-11-25-load-curve-256-tokens/forward-curve-qwen-coder-epyc512.json", "verifier packed",
+             "drafter packed")  # one core, seconds
 LOADS = (1, 2, 4, 8, 16, 32)
 
 
@@ -56,7 +59,9 @@ def lone_bound(rates, verify: dict[int, float], draft_ms: float, overlapped: boo
     return best_draft_len(usable, verify[1], draft_ms, lambda k: at_least(verify, k + 1), overlapped)
 
 
-def loaded_bound(rates, batched: dict[tuple[int, int], float], sessions: int, draft_ms: float) -> tuple[float, int] | None:
+def loaded_bound(
+    rates, batched: dict[tuple[int, int], float], sessions: int, draft_ms: float
+) -> tuple[float, int] | None:
     """B sessions in one forward: the bound per session, sequential, from the batched forward's times."""
     curve = {n: ms for (b, n), ms in batched.items() if b == sessions}
     if 1 not in curve:
@@ -78,12 +83,12 @@ def fmt_bound(bound) -> str:
     return "-" if bound is None else f"{bound[0]:.2f}x (k={bound[1]})"
 
 
-def report(gpu: dict, results: Path, command: str, note: str = "") -> str:
+def report(gpu: dict, results: Path, command: str, note: str = "", folder: str = "bench-results/") -> str:
     env, verifier, drafter = gpu["environment"], gpu["cost"]["verifier"], gpu["cost"]["drafter"]
     lines = [f"# {env['gpu']}: a scripts/gpu_check.py run", "", f"Made by `{command}`.", *([note] if note else []), "",
              f"{env['gpu']} (compute capability {env['capability']}, {env['memory_gib']} GiB), torch {env['torch']}, "
              f"CUDA {env['cuda']}, transformers {env['transformers']}, Python {env['python']}. Record: "
-             f"`bench-results/gpu/`. The cost figures are of the qwen-coder architectures with generated "
+             f"`{folder}`. The cost figures are of the qwen-coder architectures with generated "
              "weights in bfloat16 (docs/gpu.md).", "", "## Golden cases on the GPU", "",
              "| dtype, forward setup | outputs equal to generate() | equal to the verifier alone | sampling: same "
              "tokens under both schedules | capture, s |", "| --- | ---: | ---: | --- | ---: |"]
@@ -105,8 +110,10 @@ def report(gpu: dict, results: Path, command: str, note: str = "") -> str:
     v_graphs = {int(k): ms for k, ms in verifier["graphs_ms"].items()}
     d_graphs = {int(k): ms for k, ms in drafter["graphs_ms"].items()}
     for k in sorted(v_graphs):
-        lines.append(f"| {k} | {verifier['eager_ms'][str(k)]:.2f} | {v_graphs[k]:.2f} | {v_graphs[k] / v_graphs[1]:.2f} "
-                     f"| {drafter['eager_ms'][str(k)]:.2f} | {d_graphs[k]:.2f} |")
+        lines.append(
+            f"| {k} | {verifier['eager_ms'][str(k)]:.2f} | {v_graphs[k]:.2f} | {v_graphs[k] / v_graphs[1]:.2f} "
+            f"| {drafter['eager_ms'][str(k)]:.2f} | {d_graphs[k]:.2f} |"
+        )
     v_eager_b, v_graph_b = parse_batched(verifier["batched_ms"]), parse_batched(verifier["batched_graphs_ms"])
     d_graph_b = parse_batched(drafter["batched_graphs_ms"])
     lines += ["", f"CUDA graphs captured in {verifier['graphs_capture_s']} s (verifier, 7 sizes) and "
@@ -116,7 +123,10 @@ def report(gpu: dict, results: Path, command: str, note: str = "") -> str:
               "| B | " + " | ".join(f"n={n} eager | n={n} graphs" for n in (1, 2, 4, 8)) + " | drafter step, graphs |",
               "| ---: |" + " ---: | ---: |" * 4 + " ---: |"]
     for b in LOADS:
-        cells = [f"{v_eager_b.get((b, n), float('nan')):.1f} | {v_graph_b.get((b, n), float('nan')):.1f}" for n in (1, 2, 4, 8)]
+        cells = [
+            f"{v_eager_b.get((b, n), float('nan')):.1f} | {v_graph_b.get((b, n), float('nan')):.1f}"
+            for n in (1, 2, 4, 8)
+        ]
         lines.append(f"| {b} | " + " | ".join(cells) + f" | {d_graph_b.get((b, 1), float('nan')):.1f} |")
     plain, served = verifier["plain_decode_tokens_per_s"], verifier["served_tokens_per_s"]
     lines += ["", "## Decoding without drafts, tokens/s", "",
@@ -141,11 +151,18 @@ def report(gpu: dict, results: Path, command: str, note: str = "") -> str:
         draft = {"n-gram": (0.0, 0.0), "model": (d_graphs[1], cpu_d[1])}[drafter_kind]
         overlapped = drafter_kind == "model"
         for suite, rates in rates_of(results, drafter_kind).items():
-            lines.append(f"| {drafter_kind} | {suite} | {fmt_bound(lone_bound(rates, v_graphs, draft[0], overlapped))} | "
-                         f"{fmt_bound(lone_bound(rates, cpu_v, draft[1], overlapped))} |")
-    lines += ["", "Under load (per session, B sessions per forward, sequential; GPU: the batched forward with "
-              "graphs; CPU: T(B n) of its one-session curve, measured to 32 rows):", "",
-              "| drafter, suite | " + " | ".join(f"B={b} GPU / CPU" for b in LOADS) + " |", "| --- |" + " ---: |" * len(LOADS)]
+            lines.append(
+                f"| {drafter_kind} | {suite} | {fmt_bound(lone_bound(rates, v_graphs, draft[0], overlapped))} | "
+                f"{fmt_bound(lone_bound(rates, cpu_v, draft[1], overlapped))} |"
+            )
+    lines += [
+        "",
+        "Under load (per session, B sessions per forward, sequential; GPU: the batched forward with "
+        "graphs; CPU: T(B n) of its one-session curve, measured to 32 rows):",
+        "",
+        "| drafter, suite | " + " | ".join(f"B={b} GPU / CPU" for b in LOADS) + " |",
+        "| --- |" + " ---: |" * len(LOADS),
+    ]
     cpu_b = cpu_batched(cpu_v)
     for drafter_kind in ACCEPTANCE:
         for suite, rates in rates_of(results, drafter_kind).items():
@@ -157,7 +174,9 @@ def report(gpu: dict, results: Path, command: str, note: str = "") -> str:
                 cells.append(f"{'-' if g is None else f'{g[0]:.2f}x'} / {'-' if c is None else f'{c[0]:.2f}x'}")
             lines.append(f"| {drafter_kind}, {suite} | " + " | ".join(cells) + " |")
     if gpu["errors"]:
-        lines += ["", "## Errors", ""] + [f"- {e['section']}: `{e['error'].strip().splitlines()[-1]}`" for e in gpu["errors"]]
+        lines += ["", "## Errors", ""] + [
+            f"- {e['section']}: `{e['error'].strip().splitlines()[-1]}`" for e in gpu["errors"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -169,7 +188,8 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a paragraph under the title: what the run's code was")
     args = parser.parse_args()
     command = f"python3 scripts/gpu_report.py {args.record}" + (f" --out {args.out}" if args.out else "")
-    page = report(json.loads(Path(args.record).read_text()), Path(args.results), command, args.note)
+    page = report(json.loads(Path(args.record).read_text()), Path(args.results), command, args.note,
+                  f"{Path(args.record).parent}/")
     if args.out:
         Path(args.out).write_text(page)
     else:

@@ -52,7 +52,9 @@ def main() -> None:
     # a warm-up on another prompt: the n-gram store learns its output, which would make a repeat exact
     list(generator.generate(GenerationRequest(generator.encode(messages=warm_up), args.max_new_tokens,
                                               speculation=generator.defaults)))
-    request = GenerationRequest(generator.encode(messages=measured), args.max_new_tokens, speculation=generator.defaults)
+    request = GenerationRequest(
+        generator.encode(messages=measured), args.max_new_tokens, speculation=generator.defaults
+    )
     profile = cProfile.Profile()
     start = time.perf_counter()
     profile.enable()
@@ -77,9 +79,13 @@ def main() -> None:
     print("| --- |" + " ---: |" * (len(ROUND_PARTS) + 4))
     print(round_row("first", rounds[0]))
     print(round_row("median", median))
-    mean = RoundStats(round(statistics.mean(r.drafted for r in decode)), round(statistics.mean(r.accepted for r in decode)),
-                      0.0, statistics.mean(r.verify_ms for r in decode),
-                      **{f"{p}_ms": statistics.mean(getattr(r, f"{p}_ms") for r in decode) for p in ROUND_PARTS})
+    mean = RoundStats(
+        round(statistics.mean(r.drafted for r in decode)),
+        round(statistics.mean(r.accepted for r in decode)),
+        0.0,
+        statistics.mean(r.verify_ms for r in decode),
+        **{f"{p}_ms": statistics.mean(getattr(r, f"{p}_ms") for r in decode) for p in ROUND_PARTS},
+    )
     print(round_row("mean after the first", mean))
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)

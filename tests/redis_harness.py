@@ -1,5 +1,5 @@
 """A real redis-server on a free loopback port in a temp dir, for tests (never the machine's Redis);
-the server itself is cache_service.local_redis, as for `specpipe up --cache redis`.
+the server itself is specpipe.devtools.local_redis, as for `specpipe up --cache redis`.
 
     from tests.redis_harness import redis_url  # noqa: F401  (the session-scoped fixture)
 
@@ -17,8 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from cache_service import local_redis
-from cache_service.local_redis import LocalRedis as RedisServer  # .url, .port, .stop()
+from specpipe.devtools import local_redis
+from specpipe.devtools.local_redis import LocalRedis as RedisServer  # .url, .port, .stop()
 
 
 @contextlib.contextmanager

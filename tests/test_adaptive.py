@@ -224,12 +224,17 @@ def test_in_a_batched_forward_the_batch_goodput_decides(a):
 def test_controller_learns_the_batch_it_shares():
     """A controller fed rounds of big batched forwards (verify time set by all sessions' tokens)
     drafts less than one fed the same rounds alone."""
-    alone, batched = AdaptiveController(SharedModels(), "model", 8, 1), AdaptiveController(SharedModels(), "model", 8, 1)
+    alone, batched = (
+        AdaptiveController(SharedModels(), "model", 8, 1),
+        AdaptiveController(SharedModels(), "model", 8, 1),
+    )
     for i in range(60):
         for controller, sessions in ((alone, 1), (batched, 16)):
             n = 5 + (i % 3)
             tokens = n + 1 + (sessions - 1) * 4
-            controller.observe(n, n // 2, 100.0 + 10.0 * tokens, 30.0, 1.0, batch_sessions=sessions, batch_tokens=tokens)
+            controller.observe(
+                n, n // 2, 100.0 + 10.0 * tokens, 30.0, 1.0, batch_sessions=sessions, batch_tokens=tokens
+            )
     assert batched.sharing(16).others_fed == pytest.approx(60.0, rel=0.01)
     assert batched.draft_len(16) < alone.draft_len(1)
 
@@ -419,10 +424,15 @@ def test_bench_sweep_reports_the_best_fixed_setting_against_adaptive(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| method | best fixed k | its tokens/s | adaptive tokens/s | adaptive / best fixed |" in proc.stdout
     result = json.loads(out.read_text())
-    names = [m["method"] for m in result["methods"] if m["method"].startswith("specpipe ") and "alone" not in m["method"]]
-    assert names == ["specpipe model k=1 width=1 branch calibrated M=1", "specpipe model k=4 width=1 branch calibrated M=1",
-                     "specpipe model adaptive k<=4 width=1 branch calibrated M<=1",
-                     "specpipe ngram k=2 width=1 branch calibrated M=1 learning"]  # ngram/2: a fixed k, kept out of the sweep
+    names = [
+        m["method"] for m in result["methods"] if m["method"].startswith("specpipe ") and "alone" not in m["method"]
+    ]
+    assert names == [
+        "specpipe model k=1 width=1 branch calibrated M=1",
+        "specpipe model k=4 width=1 branch calibrated M=1",
+        "specpipe model adaptive k<=4 width=1 branch calibrated M<=1",
+        "specpipe ngram k=2 width=1 branch calibrated M=1 learning",
+    ]  # ngram/2: a fixed k, kept out of the sweep
     assert all(m["identical"] == 2 for m in result["methods"]) and result["meta"]["suite"] == str(prompts)
 
 

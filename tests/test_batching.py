@@ -24,25 +24,22 @@ from specpipe.core.types import Draft, GenerationRequest, SamplingParams, Specul
 from specpipe.engine.batched import Segment, batched_forward
 from specpipe.engine.kv import new_slot
 from specpipe.engine.models import model_info, tiny_model
-from specpipe.engine.scheduler import (
+from specpipe.engine.planner import (
     DECODING_RECENT_S,
     GATHER_GRACE_MAX_S,
     GATHER_GRACE_MIN_S,
     MIN_CHUNK,
-    Scheduler,
-    Step,
-    Work,
     attention_weight,
     decoding_work,
     due_back_until,
     due_within_s,
     gather_grace_s,
     next_chunk,
-    one_step,
     plan_batch,
     stall_chunk_cap,
     step_work,
 )
+from specpipe.engine.scheduler import Scheduler, Step, Work, one_step
 from specpipe.runtime import metrics
 from tests.golden import reference_greedy, run
 from verifier_service.verifier import ModelVerifier
@@ -205,7 +202,9 @@ def test_a_slot_counts_as_decoding_after_a_round_until_it_is_released():
         assert scheduler._decoding_elsewhere([]) == 0  # a prompt alone is not decoding
         scheduler.run(Work(kv, one_step(Step((8, 9), logit_rows=2))))
         assert scheduler._decoding_elsewhere([]) == pytest.approx(step_work(2, 3, scheduler._attention))
-        assert scheduler._decoding_elsewhere([Work(kv, one_step(Step((1,), logit_rows=1)))]) == 0  # its round is pending
+        assert (
+            scheduler._decoding_elsewhere([Work(kv, one_step(Step((1,), logit_rows=1)))]) == 0
+        )  # its round is pending
         del kv
         gc.collect()
         assert scheduler._decoding_elsewhere([]) == 0
@@ -215,8 +214,13 @@ def test_a_slot_counts_as_decoding_after_a_round_until_it_is_released():
 
 def _chain(kv, token_ids) -> Segment:
     n = len(token_ids)
-    return Segment(kv, tuple(token_ids), torch.arange(kv.length, kv.length + n), torch.ones(n, n, dtype=torch.bool).tril(),
-                   logit_rows=n)
+    return Segment(
+        kv,
+        tuple(token_ids),
+        torch.arange(kv.length, kv.length + n),
+        torch.ones(n, n, dtype=torch.bool).tril(),
+        logit_rows=n,
+    )
 
 
 def test_a_linear_layer_computes_a_row_the_same_among_any_number_of_rows_from_min_gemm_rows():
@@ -443,7 +447,9 @@ def test_sampled_output_is_the_same_with_and_without_batch_mates(tiny_tokenizer,
     generator = Generator(tiny_tokenizer, verifier, {"model": tiny_drafter})
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
     prompts = _prompts(6, seed=3)[1:]
-    fixed = SpeculationOptions(drafter="model", draft_len=4, adaptive="off")  # adaptive k follows timings: not repeatable from the seed
+    fixed = SpeculationOptions(
+        drafter="model", draft_len=4, adaptive="off"
+    )  # adaptive k follows timings: not repeatable from the seed
     requests = [GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling, speculation=fixed) for ids in prompts]
     alone = run(generator, requests[0])[0]
     together = _concurrently([lambda r=r: run(generator, r)[0] for r in requests])
@@ -456,8 +462,12 @@ def test_concurrent_streams_equal_verifier_greedy_over_grpc():
     cluster = shared_tiny_cluster()
     prompts = _prompts(8, seed=5)
     expected = [reference_greedy(cluster.verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
-    speculations = [SpeculationOptions(drafter="model", draft_len=4, width=1 + i % 2,
-                                       schedule=("sequential", "branch")[i % 2], adaptive="off") for i in range(len(prompts))]
+    speculations = [
+        SpeculationOptions(
+            drafter="model", draft_len=4, width=1 + i % 2, schedule=("sequential", "branch")[i % 2], adaptive="off"
+        )
+        for i in range(len(prompts))
+    ]
 
     def stream(ids, speculation):
         return [t for chunk in cluster.generation_client.generate(token_ids=ids, max_new_tokens=MAX_NEW_TOKENS,
@@ -488,7 +498,9 @@ def test_full_queue_refuses_before_any_forward():
     model = tiny_model()
     scheduler = Scheduler(model, BatchConfig(prefill_chunk=1, max_queue=1))
     try:
-        long_prefill = Work(new_slot(model, 2048), one_step(Step(tuple(range(1, 255)) * 4, chunked=True)))  # ~1000 one-token forwards
+        long_prefill = Work(
+            new_slot(model, 2048), one_step(Step(tuple(range(1, 255)) * 4, chunked=True))
+        )  # ~1000 one-token forwards
         thread = threading.Thread(target=scheduler.run, args=(long_prefill,))
         thread.start()
         from tests.grpc_harness import wait_until
@@ -535,8 +547,19 @@ def test_concurrent_sessions_equal_verifier_greedy_smollm2():
     generator = Generator(tokenizer, verifier, {"model": ModelDrafter.load(drafter_spec)})
     prompts = [tuple(tokenizer(chat)["input_ids"]) for chat in CHATS]
     expected = [reference_greedy(verifier.model, ids, MAX_NEW_TOKENS) for ids in prompts]
-    outputs = _concurrently([lambda ids=ids, w=1 + i % 2: run(generator, GenerationRequest(
-        ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(drafter="model", draft_len=4, width=w, adaptive="off")))[0] for i, ids in enumerate(prompts)])
+    outputs = _concurrently(
+        [
+            lambda ids=ids, w=1 + i % 2: run(
+                generator,
+                GenerationRequest(
+                    ids,
+                    MAX_NEW_TOKENS,
+                    speculation=SpeculationOptions(drafter="model", draft_len=4, width=w, adaptive="off"),
+                ),
+            )[0]
+            for i, ids in enumerate(prompts)
+        ]
+    )
     assert outputs == expected
 
 
@@ -546,7 +569,9 @@ def test_a_round_does_not_wait_for_a_long_prefill():
     model = tiny_model()
     scheduler = Scheduler(model, BatchConfig(prefill_chunk=4))
     try:
-        long_prefill = Work(new_slot(model, 2048), one_step(Step(tuple(range(1, 255)) * 4, chunked=True)))  # ~250 chunks
+        long_prefill = Work(
+            new_slot(model, 2048), one_step(Step(tuple(range(1, 255)) * 4, chunked=True))
+        )  # ~250 chunks
         thread = threading.Thread(target=scheduler.run, args=(long_prefill,))
         thread.start()
         from tests.grpc_harness import wait_until
@@ -554,8 +579,19 @@ def test_a_round_does_not_wait_for_a_long_prefill():
         assert wait_until(lambda: long_prefill.started, timeout_s=10)
         kv = new_slot(model, 2048)
         scheduler.run(Work(kv, one_step(Step((5, 6, 7), chunked=True))))  # a prompt of its own
-        round_ = scheduler.run(Work(kv, one_step(Step((8, 9), positions=torch.tensor([3, 4]),
-                                                      allowed=torch.ones(2, 2, dtype=torch.bool).tril(), logit_rows=2))))
+        round_ = scheduler.run(
+            Work(
+                kv,
+                one_step(
+                    Step(
+                        (8, 9),
+                        positions=torch.tensor([3, 4]),
+                        allowed=torch.ones(2, 2, dtype=torch.bool).tril(),
+                        logit_rows=2,
+                    )
+                ),
+            )
+        )
         fed_when_done = long_prefill.kv.length
         thread.join()
         assert round_.result.shape == (2, 257)

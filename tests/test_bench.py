@@ -19,9 +19,21 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
     from specpipe.bench.methods import default_learning
 
     out = tmp_path / "bench.json"
-    proc = bench("--limit", "2", "--max-new-tokens", "12", "--no-pin", "--methods", "model:sequential/4,ngram/6+adaptive,ngram",
-                 "--baselines", "prompt-lookup,assisted,generate-threads", "--prompt-lookup-tokens", "3,10",
-                 "--json", str(out))
+    proc = bench(
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--no-pin",
+        "--methods",
+        "model:sequential/4,ngram/6+adaptive,ngram",
+        "--baselines",
+        "prompt-lookup,assisted,generate-threads",
+        "--prompt-lookup-tokens",
+        "3,10",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     methods = {m["method"]: m for m in json.loads(out.read_text())["methods"]}
     threads = next(name for name in methods if name.startswith("verifier-only generate(), "))
@@ -36,7 +48,9 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
         f"specpipe ngram adaptive k<=8 width=1 branch calibrated M<=1{learning}"]  # the default configuration
     assert all(m["identical"] == 2 for m in methods.values())
     assert methods["verifier-only generate()"]["tokens_per_round"] == 1.0
-    assert methods[f"transformers assisted generation, {where}"]["tokens_per_round"] == 0.0  # not known inside generate()
+    assert (
+        methods[f"transformers assisted generation, {where}"]["tokens_per_round"] == 0.0
+    )  # not known inside generate()
     assert "| transformers assisted generation, " in proc.stdout and "lossless check: every output" in proc.stdout
     ours = methods["specpipe model k=4 width=1 sequential"]
     assert 0 < ours["acceptance_by_position"][0] <= 1 and ours["bound"] > 0 and ours["bound_share"] > 0
@@ -78,10 +92,16 @@ def test_bad_bench_flags(cli, argv, message):
 
 
 @pytest.mark.slow  # each loads the models first, in a process of its own (bench pins it and sets its threads)
-@pytest.mark.parametrize("argv, message", [
-    (["--prompts", "/no/such/file.jsonl"], "does not exist"),
-    (["--suite", "humaneval", "--turns", "2", "--limit", "1", "--no-pin"], "--turns 2 needs prompts with a second turn"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompts", "/no/such/file.jsonl"], "does not exist"),
+        (
+            ["--suite", "humaneval", "--turns", "2", "--limit", "1", "--no-pin"],
+            "--turns 2 needs prompts with a second turn",
+        ),
+    ],
+)
 def test_bad_bench_flags_found_after_loading(argv, message):
     proc = bench(*argv, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
@@ -94,12 +114,17 @@ def test_report_section_needs_its_markers():
         "a<!-- bench-report:begin -->\nnew\n<!-- bench-report:end -->b"
     with pytest.raises(ValueError, match="no <!-- bench-report:begin -->"):
         replace_section("no markers here", "new")
-    both = "<!-- bench-report:begin -->x<!-- bench-report:end --><!-- bench-report:poor:begin -->y<!-- bench-report:poor:end -->"
-    assert replace_section(both, "new", "poor") == \
-        "<!-- bench-report:begin -->x<!-- bench-report:end --><!-- bench-report:poor:begin -->\nnew\n<!-- bench-report:poor:end -->"
+    both = ("<!-- bench-report:begin -->x<!-- bench-report:end -->"
+            "<!-- bench-report:poor:begin -->y<!-- bench-report:poor:end -->")
+    assert (
+        replace_section(both, "new", "poor")
+        == "<!-- bench-report:begin -->x<!-- bench-report:end -->"
+        "<!-- bench-report:poor:begin -->\nnew\n<!-- bench-report:poor:end -->"
+    )
 
 
-@pytest.mark.slow  # a full bench run of both MT-Bench turns (the default suite keeps test_transformers_baselines_beside_specpipe)
+# A full bench run of both MT-Bench turns (the default suite keeps test_transformers_baselines_beside_specpipe).
+@pytest.mark.slow
 def test_mtbench_second_turns_and_categories(tmp_path):
     out = tmp_path / "mt.json"
     proc = bench("--suite", "mtbench", "--turns", "2", "--limit", "2", "--max-new-tokens", "8", "--no-pin",
@@ -170,7 +195,9 @@ def test_the_runs_bound_prices_longer_drafts_by_the_verify_cost_line():
     line = verify_cost(runs, alone)
     assert [line(k) for k in (0, 4, 8)] == [pytest.approx(10.0), pytest.approx(14.0), pytest.approx(18.0)]
     bound, share = decode_bound(runs, alone)
-    assert bound == pytest.approx(9 * 10 / 18)  # E(8) = 9 tokens for one 18 ms verification (the mean's 14 would say 6.43)
+    assert bound == pytest.approx(
+        9 * 10 / 18
+    )  # E(8) = 9 tokens for one 18 ms verification (the mean's 14 would say 6.43)
     assert share == pytest.approx((50 / 0.1) / (10 / 0.1) / bound)
     # cheaper than the verifier alone on average (noise): the forward's cost for every k
     assert verify_cost([PromptRun("p", 5, (1,), 0.1, rounds=10, drafted=10, verify_ms=90.0)], alone)(8) == 10.0

@@ -1,6 +1,6 @@
 """The branch schedule (docs/design.md, "Branch-prediction scheduling"): golden tests for every
-drafter kind, embedded and over gRPC; sequential and branch give the same sample for the same seed; forced misses and stale epochs
-change nothing; the drafter's branches never disturb each other."""
+drafter kind, embedded and over gRPC; sequential and branch give the same sample for the same seed;
+forced misses and stale epochs change nothing; the drafter's branches never disturb each other."""
 
 import threading
 
@@ -29,9 +29,15 @@ from tests.test_golden_ngram import MAX_NEW_TOKENS, generator, references, store
 
 BRANCH = {
     "model calibrated M=1": SpeculationOptions(drafter="model", schedule="branch", adaptive="off", draft_len=4),
-    "model paper M=2": SpeculationOptions(drafter="model", schedule="branch", predictor="paper", hypotheses=2, adaptive="off", draft_len=4),
-    "model tree all": SpeculationOptions(drafter="model", schedule="branch", width=3, hypotheses=ALL_HYPOTHESES, adaptive="off", draft_len=4),
-    "ngram all": SpeculationOptions(drafter="ngram", schedule="branch", draft_len=5, hypotheses=ALL_HYPOTHESES, adaptive="off"),
+    "model paper M=2": SpeculationOptions(
+        drafter="model", schedule="branch", predictor="paper", hypotheses=2, adaptive="off", draft_len=4
+    ),
+    "model tree all": SpeculationOptions(
+        drafter="model", schedule="branch", width=3, hypotheses=ALL_HYPOTHESES, adaptive="off", draft_len=4
+    ),
+    "ngram all": SpeculationOptions(
+        drafter="ngram", schedule="branch", draft_len=5, hypotheses=ALL_HYPOTHESES, adaptive="off"
+    ),
     "hybrid M=2": SpeculationOptions(drafter="hybrid", schedule="branch", hypotheses=2, adaptive="off", draft_len=4),
 }
 
@@ -44,8 +50,20 @@ def test_branch_schedule_equals_verifier_greedy(generator, references, speculati
 
 
 def test_branch_schedule_hits_and_hides_draft_time(tiny_generator, references):
-    chunks = [c for prompt in GOLDEN_PROMPTS for c in run(tiny_generator, GenerationRequest(
-        references[prompt][0], MAX_NEW_TOKENS, speculation=SpeculationOptions(drafter="model", schedule="branch", hypotheses=2, adaptive="off", draft_len=4)))[1]]
+    chunks = [
+        c
+        for prompt in GOLDEN_PROMPTS
+        for c in run(
+            tiny_generator,
+            GenerationRequest(
+                references[prompt][0],
+                MAX_NEW_TOKENS,
+                speculation=SpeculationOptions(
+                    drafter="model", schedule="branch", hypotheses=2, adaptive="off", draft_len=4
+                ),
+            ),
+        )[1]
+    ]
     predicted = [c.round for c in chunks if c.round.hypotheses]
     hits = [r for r in predicted if r.hit]
     assert predicted and hits and len(hits) < len(predicted)  # the tiny pair: some hits, some misses
@@ -57,9 +75,18 @@ def test_same_seed_same_sample_for_both_schedules(tiny_generator, references):
     sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
     for prompt in GOLDEN_PROMPTS[:4]:
         ids = references[prompt][0]
-        outputs = [run(tiny_generator, GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling,
-                                                         speculation=SpeculationOptions(drafter="model", schedule=schedule, adaptive="off", draft_len=4)))[0]
-                   for schedule in ("sequential", "branch", "branch")]
+        outputs = [
+            run(
+                tiny_generator,
+                GenerationRequest(
+                    ids,
+                    MAX_NEW_TOKENS,
+                    sampling=sampling,
+                    speculation=SpeculationOptions(drafter="model", schedule=schedule, adaptive="off", draft_len=4),
+                ),
+            )[0]
+            for schedule in ("sequential", "branch", "branch")
+        ]
         assert outputs[0] == outputs[1] == outputs[2], prompt
 
 
@@ -118,8 +145,14 @@ def test_forced_misses_change_nothing(monkeypatch, tiny_tokenizer, tiny_verifier
     generator = Generator(tiny_tokenizer, gate, {"model": drafter})
     for prompt in GOLDEN_PROMPTS[:4]:
         ids, expected = references[prompt]
-        tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS,
-                                                          speculation=SpeculationOptions(drafter="model", schedule="branch", adaptive="off", draft_len=4)))
+        tokens, chunks = run(
+            generator,
+            GenerationRequest(
+                ids,
+                MAX_NEW_TOKENS,
+                speculation=SpeculationOptions(drafter="model", schedule="branch", adaptive="off", draft_len=4),
+            ),
+        )
         assert tokens == expected
         predicted = [c.round for c in chunks if c.round.hypotheses]
         assert predicted and not any(r.hit for r in predicted)
@@ -161,7 +194,9 @@ def test_stale_pre_drafts_are_dropped():
 
     drafter = ScriptedDrafter(slow=True)
     guess = Hypothesis((5, 6), 9, 1.0)  # two of the chain (5, 6, 8) accepted, correction 9
-    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor([guess]), ProposeRequest("s", (), 0), print)
+    scheduler = BranchScheduler(
+        ThreadPoolExecutor(2), drafter, FixedPredictor([guess]), ProposeRequest("s", (), 0), print
+    )
     proposal = ProposeResult(Draft.chain([5, 6, 8]), 1.0)
     scheduler.speculate([1, 2], proposal, 1, lambda h: 3)
     miss = scheduler.resolve(proposal, verdict([5], 4), 0.0, 1.0)  # the verdict differs: a miss, epoch bump
@@ -180,7 +215,9 @@ def test_hit_uses_the_pre_draft_and_keeps_the_epoch():
 
     drafter = ScriptedDrafter()
     guesses = [Hypothesis((5, 6, 8), BONUS, 0.6), Hypothesis((5,), 3, 0.3)]
-    scheduler = BranchScheduler(ThreadPoolExecutor(2), drafter, FixedPredictor(guesses), ProposeRequest("s", (), 0), print)
+    scheduler = BranchScheduler(
+        ThreadPoolExecutor(2), drafter, FixedPredictor(guesses), ProposeRequest("s", (), 0), print
+    )
     proposal = ProposeResult(Draft.chain([5, 6, 8]), 1.0)
     scheduler.speculate([1], proposal, 2, lambda h: 2)
     resolution = scheduler.resolve(proposal, verdict([5, 6, 8], 7), 0.0, 1e9)  # the bonus pre-draft starts with 7
@@ -275,6 +312,10 @@ def test_generation_options_reject_bad_schedule(tiny_generator, references):
     from specpipe.core.errors import InvalidArgument
 
     ids = references[GOLDEN_PROMPTS[0]][0]
-    for bad in (SpeculationOptions(drafter="model", schedule="x", adaptive="off", draft_len=4), SpeculationOptions(drafter="model", predictor="x", adaptive="off", draft_len=4), SpeculationOptions(drafter="model", hypotheses=0, adaptive="off", draft_len=4)):
+    for bad in (
+        SpeculationOptions(drafter="model", schedule="x", adaptive="off", draft_len=4),
+        SpeculationOptions(drafter="model", predictor="x", adaptive="off", draft_len=4),
+        SpeculationOptions(drafter="model", hypotheses=0, adaptive="off", draft_len=4),
+    ):
         with pytest.raises(InvalidArgument):
             tiny_generator.generate(GenerationRequest(ids, 4, speculation=bad))

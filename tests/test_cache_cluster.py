@@ -1,4 +1,4 @@
-"""The n-gram store on a real Redis Cluster (cache_service.local_cluster: 3 masters, 1 replica each, on
+"""The n-gram store on a real Redis Cluster (specpipe.devtools.local_cluster: 3 masters, 1 replica each, on
 loopback): open_store("redis+cluster://...") gives the in-memory store's results for sessions and
 tenants spread over every master; a killed master costs the calls on its slots a bounded time, then
 Unavailable, and the client follows the failover to the promoted replica on its own; a generation
@@ -14,14 +14,14 @@ from typing import Iterator
 import pytest
 from redis.cluster import RedisCluster
 
-from cache_service import local_cluster
 from cache_service.cluster import RETRIES, connect_cluster
-from cache_service.local_cluster import LocalCluster
 from cache_service.memory import InMemoryNgramCache
 from cache_service.stores import open_store
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, Unavailable
 from specpipe.core.ngram import NgramConfig
 from specpipe.core.types import GenerationRequest, SpeculationOptions
+from specpipe.devtools import local_cluster
+from specpipe.devtools.local_cluster import LocalCluster
 from tests.golden import GOLDEN_PROMPTS, reference_greedy, run
 
 TIMEOUT_S = 0.5  # of each store call (socket timeouts): a dead master costs at most (RETRIES + 1) of them
@@ -71,7 +71,9 @@ def tenant_tag(tenant: str) -> str:
 def name_on(client: RedisCluster, port: int, prefix: str, tag) -> str:
     """The first of prefix0, prefix1, ... whose hash tag lies on the master at port (of 100,000: a
     master serves a third of the slots, so a miss means the client sees another cluster)."""
-    found = next((name for name in (f"{prefix}{i}" for i in range(100_000)) if master_of(client, tag(name)) == port), None)
+    found = next(
+        (name for name in (f"{prefix}{i}" for i in range(100_000)) if master_of(client, tag(name)) == port), None
+    )
     assert found is not None, f"no hash slot on {port} in the client's view {client.get_nodes()}"
     return found
 

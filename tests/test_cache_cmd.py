@@ -68,7 +68,9 @@ def test_jsonl_text(record, text):
 def _write_corpus(tmp_path):
     code, notes = tmp_path / "add.py", tmp_path / "notes.jsonl"
     code.write_text(CODE)
-    notes.write_text("\n".join(json.dumps(r) for r in JSONL[:2]) + "\n\n" + "\n".join(json.dumps(r) for r in JSONL[2:]) + "\n")
+    notes.write_text(
+        "\n".join(json.dumps(r) for r in JSONL[:2]) + "\n\n" + "\n".join(json.dumps(r) for r in JSONL[2:]) + "\n"
+    )
     return code, notes
 
 
@@ -83,9 +85,15 @@ def _reference_store(tokenizer, chunk_tokens: int) -> LearnedStore:
 def test_seed_redis_then_a_fresh_session_drafts_from_the_learned_store(redis_url, tmp_path, tiny_tokenizer, capsys):  # noqa: F811
     connect(redis_url).flushdb()
     files = _write_corpus(tmp_path)
-    assert main(["cache", "seed", *map(str, files), "--cache", redis_url, "--preset", "tiny", "--chunk-tokens", "65"]) == 0
+    assert (
+        main(["cache", "seed", *map(str, files), "--cache", redis_url, "--preset", "tiny", "--chunk-tokens", "65"]) == 0
+    )
     summary = capsys.readouterr().out.strip()
-    num_tokens = sum(len(tiny_tokenizer(t, add_special_tokens=False)["input_ids"]) for t in [CODE] + [jsonl_text(r) for r in JSONL] if t)
+    num_tokens = sum(
+        len(tiny_tokenizer(t, add_special_tokens=False)["input_ids"])
+        for t in [CODE] + [jsonl_text(r) for r in JSONL]
+        if t
+    )
     assert summary.startswith(f"specpipe cache seed: 4 documents, {num_tokens} tokens, ") and redis_url in summary
 
     reference = _reference_store(tiny_tokenizer, 65)

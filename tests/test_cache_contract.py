@@ -18,15 +18,22 @@ from collections import defaultdict
 import pytest
 from redis.crc import key_slot
 
-from cache_service import local_cluster, servicer
+from cache_service import servicer
 from cache_service.cluster import connect_cluster
 from cache_service.memory import InMemoryNgramCache
-from cache_service.redis_store import (GLOBAL_PARTS, RedisNgramCache, connect, global_keys, read_learned_store,
-                                       verifier_key)
+from cache_service.redis_store import (
+    GLOBAL_PARTS,
+    RedisNgramCache,
+    connect,
+    global_keys,
+    read_learned_store,
+    verifier_key,
+)
 from specpipe.core import learned
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, Unavailable
 from specpipe.core.learned import LearnedConfig, LearnedStore
 from specpipe.core.ngram import NgramConfig, apply_branches, better, learned_draft, mln_lookup
+from specpipe.devtools import local_cluster
 from specpipe.serving.cache_client import CacheClient
 from specpipe.serving.server import ServerConfig, serve
 from tests.redis_harness import redis_server, redis_url  # noqa: F401  (fixture)
@@ -57,8 +64,12 @@ class Stores:
         if self.kind == "redis":
             connect(self.url).flushdb()
             return self._stack.enter_context(contextlib.closing(RedisNgramCache.from_url(self.url, config)))
-        server = self._stack.enter_context(serve([servicer.service(InMemoryNgramCache(config, clock=lambda: self._now))],
-                                                 ServerConfig(port=0, max_workers=4, grace_s=0)))
+        server = self._stack.enter_context(
+            serve(
+                [servicer.service(InMemoryNgramCache(config, clock=lambda: self._now))],
+                ServerConfig(port=0, max_workers=4, grace_s=0),
+            )
+        )
         return self._stack.enter_context(CacheClient(server.address, timeout_s=10))
 
     def advance(self, seconds: float) -> None:
@@ -405,7 +416,7 @@ def test_scripts_are_reloaded_after_a_script_flush(redis_url):  # noqa: F811
 
 
 def test_a_redis_cluster_client():
-    """A RedisNgramCache over redis.cluster.RedisCluster (cache_service.local_cluster: the sessions and
+    """A RedisNgramCache over redis.cluster.RedisCluster (specpipe.devtools.local_cluster: the sessions and
     tenants below land on different masters) gives the in-memory store's lookups: a lookup's two
     scripts go to their two nodes in one pipeline, and nodes that lost their scripts get them again.
     (tests/test_cache_cluster.py has the rest: failover, every master.)"""

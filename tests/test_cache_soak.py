@@ -120,5 +120,7 @@ def test_a_small_store_under_many_documents_stays_bounded_and_keeps_drafting():
     assert plateaus([s.used_memory for s in samples])
     late = samples[len(samples) // 2:]
     assert statistics.fmean(s.drafted for s in late) >= 0.8  # the recurring text keeps drafting
-    bytes_per_token = (statistics.fmean(s.used_memory for s in late) - baseline) / statistics.fmean(s.tokens for s in late)
+    bytes_per_token = (statistics.fmean(s.used_memory for s in late) - baseline) / statistics.fmean(
+        s.tokens for s in late
+    )
     assert 20 < bytes_per_token < 400  # scripts/cache_soak.py reports it

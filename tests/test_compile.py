@@ -161,7 +161,10 @@ def test_graphs_keep_their_buffers(compiled, references):
     assert all(service.batched == compiled.verifier.batched for service in services)
     ids = references[GOLDEN_PROMPTS[0]][0]
     for schedule in ("sequential", "branch"):
-        run(compiled, GenerationRequest(ids, 16, speculation=SpeculationOptions("model", 4, schedule=schedule, adaptive="off")))
+        run(
+            compiled,
+            GenerationRequest(ids, 16, speculation=SpeculationOptions("model", 4, schedule=schedule, adaptive="off")),
+        )
     assert addresses() == before
 
 
@@ -239,13 +242,39 @@ def test_bench_compiled_over_grpc_reports_both_baselines(tmp_path):
     import json
 
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", "bench", "--preset", "tiny", "--limit", "2",
-                           "--max-new-tokens", "8", "--transport", "grpc", "--compile", "on", "--no-pin",
-                           "--methods", "model:branch/4", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specpipe.cli.main",
+            "bench",
+            "--preset",
+            "tiny",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--transport",
+            "grpc",
+            "--compile",
+            "on",
+            "--no-pin",
+            "--methods",
+            "model:branch/4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "compiled vs eager: the compiled verifier alone gave the eager generate() output on 2 of 2" in proc.stdout
     methods = {m["method"]: m for m in json.loads(out.read_text())["methods"]}
-    alone, branch = methods["specpipe verifier alone compiled"], methods["specpipe model k=4 width=1 branch calibrated M=1"]
+    alone, branch = (
+        methods["specpipe verifier alone compiled"],
+        methods["specpipe model k=4 width=1 branch calibrated M=1"],
+    )
     assert alone["reference"] == "verifier-only generate()" and alone["speedup_reference"] is None
     assert branch["reference"] == "specpipe verifier alone compiled" and branch["identical"] == 2
     assert branch["speedup_reference"] > 0 and branch["speedup"] > 0

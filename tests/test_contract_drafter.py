@@ -120,7 +120,11 @@ def test_predictor_hints_cross_the_wire(cluster):
     local = cluster.drafter.propose(ProposeRequest(sid, CONTEXT, 3, 2, GREEDY))
     remote = cluster.drafter_client.propose(ProposeRequest(sid, CONTEXT, 3, 2, GREEDY))
     remote, local = remote.draft, local.draft
-    assert (remote.tokens, remote.parents, remote.runner_up) == (local.tokens, local.parents, local.runner_up)  # the probabilities travel as float32:
+    assert (remote.tokens, remote.parents, remote.runner_up) == (
+        local.tokens,
+        local.parents,
+        local.runner_up,
+    )  # the probabilities travel as float32:
     assert remote.confidence == pytest.approx(local.confidence, rel=1e-5) and len(local.confidence) == len(local)
     assert remote.runner_up_confidence == pytest.approx(local.runner_up_confidence, rel=1e-5)
     assert all(0 < c <= 1 for c in local.confidence) and all(r >= 0 for r in local.runner_up[:1])

@@ -63,7 +63,9 @@ CALLS = {
     "prompt": dict(prompt="def fibonacci(n):", max_new_tokens=24),
     "messages": dict(messages=[("system", "be brief"), ("user", "hello")], max_new_tokens=12),
     "token_ids": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=16),
-    "tree": dict(prompt="Once upon a time", max_new_tokens=16, speculation=SpeculationOptions("model", 3, 2, adaptive="off")),
+    "tree": dict(
+        prompt="Once upon a time", max_new_tokens=16, speculation=SpeculationOptions("model", 3, 2, adaptive="off")
+    ),
     "no drafter": dict(prompt="SELECT name", max_new_tokens=8, speculation=SpeculationOptions("none", 4, 1)),
     "sampled": dict(prompt="The capital of", max_new_tokens=16, sampling=SAMPLED),
     "stop string": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=32, stop=("v",)),
@@ -81,7 +83,9 @@ def test_same_chunks_embedded_and_grpc(cluster, call):
 
 def test_greedy_over_grpc_equals_the_verifier_alone(cluster):
     prompt_ids = cluster.generator.encode(prompt="import numpy as np\n\nx = np.")
-    tokens = [t for c in cluster.generation_client.generate(token_ids=prompt_ids, max_new_tokens=20) for t in c.token_ids]
+    tokens = [
+        t for c in cluster.generation_client.generate(token_ids=prompt_ids, max_new_tokens=20) for t in c.token_ids
+    ]
     assert tokens == reference_greedy(cluster.verifier.model, prompt_ids, 20)
 
 
@@ -113,7 +117,12 @@ BAD = [
     ("temperature < 0", dict(sampling=SamplingParams(temperature=-0.1)), InvalidArgument, "temperature"),
     ("top_p > 1", dict(sampling=SamplingParams(temperature=1.0, top_p=1.5)), InvalidArgument, "top_p"),
     ("top_p < 0", dict(sampling=SamplingParams(temperature=1.0, top_p=-0.2)), InvalidArgument, "top_p"),
-    ("negative draft_len", dict(speculation=SpeculationOptions("model", -1, 1, adaptive="off")), InvalidArgument, "draft_len"),
+    (
+        "negative draft_len",
+        dict(speculation=SpeculationOptions("model", -1, 1, adaptive="off")),
+        InvalidArgument,
+        "draft_len",
+    ),
     ("unknown drafter", dict(speculation=SpeculationOptions("magic", 4, 1)), InvalidArgument, "unknown drafter"),
     ("empty stop string", dict(stop=("",)), InvalidArgument, "stop"),
 ]
@@ -248,7 +257,10 @@ def test_specpipe_up_learns_across_requests_by_default_and_not_with_learning_off
     expected = reference_greedy(tiny_model(), prompt, 48)
     rounds = {}
     for learn in ("on", "off"):
-        with specpipe_up(tmp_path / learn, "--cache", "redis", "--drafter", "ngram", "--learn-global", learn) as (proc, lines):
+        with specpipe_up(tmp_path / learn, "--cache", "redis", "--drafter", "ngram", "--learn-global", learn) as (
+            proc,
+            lines,
+        ):
             table = {line.split()[0]: line.split()[1] for line in lines if line.split()[:1] == ["orchestrator"]}
             with GenerationClient(table["orchestrator"], timeout_s=60) as client:
                 for attempt in range(2):

@@ -34,7 +34,9 @@ def verifier(request, cluster):
         assert_serving(cluster.verifier_client, "specpipe.v1.Verifier")
         sid = session()
         assert cluster.verifier_client.prefill(sid, PROMPT) == len(PROMPT)
-        assert cluster.verifier_client.verify(sid, len(PROMPT), Draft.chain([1, 2]), GREEDY).context_len >= len(PROMPT) + 1
+        assert (
+            cluster.verifier_client.verify(sid, len(PROMPT), Draft.chain([1, 2]), GREEDY).context_len >= len(PROMPT) + 1
+        )
         assert cluster.verifier_client.release(sid)
 
 
@@ -105,32 +107,86 @@ BAD_PREFILLS = [
 ]
 
 BAD_VERIFIES = [
-    ("unknown session", lambda v, sid: v.verify("no-such-session", len(PROMPT), Draft.chain([1]), GREEDY),
-     FailedPrecondition, "unknown session"),
-    ("released session", lambda v, sid: (v.release(sid), v.verify(sid, len(PROMPT), Draft.chain([1]), GREEDY)),
-     FailedPrecondition, "unknown session"),
-    ("context_len mismatch", lambda v, sid: v.verify(sid, len(PROMPT) + 3, Draft.chain([1]), GREEDY),
-     FailedPrecondition, "assumes"),
-    ("malformed parents (forward)", lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1, 1)), GREEDY),
-     InvalidArgument, "malformed draft tree"),
-    ("malformed parents (< -1)", lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1, -2)), GREEDY),
-     InvalidArgument, "malformed draft tree"),
-    ("parents length", lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1,)), GREEDY),
-     InvalidArgument, "parents"),
-    ("draft token >= vocab", lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1, VOCAB + 5]), GREEDY),
-     InvalidArgument, "outside the vocabulary"),
-    ("temperature < 0", lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1]), SamplingParams(temperature=-0.5)),
-     InvalidArgument, "temperature"),
-    ("top_p > 1", lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1]), SamplingParams(temperature=1.0, top_p=1.5)),
-     InvalidArgument, "top_p"),
-    ("top_p < 0", lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1]), SamplingParams(temperature=1.0, top_p=-0.1)),
-     InvalidArgument, "top_p"),
-    ("q count != nodes", lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1, 2], q=(SparseDist((1,), (1.0,)),)),
-                                                 SamplingParams(temperature=1.0)), InvalidArgument, "q distributions"),
-    ("sampled tree", lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1, -1)), SamplingParams(temperature=1.0)),
-     InvalidArgument, "chains only"),
-    ("draft beyond the node cap (and the context window)",
-     lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1] * 2100), GREEDY), InvalidArgument, "draft nodes is 2100"),
+    (
+        "unknown session",
+        lambda v, sid: v.verify("no-such-session", len(PROMPT), Draft.chain([1]), GREEDY),
+        FailedPrecondition,
+        "unknown session",
+    ),
+    (
+        "released session",
+        lambda v, sid: (v.release(sid), v.verify(sid, len(PROMPT), Draft.chain([1]), GREEDY)),
+        FailedPrecondition,
+        "unknown session",
+    ),
+    (
+        "context_len mismatch",
+        lambda v, sid: v.verify(sid, len(PROMPT) + 3, Draft.chain([1]), GREEDY),
+        FailedPrecondition,
+        "assumes",
+    ),
+    (
+        "malformed parents (forward)",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1, 1)), GREEDY),
+        InvalidArgument,
+        "malformed draft tree",
+    ),
+    (
+        "malformed parents (< -1)",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1, -2)), GREEDY),
+        InvalidArgument,
+        "malformed draft tree",
+    ),
+    (
+        "parents length",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1,)), GREEDY),
+        InvalidArgument,
+        "parents",
+    ),
+    (
+        "draft token >= vocab",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1, VOCAB + 5]), GREEDY),
+        InvalidArgument,
+        "outside the vocabulary",
+    ),
+    (
+        "temperature < 0",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1]), SamplingParams(temperature=-0.5)),
+        InvalidArgument,
+        "temperature",
+    ),
+    (
+        "top_p > 1",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1]), SamplingParams(temperature=1.0, top_p=1.5)),
+        InvalidArgument,
+        "top_p",
+    ),
+    (
+        "top_p < 0",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1]), SamplingParams(temperature=1.0, top_p=-0.1)),
+        InvalidArgument,
+        "top_p",
+    ),
+    (
+        "q count != nodes",
+        lambda v, sid: v.verify(
+            sid, len(PROMPT), Draft.chain([1, 2], q=(SparseDist((1,), (1.0,)),)), SamplingParams(temperature=1.0)
+        ),
+        InvalidArgument,
+        "q distributions",
+    ),
+    (
+        "sampled tree",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft((1, 2), (-1, -1)), SamplingParams(temperature=1.0)),
+        InvalidArgument,
+        "chains only",
+    ),
+    (
+        "draft beyond the node cap (and the context window)",
+        lambda v, sid: v.verify(sid, len(PROMPT), Draft.chain([1] * 2100), GREEDY),
+        InvalidArgument,
+        "draft nodes is 2100",
+    ),
 ]
 
 

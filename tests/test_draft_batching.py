@@ -136,8 +136,12 @@ def test_branch_proposals_of_one_session_at_once_equal_fresh_ones():
                 base[:5], base + list(first[:1]) + [200, 201, 202]]
     widths = [1, 2, 3, 1, 2, 1]
     before = _batch_counts()
-    drafts = _all_at_once([lambda c=c, w=w: drafter.propose(ProposeRequest("hypotheses", c, 4, w, GREEDY, epoch=1)).draft
-                           for c, w in zip(contexts, widths)])
+    drafts = _all_at_once(
+        [
+            lambda c=c, w=w: drafter.propose(ProposeRequest("hypotheses", c, 4, w, GREEDY, epoch=1)).draft
+            for c, w in zip(contexts, widths)
+        ]
+    )
     after = _batch_counts()
     for i, (context, width) in enumerate(zip(contexts, widths)):
         fresh = drafter.propose(ProposeRequest(f"fresh-{i}", context, 4, width, GREEDY)).draft
@@ -160,7 +164,9 @@ def test_one_token_steps_are_bitwise_batch_invariant(mode):
 
     def step(kv, ids):
         n = len(ids)
-        return Segment(kv, tuple(ids), torch.arange(kv.length, kv.length + n), torch.ones(n, n, dtype=torch.bool).tril(), 1)
+        return Segment(
+            kv, tuple(ids), torch.arange(kv.length, kv.length + n), torch.ones(n, n, dtype=torch.bool).tril(), 1
+        )
 
     alone = []
     for context in contexts:
@@ -174,8 +180,10 @@ def test_one_token_steps_are_bitwise_batch_invariant(mode):
     assert all(torch.equal(a, b) for a, b in zip(alone, together))
 
 
-SPECULATIONS = [SpeculationOptions(drafter=drafter, draft_len=4, width=width, schedule=schedule, adaptive="off", hypotheses=2)
-                for drafter, width, schedule in itertools.product(("model", "hybrid"), (1, 2), ("sequential", "branch"))]
+SPECULATIONS = [
+    SpeculationOptions(drafter=drafter, draft_len=4, width=width, schedule=schedule, adaptive="off", hypotheses=2)
+    for drafter, width, schedule in itertools.product(("model", "hybrid"), (1, 2), ("sequential", "branch"))
+]
 
 
 def test_concurrent_generations_with_batched_drafter_equal_verifier_greedy(tiny_verifier, tiny_drafter, tiny_tokenizer):

@@ -53,7 +53,10 @@ def test_hybrid_extends_the_model_chain_from_the_store(service):
 
 def test_unknown_method_is_failed_precondition(service):
     _, address = service
-    with DrafterClient(address, timeout_s=30, method="eagle") as client, pytest.raises(FailedPrecondition, match="eagle"):
+    with (
+        DrafterClient(address, timeout_s=30, method="eagle") as client,
+        pytest.raises(FailedPrecondition, match="eagle"),
+    ):
         client.propose(ProposeRequest("s", CONTEXT, 4, 1, GREEDY))
 
 

@@ -86,7 +86,7 @@ def test_a_session_that_drafts_nothing_keeps_its_drafter_warm(tiny_tokenizer, ti
 
 def test_a_drafter_without_a_cache_is_not_warmed(tiny_tokenizer, tiny_verifier):
     from drafter_service.ngram_drafter import NgramDrafter
-    
+
     drafter = Recording(NgramDrafter(None, tiny_verifier.info()))
     generator = Generator(tiny_tokenizer, tiny_verifier, {"ngram": drafter})
     ids = tuple(tiny_tokenizer(GOLDEN_PROMPTS[0])["input_ids"])

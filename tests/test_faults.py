@@ -236,7 +236,9 @@ def test_partitioned_drafter_costs_only_its_timeout(reference, tiny_tokenizer, t
 
     spec = SpeculationOptions(drafter="model", draft_len=4, adaptive="off")
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(serve([servicer.service({"model": tiny_drafter})], ServerConfig(port=0, grace_s=0)))
+        server = stack.enter_context(
+            serve([servicer.service({"model": tiny_drafter})], ServerConfig(port=0, grace_s=0))
+        )
         link = stack.enter_context(LinkProxy(server.port))
         replicas = stack.enter_context(ReplicaSet(link.address, lambda a: DrafterClient(a, 0.3), drafter_probe,
                                                   ReplicaSetConfig(refresh_s=0.1)))
@@ -311,9 +313,9 @@ def test_lone_verifier_process_sigkilled_and_restarted(reference, tiny_tokenizer
     import subprocess
     import sys
 
-    from cache_service.local_redis import free_port
     from orchestrator.generator import Generator
     from specpipe.app.topology import READY_RE
+    from specpipe.devtools.local_redis import free_port
     from specpipe.serving.clients import VerifierClient
     from specpipe.serving.failover import ReplicatedVerifier, verifier_probe
     from specpipe.serving.replicas import ReplicaSet, ReplicaSetConfig

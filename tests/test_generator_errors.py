@@ -11,11 +11,33 @@ BAD = {
     "token id >= vocab": (GenerationRequest((1, 257), 8), InvalidArgument, "outside the vocabulary"),
     "max_new_tokens 0": (GenerationRequest(PROMPT, 0), InvalidArgument, "max_new_tokens"),
     "beyond context window": (GenerationRequest(PROMPT, 4096), InvalidArgument, "context window"),
-    "temperature < 0": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=-1)), InvalidArgument, "temperature"),
-    "top_p 0": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=0)), InvalidArgument, "top_p"),
-    "top_p > 1": (GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=2)), InvalidArgument, "top_p"),
-    "unknown drafter": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(drafter="magic")), InvalidArgument, "unknown drafter"),
-    "width 0": (GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(drafter="model", width=0, adaptive="off", draft_len=4)), InvalidArgument, "width"),
+    "temperature < 0": (
+        GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=-1)),
+        InvalidArgument,
+        "temperature",
+    ),
+    "top_p 0": (
+        GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=0)),
+        InvalidArgument,
+        "top_p",
+    ),
+    "top_p > 1": (
+        GenerationRequest(PROMPT, 8, sampling=SamplingParams(temperature=1, top_p=2)),
+        InvalidArgument,
+        "top_p",
+    ),
+    "unknown drafter": (
+        GenerationRequest(PROMPT, 8, speculation=SpeculationOptions(drafter="magic")),
+        InvalidArgument,
+        "unknown drafter",
+    ),
+    "width 0": (
+        GenerationRequest(
+            PROMPT, 8, speculation=SpeculationOptions(drafter="model", width=0, adaptive="off", draft_len=4)
+        ),
+        InvalidArgument,
+        "width",
+    ),
 }
 
 

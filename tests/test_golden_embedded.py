@@ -79,8 +79,11 @@ def test_failing_drafter_changes_nothing(tiny_tokenizer, tiny_verifier, referenc
     assert drafter.calls >= len(chunks) - 1  # every round but a last one-token round tried to draft
 
 
-@pytest.mark.parametrize("speculation", [SpeculationOptions(drafter="none"), SpeculationOptions(drafter="model", draft_len=4, adaptive="off")],
-                         ids=["verifier only", "chain k=4"])
+@pytest.mark.parametrize(
+    "speculation",
+    [SpeculationOptions(drafter="none"), SpeculationOptions(drafter="model", draft_len=4, adaptive="off")],
+    ids=["verifier only", "chain k=4"],
+)
 def test_sampling_same_seed_same_output(tiny_generator, references, speculation):
     ids, _ = references[GOLDEN_PROMPTS[3]]
     sampling = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=42)
@@ -123,8 +126,14 @@ def test_sessions_are_released(tiny_tokenizer, tiny_verifier, tiny_drafter, refe
     verifier, drafter = RecordingPeer(tiny_verifier), RecordingPeer(tiny_drafter)
     generator = Generator(tiny_tokenizer, verifier, {"model": drafter})
     ids, _ = references[GOLDEN_PROMPTS[4]]
-    stream = generator.generate(GenerationRequest(ids, MAX_NEW_TOKENS, request_id="cancelled",
-                                                  speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off")))
+    stream = generator.generate(
+        GenerationRequest(
+            ids,
+            MAX_NEW_TOKENS,
+            request_id="cancelled",
+            speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off"),
+        )
+    )
     next(stream)
     assert not verifier.released and not drafter.released  # still generating
     [session] = verifier.opened

@@ -51,6 +51,8 @@ def test_grpc_sampling_same_seed_as_embedded(cluster, seed):
     sampling = SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=seed)
     speculation = SpeculationOptions(drafter="model", draft_len=4, width=1, adaptive="off")
     ids = cluster.generator.encode(prompt=GOLDEN_PROMPTS[seed % len(GOLDEN_PROMPTS)])
-    embedded, _ = run(cluster.generator, GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling, speculation=speculation))
+    embedded, _ = run(
+        cluster.generator, GenerationRequest(ids, MAX_NEW_TOKENS, sampling=sampling, speculation=speculation)
+    )
     remote, _ = remote_tokens(cluster, ids, MAX_NEW_TOKENS, speculation, sampling)
     assert remote == embedded

@@ -40,10 +40,18 @@ def distributed_generator(redis_url, verifier, model_drafter):
     drafters = build_drafters(("model", "ngram", "hybrid"), drafter_store, model_drafter, model_drafter.info())
     with serve([verifier_servicer.service(verifier)], config) as verifier_server, \
             serve([drafter_servicer.service(drafters)], config) as drafter_server:
-        generator = remote_generator(OrchestratorConfig(
-            verifier_addr=verifier_server.address, drafter_addr=drafter_server.address, model=ModelConfig(preset="tiny"),
-            speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), cache=redis_url))
-        assert all(type(generator.drafters[kind]).__name__ == "ReplicatedDrafter" for kind in ("model", "ngram", "hybrid"))
+        generator = remote_generator(
+            OrchestratorConfig(
+                verifier_addr=verifier_server.address,
+                drafter_addr=drafter_server.address,
+                model=ModelConfig(preset="tiny"),
+                speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off"),
+                cache=redis_url,
+            )
+        )
+        assert all(
+            type(generator.drafters[kind]).__name__ == "ReplicatedDrafter" for kind in ("model", "ngram", "hybrid")
+        )
         yield generator
     drafter_store.close()
 
@@ -100,13 +108,18 @@ def test_hybrid_accepts_at_least_as_much_as_model_per_round(generator, reference
     for kind in ("model", "hybrid"):
         tokens = rounds = 0
         for ids, _ in references.values():
-            out, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(kind, 4, adaptive="off")))
+            out, chunks = run(
+                generator,
+                GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(kind, 4, adaptive="off")),
+            )
             tokens, rounds = tokens + len(out), rounds + len(chunks)
         per_round[kind] = tokens / rounds
     assert per_round["hybrid"] >= per_round["model"]
 
 
-def test_redis_down_mid_generation_changes_nothing_and_recovers(tiny_tokenizer, tiny_verifier, tiny_drafter, references):
+def test_redis_down_mid_generation_changes_nothing_and_recovers(
+    tiny_tokenizer, tiny_verifier, tiny_drafter, references
+):
     ids, expected = references[GOLDEN_PROMPTS[1]]  # a prompt whose n-gram drafts get accepted
     with redis_server() as server:
         cache = RedisNgramCache.from_url(server.url, timeout_s=0.2)
@@ -120,7 +133,9 @@ def test_redis_down_mid_generation_changes_nothing_and_recovers(tiny_tokenizer, 
         assert tokens == expected
         port = server.port
     with redis_server(port=port):  # the store is back on the same address
-        ngram_request = GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("ngram", 7, adaptive="off"))
+        ngram_request = GenerationRequest(
+            ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("ngram", 7, adaptive="off")
+        )
         tokens, chunks = run(generator, ngram_request)
         assert tokens == expected
         assert sum(c.round.accepted for c in chunks) > 0  # drafting from the context, the store back

@@ -49,14 +49,29 @@ def smollm2_grpc(smollm2):
         yield Generator(generator.tokenizer, verifier_client, {"model": drafter_client}), verifier
 
 
-@pytest.mark.parametrize("speculation, chats", [
-    pytest.param(SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), CHATS[:2], id="chain k=4, chats 1-2",
-                 marks=pytest.mark.slow),  # a real model
-    pytest.param(SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), CHATS[2:], id="chain k=4, chats 3-4",
-                 marks=pytest.mark.slow),
-    pytest.param(SpeculationOptions(drafter="model", draft_len=3, width=3, adaptive="off"), CHATS, id="tree k=3 width=3",
-                 marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "speculation, chats",
+    [
+        pytest.param(
+            SpeculationOptions(drafter="model", draft_len=4, adaptive="off"),
+            CHATS[:2],
+            id="chain k=4, chats 1-2",
+            marks=pytest.mark.slow,
+        ),  # a real model
+        pytest.param(
+            SpeculationOptions(drafter="model", draft_len=4, adaptive="off"),
+            CHATS[2:],
+            id="chain k=4, chats 3-4",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            SpeculationOptions(drafter="model", draft_len=3, width=3, adaptive="off"),
+            CHATS,
+            id="tree k=3 width=3",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_smollm2_speculative_equals_verifier_greedy(smollm2, speculation, chats):
     generator, verifier = smollm2
     drafted = accepted = 0
@@ -74,7 +89,12 @@ def test_smollm2_over_grpc_equals_verifier_greedy(smollm2_grpc):
     generator, verifier = smollm2_grpc
     for chat in CHATS[:2]:
         ids = generator.encode(messages=[("user", chat)])
-        tokens, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off")))
+        tokens, _ = run(
+            generator,
+            GenerationRequest(
+                ids, MAX_NEW_TOKENS, speculation=SpeculationOptions(drafter="model", draft_len=4, adaptive="off")
+            ),
+        )
         assert tokens == reference_greedy(verifier.model, ids, MAX_NEW_TOKENS), chat
 
 

@@ -132,11 +132,26 @@ def test_the_image_builds_and_its_three_roles_serve(image, tmp_path):
                 {role: (tmp_path / f"{role}.log").read_text()[-2000:] for role in servers}
             time.sleep(1)
         verifier_log = (tmp_path / "verifier.log").read_text()
-        assert "Traceback" not in verifier_log and "/tmp/.cache/specpipe/kernels" in verifier_log  # not the read-only /models
+        assert (
+            "Traceback" not in verifier_log and "/tmp/.cache/specpipe/kernels" in verifier_log
+        )  # not the read-only /models
 
         def generate(*flags: str) -> dict:
-            proc = run(sys.executable, "-m", "specpipe.cli.main", "generate", "--addr", f"127.0.0.1:{ports['orchestrator']}",
-                       "--prompt", "def fibonacci(n):", "--max-new-tokens", "24", "--json", *flags, timeout=120)
+            proc = run(
+                sys.executable,
+                "-m",
+                "specpipe.cli.main",
+                "generate",
+                "--addr",
+                f"127.0.0.1:{ports['orchestrator']}",
+                "--prompt",
+                "def fibonacci(n):",
+                "--max-new-tokens",
+                "24",
+                "--json",
+                *flags,
+                timeout=120,
+            )
             assert proc.returncode == 0, proc.stderr
             return json.loads(proc.stdout)
 

@@ -13,7 +13,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "simulated-gpu")
 KUBERNETES_VERSION = "1.32.0"
 CRDS = {("keda.sh/v1alpha1", "ScaledObject"),  # not in the core schemas: checked below instead
         ("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
@@ -100,7 +100,9 @@ def test_verifier_has_a_headless_service(objects):
     headless = [s for s in of_kind(objects, "Service") if s["spec"].get("clusterIP") == "None"]
     assert any(s["spec"]["selector"]["app.kubernetes.io/component"] == "verifier" for s in headless)
     orchestrator = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "specpipe-orchestrator")
-    assert "dns:///specpipe-verifier-headless:50052" in orchestrator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert (
+        "dns:///specpipe-verifier-headless:50052" in orchestrator["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
 
 
 def test_network_policy_denies_by_default_and_allows_the_flows(objects):
@@ -148,7 +150,9 @@ def test_redis_has_an_acl_user_from_a_secret_and_is_a_bounded_cache(objects):
     for d in of_kind(objects, "Deployment"):  # the services log in as that user, password from the Secret
         env = {e["name"]: e for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
         if "SPECPIPE_CACHE" in env:
-            assert env["SPECPIPE_CACHE"]["value"].startswith("redis://specpipe:$(REDIS_PASSWORD)@"), d["metadata"]["name"]
+            assert env["SPECPIPE_CACHE"]["value"].startswith("redis://specpipe:$(REDIS_PASSWORD)@"), d["metadata"][
+                "name"
+            ]
             assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "specpipe-redis", "key": "password"}
 
 
@@ -160,15 +164,17 @@ def test_the_redis_start_script_serves_the_services_url(tmp_path):
 
     import redis as redis_py
 
-    from cache_service import local_redis
     from cache_service.stores import open_store
+    from specpipe.devtools import local_redis
 
     if local_redis.find_binary() is None:
         pytest.skip(local_redis.NOT_FOUND)
     objects = render("cpu")
     script = redis_container(objects)["args"][0].rstrip().replace("/data/", f"{tmp_path}/")
     port = local_redis.free_port()
-    script = script.replace("exec redis-server", f"exec {local_redis.find_binary()}") + f" --port {port} --bind 127.0.0.1"
+    script = (
+        script.replace("exec redis-server", f"exec {local_redis.find_binary()}") + f" --port {port} --bind 127.0.0.1"
+    )
     orchestrator = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "specpipe-orchestrator")
     url = next(e["value"] for e in orchestrator["spec"]["template"]["spec"]["containers"][0]["env"]
                if e["name"] == "SPECPIPE_CACHE").split()[0]
@@ -225,7 +231,9 @@ def test_the_tls_component_mounts_certificates_and_probes_in_plaintext(monkeypat
         assert all(c[p]["grpc"]["port"] == health for p in ("startupProbe", "readinessProbe", "livenessProbe")), name
         certificate = certificates[f"specpipe-tls-{role}"]["spec"]
         assert {"server auth", "client auth"} <= set(certificate["usages"]), name
-        assert f"specpipe-{role}-headless" in certificate["dnsNames"] and certificate["issuerRef"]["name"] == "specpipe-ca"
+        assert (
+            f"specpipe-{role}-headless" in certificate["dnsNames"] and certificate["issuerRef"]["name"] == "specpipe-ca"
+        )
         for key, value in env.items():  # the CLI reads these variables as the flags' defaults
             monkeypatch.setenv(key, value or "")
         args = build_parser().parse_args(["serve", role])
@@ -273,3 +281,20 @@ def test_gpu_overlay_requests_gpus_and_cuda():
             c = spec["containers"][0]
             assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and spec["tolerations"] and spec["nodeSelector"]
             assert " ".join(c["args"]).endswith("--device cuda --compile on")
+
+
+def test_the_simulated_gpu_overlay_holds_the_model_services_to_a_packaged_curve():
+    """overlays/simulated-gpu: the verifier's and the drafter's args are flags `specpipe serve` takes, and
+    the curve they name loads for each role; the serving overlays hold no forward to a curve."""
+    from specpipe.cli.main import build_parser
+    from specpipe.engine.costmodel import load_curve
+
+    containers = {name: spec["containers"][0] for name, spec in pod_specs(render("simulated-gpu"))}
+    for role in ("verifier", "drafter"):
+        args = containers[f"specpipe-{role}"]["args"]
+        parsed = build_parser().parse_args(args)
+        assert parsed.cost_model == "nvidia-h200-qwen-coder"
+        assert load_curve(parsed.cost_model, role).device == "NVIDIA H200"
+    for overlay in ("cpu", "gpu"):
+        specs = pod_specs(render(overlay))
+        assert not any("--cost-model" in spec["containers"][0].get("args", ()) for _, spec in specs)

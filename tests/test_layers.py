@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

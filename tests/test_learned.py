@@ -56,13 +56,17 @@ def test_weights_and_shares_choose_and_stop():
     assert found.confidence == pytest.approx((evidence(2, 2 / 3), evidence(2, 1 / 3), evidence(2, 1.0)))
     # min_share: a first token with share 1/3 stops the draft at once where min_share > 1/3
     store = store_of([3, 4, 5], [3, 4, 6], [3, 4, 7])
-    assert learned.lookup(store, [3, 4], k=2, width=1, config=LearnedConfig(index_n=2, min_share=0.4)).draft.tokens == ()
+    assert (
+        learned.lookup(store, [3, 4], k=2, width=1, config=LearnedConfig(index_n=2, min_share=0.4)).draft.tokens == ()
+    )
     assert learned.lookup(store, [3, 4], k=2, width=1, config=CONFIG).draft.tokens == (7,)
 
 
 def test_ties_go_to_the_most_recent_occurrence():
     store = store_of([3, 4, 5, 0], [3, 4, 50, 0])
-    assert learned.lookup(store, [3, 4], k=1, width=1, config=LearnedConfig(index_n=2, min_share=0.5)).draft.tokens == (50,)
+    assert learned.lookup(store, [3, 4], k=1, width=1, config=LearnedConfig(index_n=2, min_share=0.5)).draft.tokens == (
+        50,
+    )
 
 
 def test_lru_eviction_keeps_what_was_drafted_from():

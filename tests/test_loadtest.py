@@ -194,7 +194,9 @@ def test_records_round_trip(tmp_path):
     assert read_records(path) == [record(), record(status="UNAVAILABLE", ttft=None, itl=(), tokens=0)]
 
 
-@pytest.mark.parametrize("t, expected", [(0.0, 1), (9.9, 1), (10.0, 2), (25.0, 4), (49.9, 16), (50.0, None), (-1, None)])
+@pytest.mark.parametrize(
+    "t, expected", [(0.0, 1), (9.9, 1), (10.0, 2), (25.0, 4), (49.9, 16), (50.0, None), (-1, None)]
+)
 def test_steps_hold_each_level(t, expected):
     assert steps_users(t, (1, 2, 4, 8, 16), hold_s=10.0) == expected
 
@@ -240,7 +242,8 @@ def test_up_table_and_locust_command(tmp_path):
              "OpenAI-compatible API: http://127.0.0.1:41000/v1 (curl http://127.0.0.1:41000/v1/models)\n"
              "specpipe up: ready (preset tiny); logs in /tmp/x; Ctrl-C stops all services\n")
     assert parse_up_table(table) == ({"orchestrator": "127.0.0.1:36527", "verifier": "127.0.0.1:32861"},
-                                     {"orchestrator": 12064, "verifier": 11809}, "http://127.0.0.1:41000")
+                                     {"orchestrator": 12064, "verifier": 11809}, "http://127.0.0.1:41000",
+                                     {"orchestrator": 43575, "verifier": 34199})
     constant = locust_command(LocustRun("h:1", tmp_path, "constant", 4, 20.0, "1,2", 5.0, ("--suite", "gsm8k")))
     assert constant[constant.index("-u") + 1] == "4" and constant[constant.index("-t") + 1] == "20s"
     assert "shapes.py" not in constant[constant.index("-f") + 1] and constant[-2:] == ["--suite", "gsm8k"]
@@ -290,7 +293,8 @@ def csv_rows(path: Path) -> dict[str, dict]:
 @pytest.mark.slow  # `specpipe up` and Locust: 35 s; Locust runs in the default suite in the next test and test_tls.py
 def test_smoke_tiny_4_users(tmp_path):
     proc, summary = loadtest(tmp_path, "--preset", "tiny", "--shape", "constant", "--users", "4", "--run-time", "8",
-                             "--max-new-tokens", "32", "--prompt-limit", "5", "--slo", "ttft=60000,itl=60000")
+                             "--max-new-tokens", "32", "--prompt-limit", "5", "--slo", "ttft=60000,itl=60000",
+                             "--itl-events", "token")
     assert proc.returncode == 0, proc.stderr
     stats = csv_rows(tmp_path / "locust_stats.csv")
     assert int(stats["Aggregated"]["Failure Count"]) == 0
@@ -310,6 +314,25 @@ def test_smoke_tiny_4_users(tmp_path):
     assert 0 < level["ttft_p50_ms"] <= level["ttft_p99_ms"] and 0 <= level["itl_p50_ms"] <= level["itl_p99_ms"]
     assert_rounds_counted(records)
     assert level["tokens_per_round"] == sum(r.tokens for r in records) / sum(r.rounds for r in records)
+
+
+@pytest.mark.slow  # `specpipe up` and Locust: 40 s
+def test_a_load_at_gpu_speed_reports_where_the_cpu_goes(tmp_path):
+    """Through a `specpipe up` whose verifier and drafter are held to the packaged H200 curve: every level
+    has the CPU of each service's hops and processes (the load generator's too) and the verifier's
+    busy share, and the run names its clock."""
+    proc, summary = loadtest(tmp_path, "--preset", "tiny", "--up-args", "--cost-model nvidia-h200-qwen-coder",
+                             "--shape", "steps", "--levels", "1,4", "--hold-s", "6", "--max-new-tokens", "24",
+                             "--prompt-limit", "5")
+    assert proc.returncode == 0, proc.stderr
+    (costs,) = summary["costs"].values()
+    assert [c["users"] for c in costs] == [1, 4]
+    for level in costs:
+        assert 0 < level["busy_share"] <= 1.0 and level["tokens"] > 0 and level["forwards"] > 0
+        hops = level["hop_cpu_s"]
+        assert hops["orchestrator/orchestrator/call"] > 0 and hops["verifier/verifier/forward"] > 0
+        assert {"orchestrator", "verifier", "drafter", "load generator"} <= set(level["process_cpu_s"])
+    assert "NVIDIA H200" in next(iter(summary["clocks"].values()))
 
 
 @pytest.mark.slow  # `specpipe up` and Locust: 30 s
@@ -402,8 +425,10 @@ def test_servers_compared_in_one_run_are_labelled():
     assert "| 8 | 10.0 | 40.0 | 50.0 | 4.00x | 5.00x | 1.25x |" in table
     # Both servers with both drafters: batching at equal drafters, and each server's speculation.
     table = comparison_table({"unbatched none": [replace(level, tokens_per_s=5.0)], **runs})
-    assert "| unbatched default / unbatched none | batched none / unbatched none | batched default / unbatched none | " \
-           "batched default / batched none | batched default / unbatched default |" in table
+    assert (
+        "| unbatched default / unbatched none | batched none / unbatched none | batched default / unbatched none | "
+        "batched default / batched none | batched default / unbatched default |" in table
+    )
     assert "| 8 | 5.0 | 10.0 | 40.0 | 50.0 | 2.00x | 8.00x | 10.00x | 1.25x | 5.00x |" in table
 
 

@@ -155,8 +155,26 @@ def test_no_compiler_is_a_clear_error(tmp_path):
 def _generate(env_home: str, home: str, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPECPIPE_HOME": env_home, "HOME": home}
     env.pop("SPECPIPE_KERNELS", None)
-    return subprocess.run([sys.executable, "-m", "specpipe.cli.main", "generate", "--preset", "tiny", "--prompt", "hi",
-                           "--max-new-tokens", "4", "--json", *flags], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specpipe.cli.main",
+            "generate",
+            "--preset",
+            "tiny",
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "4",
+            "--json",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow  # builds the kernel afresh and starts three CLI processes

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from specpipe.core.learned import MATCH_TOKENS, evidence
 from specpipe.core.ngram import (
     NgramConfig,
     after_chain,
@@ -20,7 +21,6 @@ from specpipe.core.ngram import (
     record,
     verifier_branches,
 )
-from specpipe.core.learned import MATCH_TOKENS, evidence
 from specpipe.core.types import ROOT, Draft
 
 

@@ -71,10 +71,9 @@ def test_completions_equal_the_verifier_alone_streamed_or_not(client, generator,
 
 
 def test_token_id_prompts_and_the_grpc_api_give_the_same_tokens(client, generator):
+    from orchestrator import servicer
     from specpipe.serving.clients import GenerationClient
     from specpipe.serving.server import ServerConfig, serve
-
-    from orchestrator import servicer
 
     prompt_ids = list(generator.encode(prompt=PROMPTS[0]))
     _, expected = alone(generator, prompt_ids)
@@ -220,10 +219,9 @@ def test_a_client_that_goes_away_frees_its_sessions(server, generator):
 
 
 def test_http_and_grpc_clients_at_once(server, generator):
+    from orchestrator import servicer
     from specpipe.serving.clients import GenerationClient
     from specpipe.serving.server import ServerConfig, serve
-
-    from orchestrator import servicer
 
     expected = {p: alone(generator, generator.encode(prompt=p))[1] for p in PROMPTS}
     got, errors = {}, []

@@ -61,7 +61,9 @@ def start_local_ray(**kwargs) -> None:
 
         for child in psutil.Process().children(recursive=True):  # that start's GCS, raylet and helpers
             try:
-                if child.name().startswith(("gcs_server", "raylet", "ray::")) or "site-packages/ray/" in " ".join(child.cmdline()):
+                if child.name().startswith(("gcs_server", "raylet", "ray::")) or "site-packages/ray/" in " ".join(
+                    child.cmdline()
+                ):
                     child.kill()
             except psutil.Error:  # gone already
                 pass
@@ -76,8 +78,12 @@ def app():
 
     config = tiny_config(verifier_replicas=2)
     # Ray's workers import specpipe from this checkout, whatever is installed
-    start_local_ray(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                    runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}})
+    start_local_ray(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))}},
+    )
     try:
         launch.start(config, timeout_s=180)
         HTTP["url"] = f"http://127.0.0.1:{config['http_options']['port']}"  # Serve's HTTP proxy
@@ -174,7 +180,8 @@ def test_ray_concurrent_sessions_pinned_apart_and_a_lost_replica(app, references
     assert history[0] == one.replica and history[-1] == two.replica  # re-prefilled on the live replica
 
 
-@pytest.mark.slow  # the local Ray cluster alone takes 40 s to start (the router and manifests: test_ray_router.py, test_k8s_ray.py)
+# The local Ray cluster alone takes 40 s to start (the router and manifests: test_ray_router.py, test_k8s_ray.py).
+@pytest.mark.slow
 def test_ray_health_and_errors(app):
     from ray.serve.generated import serve_pb2, serve_pb2_grpc
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cache_service import local_redis
-from cache_service.local_redis import RedisTls
 from specpipe.core.errors import SpecpipeError
+from specpipe.devtools import local_redis
+from specpipe.devtools.local_redis import RedisTls
 from specpipe.serving.pki import make_pki
 
 if local_redis.find_binary() is None:

@@ -144,8 +144,12 @@ def test_generate_request_zeros_take_the_server_defaults():
     _, request = convert.generate_request_from_proto(msg, DEFAULTS)
     assert request.speculation == DEFAULTS
     assert request.sampling == GREEDY and request.request_id == "" and request.stop == ()
-    partial = generation_pb2.GenerateRequest(prompt="x", speculation=generation_pb2.SpeculationOptions(draft_len=2, adaptive="off"))
-    assert convert.generate_request_from_proto(partial, DEFAULTS)[1].speculation == SpeculationOptions("model", 2, 2, adaptive="off")
+    partial = generation_pb2.GenerateRequest(
+        prompt="x", speculation=generation_pb2.SpeculationOptions(draft_len=2, adaptive="off")
+    )
+    assert convert.generate_request_from_proto(partial, DEFAULTS)[1].speculation == SpeculationOptions(
+        "model", 2, 2, adaptive="off"
+    )
 
 
 def test_generate_request_without_input_is_invalid():

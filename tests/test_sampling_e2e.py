@@ -30,7 +30,9 @@ def test_first_and_second_tokens_follow_verifier_distribution(tiny_verifier, tin
         if len(emitted) > 1:
             pairs.setdefault(emitted[0], torch.zeros(257))[emitted[1]] += 1
 
-    p_first = warp(runner.forward(model, runner.new_cache(model), CONTEXT)[-1], SamplingParams(temperature=1.0, top_k=4))
+    p_first = warp(
+        runner.forward(model, runner.new_cache(model), CONTEXT)[-1], SamplingParams(temperature=1.0, top_k=4)
+    )
     assert _chi_square(counts_first, p_first) < CHI2_999[4]
     # The second token, given the first, when drafts were accepted often enough to test it.
     first, counts_second = max(pairs.items(), key=lambda kv: kv[1].sum())

@@ -29,7 +29,8 @@ def arm_prompts(args):
 
 def run_arms(generators: dict, prompts, max_new_tokens: int, speculation, name: str, before=None) -> tuple[list, dict]:
     """generators: arm -> embedded generator; speculation: the requests' options, or arm -> options;
-    before(arm), if given, runs ahead of each arm's turn. Returns the per-prompt rows and arm -> {tokens, seconds, tokens_per_s}."""
+    before(arm), if given, runs ahead of each arm's turn. Returns the per-prompt rows and
+    arm -> {tokens, seconds, tokens_per_s}."""
     arms = list(generators)
     rows, totals = [], {arm: [0.0, 0] for arm in arms}
     for i, prompt in enumerate(prompts):

@@ -7,11 +7,14 @@ drift hits all; every arm's output must be the same.
 """
 
 from arms import arm_parser, arm_prompts, run_arms, write_json
+
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config
 
 parser = arm_parser(__doc__)
-parser.add_argument("--option", required=True, help="the option's name as generator_config reads it, e.g. draft_weights")
+parser.add_argument(
+    "--option", required=True, help="the option's name as generator_config reads it, e.g. draft_weights"
+)
 parser.add_argument("--values", required=True, help="the arms: the option's values, comma-separated")
 args = parser.parse_args()
 

@@ -6,7 +6,7 @@ must be the same. Name the constant where it is read (the module that uses it at
     python3 bench-results/recipes/constant-ab.py --constant orchestrator.generator.STOP_CONFIDENCE \
         --values 0,0.4 --suite mtbench --limit 8
     python3 bench-results/recipes/constant-ab.py --constant orchestrator.schedules.WARM_LAG \
-        --values 32,1000000 --prompts bench-results/engine-2026-11-27/outside-prompts.jsonl
+        --values 32,1000000 --prompts bench-results/recipes/outside-prompts.jsonl
     python3 bench-results/recipes/constant-ab.py --constant orchestrator.adaptive.EVIDENCE_SOURCES \
         --values "global;global,context" --suite humaneval --limit 5
 
@@ -16,6 +16,7 @@ A tuple constant's arms are separated by ';', its items by ','.
 import importlib
 
 from arms import arm_parser, arm_prompts, run_arms, write_json
+
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config
 

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 
 from arms import arm_parser, arm_prompts, run_arms, write_json
+
 from orchestrator import schedules
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config

@@ -11,9 +11,9 @@ arms in turn on every prompt (the order alternating). Not in the product: it los
 import math
 
 import torch
+from arms import arm_parser, arm_prompts, run_arms, write_json
 from torch import nn
 
-from arms import arm_parser, arm_prompts, run_arms, write_json
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config
 from specpipe.engine import native

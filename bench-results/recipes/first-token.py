@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 
 from arms import arm_parser, arm_prompts
+
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config
 from specpipe.core.types import GenerationRequest

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Warm-ups A/B (docs/results/2026-11-25-load-curve-256-tokens.md, "Warm drafters"): the code before them (a worktree of 3ffd49c:
 #   git worktree add /tmp/oldtree 3ffd49c) and this checkout, `specpipe up --pin`, the model drafter
-# at LEVELS users; each service's metrics scraped around each run (bench-results/load-qwen-coder-warm-ab/metrics_delta.py DIR old new).
+# at LEVELS users; each service's metrics scraped around each run (python3 bench-results/recipes/metrics-delta.py DIR old new --summary).
+. "$(dirname "$0")/lib.sh"  # --help; run_folder
 NEW_TREE=$(cd "$(dirname "$0")/../.." && pwd); OLD_TREE=${OLD_TREE:-/tmp/oldtree}
 LEVELS=${LEVELS:-4,8}; HOLD=${HOLD:-90}; TOK=${TOK:-128}; OUT=${OUT:-/tmp/inv/ab}
 mkdir -p $OUT

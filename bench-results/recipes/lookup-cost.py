@@ -9,9 +9,9 @@ PYTHONPATH=<a worktree of another revision> (the drafts must be the same: --json
 import json
 import time
 
+from arms import arm_parser, arm_prompts
 from transformers import AutoTokenizer
 
-from arms import arm_parser, arm_prompts
 from specpipe.core.ngram import context_lookup
 from specpipe.engine.packaged import model_dir
 
@@ -25,7 +25,9 @@ tokenizer = AutoTokenizer.from_pretrained(model_dir(args.tokenizer), local_files
 contexts = []
 for prompt in arm_prompts(args):
     chat = [{"role": role, "content": content} for role, content in prompt.messages]
-    ids = list(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    ids = list(
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    )
     contexts += [ids[:cut] for cut in range(len(ids) // 2, len(ids) + 1, 8)]
 
 best = float("inf")
@@ -34,8 +36,10 @@ for _ in range(args.repeats):
     drafts = [context_lookup(context, args.k, 1) for context in contexts]
     best = min(best, time.perf_counter() - start)
 tokens = sum(len(found.draft.tokens) for found in drafts)
-print(f"{len(contexts)} lookups of up to {args.k} tokens over contexts of {sum(map(len, contexts)) / len(contexts):.0f} "
-      f"tokens: {best / len(contexts) * 1e3:.3f} ms a lookup, {tokens / len(contexts):.1f} tokens drafted")
+print(
+    f"{len(contexts)} lookups of up to {args.k} tokens over contexts of {sum(map(len, contexts)) / len(contexts):.0f} "
+    f"tokens: {best / len(contexts) * 1e3:.3f} ms a lookup, {tokens / len(contexts):.1f} tokens drafted"
+)
 if args.json:
     with open(args.json, "w") as f:
         json.dump({"ms_per_lookup": best / len(contexts) * 1e3, "lookups": len(contexts),

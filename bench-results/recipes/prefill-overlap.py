@@ -57,5 +57,8 @@ for repeat in range(args.repeats):
         thread.start()
     for thread in threads:
         thread.join()
-    print(f"| {repeat + 1} | {alone['verifier']:.0f} | {alone['drafter']:.0f} | {alone['verifier'] + alone['drafter']:.0f} "
-          f"| {overlapped['verifier']:.0f} | {overlapped['drafter']:.0f} |")
+    print(
+        f"| {repeat + 1} | {alone['verifier']:.0f} | {alone['drafter']:.0f} "
+        f"| {alone['verifier'] + alone['drafter']:.0f} "
+        f"| {overlapped['verifier']:.0f} | {overlapped['drafter']:.0f} |"
+    )

@@ -5,9 +5,10 @@
 # compare the ratios within a run (specpipe's default over the run's own baselines), which the
 # summary prints per run and averaged per revision. Run from the repository root, e.g.
 #
-#   BEFORE=263b08c^ AFTER=263b08c OUT=bench-results/engine-2026-11-28/ab-forward-plan \
+#   BEFORE=263b08c^ AFTER=263b08c OUT=bench-results/2026-11-28-forward-plan/ab-forward-plan \
 #     bash bench-results/recipes/revision-ab.sh --preset smollm2 --suite humaneval --limit 5 \
 #     --max-new-tokens 128 --baselines generate-threads,prompt-lookup --prompt-lookup-tokens 10
+. "$(dirname "$0")/lib.sh"  # --help; run_folder
 set -euo pipefail
 BEFORE=${BEFORE:-HEAD^}
 AFTER=${AFTER:-HEAD}

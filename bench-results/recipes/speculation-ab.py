@@ -5,12 +5,13 @@ on every prompt (the order alternating), so a host's drift hits all; every arm's
     python3 bench-results/recipes/speculation-ab.py --field width --values 1,2 --suite mtbench --limit 8
     python3 bench-results/recipes/speculation-ab.py --field draft_len --values 8,16 --suite humaneval
     python3 bench-results/recipes/speculation-ab.py --field width --values 1,2 \
-        --prompts bench-results/engine-2026-11-27/outside-prompts.jsonl
+        --prompts bench-results/recipes/outside-prompts.jsonl
 """
 
 from dataclasses import fields, replace
 
 from arms import arm_parser, arm_prompts, run_arms, write_json
+
 from specpipe.app.wiring import embedded_generator
 from specpipe.config.services import generator_config
 from specpipe.core.types import SpeculationOptions

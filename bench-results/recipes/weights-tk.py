@@ -42,7 +42,13 @@ for repeat in range(args.repeats):
             seconds = time.perf_counter() - start
             runners.crop(caches[w], args.context)
             best[w][k] = min(best[w].get(k, seconds), seconds)
-print("| k | " + " | ".join(f"{w} ms" for w in weights) + " | " + " | ".join(f"{w} / {weights[0]}" for w in weights[1:]) + " |")
+print(
+    "| k | "
+    + " | ".join(f"{w} ms" for w in weights)
+    + " | "
+    + " | ".join(f"{w} / {weights[0]}" for w in weights[1:])
+    + " |"
+)
 print("| ---: |" + " ---: |" * (2 * len(weights) - 1))
 for k in sizes:
     times = [best[w][k] for w in weights]

@@ -5,12 +5,12 @@
         --csv out/locust --html out/locust.html --records out/requests.jsonl
     locust -f deploy/locust/locustfile.py --headless --host http://127.0.0.1:8000 --api openai ...
 
-Each generation fires one Locust request event per measure: `ttft` (call -> first chunk), `itl`
-(one per token of every later chunk: the chunk's gap split over its tokens) and `e2e` (the whole
-stream; its response length is the tokens received). A failed call is one `e2e` failure named by
-its gRPC status (HTTP: HTTP_<code>). With --records every call also becomes a JSON line (specpipe.bench.loadstats), from which
-`specpipe loadtest` computes tokens/s, percentiles and goodput per user level. Add shapes.py
-(`-f deploy/locust/locustfile.py,deploy/locust/shapes.py --shape steps`) for the load shapes."""
+Each generation fires one Locust request event per measure: `ttft` (call -> first chunk), `itl` (one per token
+of every later chunk: the chunk's gap split over its tokens) and `e2e` (the whole stream; its response length
+is the tokens received). A failed call is one `e2e` failure named by its gRPC status (HTTP: HTTP_<code>). With
+--records every call also becomes a JSON line (specpipe.bench.loadstats), from which `specpipe loadtest`
+computes tokens/s, percentiles and goodput per user level. Add shapes.py for the load shapes:
+`-f deploy/locust/locustfile.py,deploy/locust/shapes.py --shape steps`."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from specpipe.serving.clients import GenerationClient
 from specpipe.serving.security import Tls, read_token
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
+ITL_EVENTS = ("token", "chunk", "off")
 LOAD = LoadtestConfig()  # `specpipe loadtest`'s defaults (it passes every flag; these serve `locust -f` alone)
 
 
@@ -49,14 +50,18 @@ def _add_options(parser) -> None:
                         "(default: %(default)s)")
     parser.add_argument("--suite", default=LOAD.suite, help="prompts: humaneval, mtbench, gsm8k, random, noise or mix "
                         "(code, chat and math in turn) (default: %(default)s)")
-    parser.add_argument("--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts taken from each suite (default: %(default)s)")
+    parser.add_argument(
+        "--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts taken from each suite (default: %(default)s)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=environment().max_new_tokens or LOAD.max_new_tokens,
                         help="tokens per generation (default: %(default)s; env SPECPIPE_MAX_NEW_TOKENS)")
     parser.add_argument("--deadline-s", type=float, default=LOAD.deadline_s,
                         help="client deadline of every call (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=LOAD.temperature, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=LOAD.top_p)
-    parser.add_argument("--seed", type=int, default=LOAD.seed, help="prompt order and sampling seeds (default: %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=LOAD.seed, help="prompt order and sampling seeds (default: %(default)s)"
+    )
     # Speculation, per request: empty / 0 = the server's default
     parser.add_argument("--drafter", default="", help="model, ngram, hybrid or none (speculation off)")
     parser.add_argument("--draft-len", type=int, default=0)
@@ -64,6 +69,10 @@ def _add_options(parser) -> None:
     parser.add_argument("--schedule", default="", help="sequential or branch")
     parser.add_argument("--adaptive", default="", help="on or off")
     parser.add_argument("--records", default="", help="append one JSON line per call to this file")
+    parser.add_argument("--itl-events", default="token", choices=ITL_EVENTS,
+                        help="Locust's itl entries: token (one event per token), chunk (one per chunk, its "
+                        "per-token gap, length its tokens: far less of the load generator's CPU at thousands of "
+                        "tokens a second) or off; the --records are the same either way (default: %(default)s)")
     # Transport security of the calls (docs/security.md); --grpc-: Locust's own --tls-* serve its web UI
     parser.add_argument("--grpc-tls-ca", default="", help="TLS, trusting this CA (default: plaintext)")
     parser.add_argument("--grpc-tls-cert", default="", help="client certificate (mutual TLS)")
@@ -79,6 +88,7 @@ class Workload:
     temperature: float
     top_p: float
     speculation: types.SpeculationOptions | None  # None = the server's defaults
+    itl_events: str = "token"  # ITL_EVENTS
 
 
 def workload(options) -> Workload:
@@ -91,7 +101,7 @@ def workload(options) -> Workload:
     # Fields left empty / 0 on the wire take the server's defaults (convert.speculation_from_proto).
     speculation = types.SpeculationOptions(**given, predictor="", hypotheses=0) if any(given.values()) else None
     return Workload(tuple(prompts), options.max_new_tokens, options.deadline_s, options.temperature, options.top_p,
-                    speculation)
+                    speculation, options.itl_events)
 
 
 class RecordLog:
@@ -116,6 +126,7 @@ def _on_init(environment, **_kwargs) -> None:
         GenerateUser.workload = workload(environment.parsed_options)
         GenerateUser.records = RecordLog(environment.parsed_options.records)
         GenerateUser.order = itertools.count()
+        GenerateUser.started = itertools.count()
         options = environment.parsed_options
         GenerateUser.tls = Tls.from_files(options.grpc_tls_cert, options.grpc_tls_key, options.grpc_tls_ca)
         GenerateUser.auth_token = read_token(options.grpc_auth_token_file or None)
@@ -140,15 +151,18 @@ class GenerateUser(User):
     workload: Workload
     records: RecordLog
     order: itertools.count
+    started: itertools.count  # users started, for the host each takes
     tls: Tls | None = None
     auth_token: str | None = None
     api: str = "grpc"
 
     def on_start(self) -> None:
+        hosts = self.host.split(",")  # several orchestrator replicas: the users take them in turn
+        host = hosts[next(GenerateUser.started) % len(hosts)]
         if self.api == "openai":
-            self.client = OpenAIStream(self.host, self.workload, self.auth_token, self.options_ca())
+            self.client = OpenAIStream(host, self.workload, self.auth_token, self.options_ca())
         else:
-            self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s, tls=self.tls,
+            self.client = GenerationClient(host, timeout_s=self.workload.deadline_s, tls=self.tls,
                                            auth_token=self.auth_token)
 
     def options_ca(self) -> str | bool:
@@ -166,7 +180,9 @@ class GenerateUser(User):
     def generate(self) -> None:
         w, n = self.workload, next(self.order)
         prompt = w.prompts[n % len(w.prompts)]
-        sampling = types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
+        sampling = (
+            types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
+        )
         users = self.environment.runner.target_user_count
         start_s, tokens, ttft_ms, itls, status = time.time(), 0, None, [], OK
         rounds, parts = Counter(), Counter()
@@ -184,9 +200,13 @@ class GenerateUser(User):
                     ttft_ms = (now - started) * 1e3
                     self.fire("ttft", ttft_ms, count)
                 else:
-                    for itl_ms in itl_per_token((now - last) * 1e3, count):
-                        itls.append(round(itl_ms, 3))
-                        self.fire("itl", itl_ms, 1)
+                    gaps = itl_per_token((now - last) * 1e3, count)
+                    itls += (round(itl_ms, 3) for itl_ms in gaps)
+                    if w.itl_events == "token":
+                        for itl_ms in gaps:
+                            self.fire("itl", itl_ms, 1)
+                    elif w.itl_events == "chunk":
+                        self.fire("itl", gaps[0], count)
                 tokens, last = tokens + count, now
         except SpecpipeError as err:
             status = err.code
@@ -236,9 +256,15 @@ class OpenAIStream:
 
     def _generate(self, prompt: Prompt, sampling: types.SamplingParams):
         w = self.workload
-        body = {"model": self.model, "messages": [{"role": role, "content": content} for role, content in prompt.messages],
-                "max_tokens": w.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {
+            "model": self.model,
+            "messages": [{"role": role, "content": content} for role, content in prompt.messages],
+            "max_tokens": w.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         if sampling.seed:
             body["seed"] = sampling.seed
         if w.speculation is not None:

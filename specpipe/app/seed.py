@@ -10,6 +10,7 @@ import pathlib
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specpipe.config.services import SeedConfig
 from specpipe.core.errors import InvalidArgument
@@ -84,7 +85,7 @@ def documents(path: pathlib.Path) -> Iterator[tuple[str, int]]:
             yield jsonl_text(record), len(line)
 
 
-def jsonl_text(record) -> str:
+def jsonl_text(record: Any) -> str:
     """A .jsonl line's document: its "text" field, else its string fields joined by newlines."""
     if isinstance(record, str):
         return record

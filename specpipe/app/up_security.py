@@ -7,8 +7,8 @@ from __future__ import annotations
 import pathlib
 import secrets
 
-from cache_service import local_redis
-from cache_service.local_redis import LocalRedis, RedisTls
+from specpipe.devtools import local_redis
+from specpipe.devtools.local_redis import LocalRedis, RedisTls
 from specpipe.serving.pki import Pki, make_pki
 from specpipe.serving.security import Tls
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from specpipe.config.limits import DEFAULT_LIMITS
+from specpipe.app import startup
+from specpipe.config.limits import DEFAULT_LIMITS, Limits
+from specpipe.core.protocols import Drafter, NgramCache, Verifier
+from specpipe.core.types import ModelInfo, SpeculationOptions
+
+if TYPE_CHECKING:
+    from orchestrator.generator import Generator
+from specpipe.config.presets import ModelSpec
 from specpipe.config.services import (
     DrafterConfig,
     GeneratorConfig,
@@ -17,7 +26,7 @@ from specpipe.config.services import (
     VerifierConfig,
 )
 from specpipe.core.errors import InvalidArgument, SpecpipeError
-from specpipe.engine.models import load_tokenizer
+from specpipe.engine.models import load_model, load_tokenizer, model_info
 from specpipe.serving.security import Tls
 
 log = logging.getLogger(__name__)
@@ -63,7 +72,7 @@ def verifier_weights(model: ModelConfig) -> str:
     return model.verifier_weights
 
 
-def ngram_cache(url: str, tls: TlsFiles | Tls | None = None):
+def ngram_cache(url: str, tls: TlsFiles | Tls | None = None) -> NgramCache:
     """The n-gram store named by --cache: memory (this process), redis://... (shared) or grpc://...
     (tls: of the channel to a cache service)."""
     from cache_service.stores import open_store
@@ -71,52 +80,91 @@ def ngram_cache(url: str, tls: TlsFiles | Tls | None = None):
     return open_store(url, tls=Tls.of(tls) if isinstance(tls, TlsFiles) else tls)
 
 
-def build_drafters(kinds, store, model_drafter, info) -> dict:
+def build_drafters(kinds: Iterable[str], store: NgramCache | None, model_drafter: Drafter | None,
+                   info: ModelInfo) -> dict[str, Drafter]:
     """The drafters of kinds over one n-gram store and one model drafter (either may be None when
     no kind needs it); hybrid = model + n-gram."""
     from drafter_service.hybrid import HybridDrafter
     from drafter_service.ngram_drafter import NgramDrafter
 
     kinds = set(kinds)
-    drafters = {}
+    drafters: dict[str, Drafter] = {}
     if kinds & {"model", "hybrid"}:
+        if model_drafter is None:
+            raise ValueError(f"drafters {sorted(kinds)} need the model drafter")
         drafters["model"] = model_drafter
     if kinds & {"ngram", "hybrid"}:
         drafters["ngram"] = NgramDrafter(store, info)
     if "hybrid" in kinds:
-        drafters["hybrid"] = HybridDrafter(model_drafter, drafters["ngram"])
+        drafters["hybrid"] = HybridDrafter(drafters["model"], drafters["ngram"])
     return drafters
 
 
-def load_verifier(config: VerifierConfig):
-    """The ModelVerifier of the config: its model, admission, batching, caps and session TTL."""
+def cost_curve(spec: str | None, role: str) -> Any:
+    """The forward curve of --cost-model (None: the device's own speed)."""
+    from specpipe.engine.costmodel import load_curve
+
+    return load_curve(spec, role) if spec else None
+
+
+def load_verifier(config: VerifierConfig) -> Any:
+    """The ModelVerifier of the config (its model, admission, batching, caps and session TTL), or with
+    replay the TranscriptVerifier of a recorded transcript; either held to the cost model if given."""
     from verifier_service.verifier import ModelVerifier
 
+    curve = cost_curve(config.cost_model, "verifier")
+    if config.replay:
+        from verifier_service import replay
+
+        return replay.TranscriptVerifier(replay.load(config.replay), curve, config.max_sessions,
+                                         config.session_ttl_s, config.batch, config.limits)
     model = config.model
-    return ModelVerifier.load(model.specs()[0], model.device, model.torch_dtype, mode=forward_mode(model),
-                              weights=verifier_weights(model),
-                              max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
-                              limits=config.limits, session_ttl_s=config.session_ttl_s)
+    spec, mode = model.specs()[0], forward_mode(model)
+    loaded = load_weights("verifier", spec, model)
+    with startup.step(forward_step("verifier", mode, verifier_weights(model))):
+        return ModelVerifier(loaded, model_info(spec, loaded), mode=mode, weights=verifier_weights(model),
+                             max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
+                             limits=config.limits, session_ttl_s=config.session_ttl_s, cost_model=curve)
+
+
+def load_weights(role: str, spec: ModelSpec, model: ModelConfig) -> Any:
+    """The role's model, its weights loaded (a start-up step of their own: transformers' bar shows them)."""
+    with startup.step(f"loading the {role}'s weights ({spec.label}, {model.torch_dtype} on {model.device})"):
+        return load_model(spec, model.device, model.torch_dtype)
+
+
+def forward_step(role: str, mode: str, weights: str = "fp32") -> str:
+    """The start-up step that makes the role's forward of mode ready."""
+    return {"packed": f"packing the {role}'s weights ({weights}) for the CPU kernel (built once for this CPU, "
+                      "then cached)",
+            "graphs": f"capturing the {role}'s CUDA graphs"}.get(mode, f"the {role}'s eager forward")
+
+
+def load_drafter(spec: ModelSpec, model: ModelConfig, forward: dict[str, Any], **kwargs: Any) -> Any:
+    """The ModelDrafter of spec (forward: drafter_forward's options), in two start-up steps."""
+    from drafter_service.model_drafter import ModelDrafter
+
+    loaded = load_weights("drafter", spec, model)
+    with startup.step(forward_step("drafter", forward["mode"], forward["weights"])):
+        return ModelDrafter(loaded, model_info(spec, loaded), **forward, **kwargs)
 
 
 def drafter_methods(config: DrafterConfig) -> dict:
     """What a drafter service serves: the small model alone, or, given an n-gram store (cache), the
     model, ngram and hybrid draft methods over it."""
-    from drafter_service.model_drafter import ModelDrafter
-
     model = config.model
-    drafter = ModelDrafter.load(model.specs()[1], model.device, model.torch_dtype, **drafter_forward(model),
-                                session_ttl_s=config.session_ttl_s)
+    drafter = load_drafter(model.specs()[1], model, drafter_forward(model), session_ttl_s=config.session_ttl_s,
+                           cost_model=cost_curve(config.cost_model, "drafter"))
     if not config.cache:
         return {"model": drafter}
     return build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter, drafter.info())
 
 
-def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] | None = None, store=None):
+def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] | None = None,
+                       store: NgramCache | None = None) -> Generator:
     """Everything in this process: the verifier, the n-gram store (config.cache, or store) and the
     drafters that drafter_kinds (default: the one the speculation names) need; the small model is
     loaded only for the model and hybrid drafters."""
-    from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
     from specpipe.engine.cores import set_threads
 
@@ -131,20 +179,20 @@ def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] |
         store = ngram_cache(config.cache)
     drafter = None
     if kinds & {"model", "hybrid"}:
-        drafter = ModelDrafter.load(drafter_spec, model.device, model.torch_dtype, **forward)
+        drafter = load_drafter(drafter_spec, model, forward)
     drafters = build_drafters(kinds, store, drafter, verifier.info())
     return Generator(load_tokenizer(verifier_spec), verifier, drafters, config.speculation,
                      store if uses_store else None,  # the store is fed only if drafted from
                      limits=config.verifier.limits, shared_cores=model.on_cpu)
 
 
-def orchestrator_generator(config: OrchestratorConfig):
+def orchestrator_generator(config: OrchestratorConfig) -> Generator:
     """The orchestrator of a distributed deployment (specpipe serve orchestrator)."""
     config.check_peers()
     return remote_generator(config)
 
 
-def remote_generator(config: OrchestratorConfig):
+def remote_generator(config: OrchestratorConfig) -> Generator:
     """The orchestrator of a distributed deployment: verifier and drafter replicas behind gRPC clients.
     verifier_addr / drafter_addr: host:port, a comma list, or dns:///name:port re-resolved as replicas
     come and go (specpipe.serving.replicas); each session is pinned to the least-loaded verifier replica and
@@ -186,7 +234,7 @@ def remote_generator(config: OrchestratorConfig):
                             config.learn_global)
 
 
-def peer_tls(tls, target: str):
+def peer_tls(tls: Tls | None, target: str) -> Tls | None:
     """The TLS of the channels to target's replicas: those of a DNS name (dns:///name:port) are dialled
     by IP, so their certificates are checked against the name (a headless Service's, in Kubernetes)."""
     from specpipe.serving.replicas import parse_target
@@ -195,8 +243,9 @@ def peer_tls(tls, target: str):
     return replace(tls, server_name=name.rpartition(":")[0]) if tls is not None and name else tls
 
 
-def served_generator(tokenizer_spec, verifier, served: dict, defaults, store, limits=DEFAULT_LIMITS,
-                     learn_global: bool = True):
+def served_generator(tokenizer_spec: ModelSpec, verifier: Verifier, served: Mapping[str, Drafter],
+                     defaults: SpeculationOptions, store: NgramCache, limits: Limits = DEFAULT_LIMITS,
+                     learn_global: bool = True) -> Generator:
     """The orchestrator over a verifier and the draft methods a drafter service serves (method ->
     Drafter): the n-gram and hybrid methods it does not serve run here, over store, which the
     generator feeds with every confirmed token. Also what the Ray Serve orchestrator runs (deploy/ray)."""

@@ -38,7 +38,15 @@ def pipeline_cores(config: BenchConfig, methods: list, cores: list[int]) -> list
 
 def run(config: BenchConfig) -> int:
     from specpipe.bench.measure import benchmark, specpipe_method
-    from specpipe.bench.report import detail_table, is_default, markdown_table, sweep_table, time_table, to_json
+    from specpipe.bench.report import (
+        cpu_table,
+        detail_table,
+        is_default,
+        markdown_table,
+        sweep_table,
+        time_table,
+        to_json,
+    )
     from specpipe.bench.runs import (
         bench_prompts,
         embedded_generators,
@@ -66,12 +74,14 @@ def run(config: BenchConfig) -> int:
             generators, models = stack.enter_context(grpc_generators(config, methods, baselines))
         any_generator = next(iter(generators.values()))
         prompts, categories = bench_prompts(config, any_generator)
-        runs = transformers_runs(config, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(config, methods, cores))
+        runs = transformers_runs(
+            config, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(config, methods, cores)
+        )
         specs = {method: method.resolve(config) for method in methods}
         for spec in specs.values():
             generator = own_generator(generators[spec.hop_delay_ms], spec.drafter, spec.learn_global)
             runs[spec.name()] = specpipe_method(generator, config.max_new_tokens, spec.speculation())
-        reference = specs[none].name() if compiled else None
+        reference = specs[none].name() if compiled and none is not None else None
         references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
         by_name = {spec.name(): spec for spec in specs.values()}
         default = in_process_default(config.model) if config.transport == "embedded" else \
@@ -83,6 +93,8 @@ def run(config: BenchConfig) -> int:
     print(detail_table(summaries))
     print()
     print(time_table(summaries))
+    print()
+    print(cpu_table(summaries))
     if config.sweep:
         print()
         print(sweep_table(summaries))
@@ -120,11 +132,13 @@ def run_report(config: BenchConfig) -> int:
 
     from specpipe.bench.report import replace_section, report
 
-    for path in config.report:
+    paths = config.report or ()  # run for --report only
+    for path in paths:
         if not os.path.isfile(path):
             raise InvalidArgument(f"bench result {path} does not exist")
     readme = pathlib.Path(config.readme) if config.readme else None
-    body = report(config.report, pathlib.Path(config.plot_dir), readme.parent if readme else pathlib.Path("."))
+    plot_dir = pathlib.Path(config.plot_dir) if config.plot_dir else pathlib.Path(paths[0]).parent / "plots"
+    body = report(paths, plot_dir, readme.parent if readme else pathlib.Path("."))
     if readme is None:
         print(body)
         return 0
@@ -132,7 +146,7 @@ def run_report(config: BenchConfig) -> int:
         readme.write_text(replace_section(readme.read_text(), body, config.section))
     except ValueError as err:
         raise InvalidArgument(f"{readme}: {err}") from None
-    print(f"{readme}: results section regenerated from {len(config.report)} bench file(s)")
+    print(f"{readme}: results section regenerated from {len(paths)} bench file(s)")
     return 0
 
 
@@ -157,7 +171,9 @@ def run_forward_curve(config: BenchConfig) -> int:
     for role, spec in zip(("verifier", "drafter"), model.specs()):
         runners = {}
         # a model each: packed changes its model in place; the verifier packed in bf16 too (--verifier-weights)
-        forwards = [(mode, "fp32") for mode in modes] + [("packed", "bf16")] * (role == "verifier" and "packed" in modes)
+        forwards = [(mode, "fp32") for mode in modes] + [("packed", "bf16")] * (
+            role == "verifier" and "packed" in modes
+        )
         for mode, weights in forwards:
             label = f"{role} {mode}" + (f" {weights}" if weights != "fp32" else "")
             runners[label] = Runner(load_model(spec, model.device, model.torch_dtype), mode, weights=weights)
@@ -174,10 +190,22 @@ def run_forward_curve(config: BenchConfig) -> int:
     if config.json_file:
         import torch
 
-        meta = {"preset": config.model.preset, "threads": torch.get_num_threads(), "pinned": config.pin, **machine_info()}
+        meta = {
+            "preset": config.model.preset,
+            "threads": torch.get_num_threads(),
+            "pinned": config.pin,
+            **machine_info(),
+        }
         with open(config.json_file, "w") as f:
-            json.dump({"meta": meta, "curves": {label: {str(k): t for k, t in c.items()} for label, c in curves.items()},
-                       "bounds": bounds}, f, indent=1)
+            json.dump(
+                {
+                    "meta": meta,
+                    "curves": {label: {str(k): t for k, t in c.items()} for label, c in curves.items()},
+                    "bounds": bounds,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

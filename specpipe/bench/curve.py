@@ -52,7 +52,9 @@ def expected_tokens(acceptance: float, gamma: int) -> float:
     return (1 - acceptance ** (gamma + 1)) / (1 - acceptance)
 
 
-def speedup_bounds(verify: dict[int, float], draft_token_s: float, acceptance: float, gamma: int) -> tuple[float, float]:
+def speedup_bounds(
+    verify: dict[int, float], draft_token_s: float, acceptance: float, gamma: int
+) -> tuple[float, float]:
     """(sequential, overlapped) speed-up over plain decoding for chains of gamma drafts: a round yields
     E tokens and costs gamma drafter steps plus T(gamma + 1) (sequential), or the larger of the two
     (overlapped); plain decoding costs T(1) a token."""

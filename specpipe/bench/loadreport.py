@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from specpipe.bench.loadstats import LevelSummary, Slo, markdown_table
 
@@ -76,7 +77,7 @@ def plot(runs: Mapping[str, Sequence[LevelSummary]], directory: Path, stem: str 
     paths = [directory / f"{stem}-tokens-per-s.png", directory / f"{stem}-p99-latency.png"]
     users = sorted({s.users for levels in runs.values() for s in levels})
 
-    def users_axis(ax) -> None:
+    def users_axis(ax: Any) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(users, [str(n) for n in users])
         ax.minorticks_off()

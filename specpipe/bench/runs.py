@@ -5,12 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from specpipe.app.wiring import drafter_forward, forward_mode
 from specpipe.bench.methods import STORE_DRAFTERS, Method
 from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from orchestrator.generator import Generator
+    from specpipe.bench.measure import MethodRun
 
 
 @dataclass(frozen=True)
@@ -24,14 +30,16 @@ class BaselineModels:
     drafter: object | None = None
 
 
-def transformers_runs(config: BenchConfig, baselines: list[str], eos, models: BaselineModels,
-                      cores: list[int]) -> dict:
+def transformers_runs(config: BenchConfig, baselines: list[str], eos: Sequence[int], models: BaselineModels,
+                      cores: list[int]) -> dict[str, MethodRun]:
     """The transformers methods of baselines, in this process; the first is the baseline (eager, one
     thread on one core). The others run on specpipe's weights path with a thread per core the
     pipeline uses (cores)."""
     from specpipe.bench.measure import BASELINE, transformers_method
 
-    runs = {BASELINE: transformers_method(models.eager, config.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))}
+    runs = {
+        BASELINE: transformers_method(models.eager, config.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))
+    }
     path, threads = forward_mode(config.model), lambda: all_cores(cores)
     where = f"{len(cores)} threads, {path}"
     if "generate-threads" in baselines:
@@ -49,7 +57,7 @@ def transformers_runs(config: BenchConfig, baselines: list[str], eos, models: Ba
 
 
 @contextlib.contextmanager
-def all_cores(cores: list[int]):
+def all_cores(cores: list[int]) -> Iterator[None]:
     """Run on every core this process was started with, one torch thread each, then go back."""
     import torch
 
@@ -65,7 +73,8 @@ def all_cores(cores: list[int]):
             os.sched_setaffinity(0, pinned)
 
 
-def bench_prompts(config: BenchConfig, generator) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
+def bench_prompts(config: BenchConfig,
+                  generator: Generator) -> tuple[list[tuple[str, tuple[int, ...]]], dict[str, str]]:
     """[(prompt id, token ids)] to benchmark, and the category of each prompt that has one. With
     --turns 2, each prompt's second turn follows: its first turn is answered once, here, by
     generator (any lossless method gives the verifier's own greedy answer)."""
@@ -74,7 +83,9 @@ def bench_prompts(config: BenchConfig, generator) -> tuple[list[tuple[str, tuple
     from specpipe.bench.prompts import load_prompts_file, load_suite, second_turn
     from specpipe.core.types import GenerationRequest
 
-    prompts = load_prompts_file(config.prompts, config.limit) if config.prompts else load_suite(config.suite, config.limit)
+    prompts = (
+        load_prompts_file(config.prompts, config.limit) if config.prompts else load_suite(config.suite, config.limit)
+    )
     if config.turns == 2:
         firsts = [p for p in prompts if p.followup]
         if not firsts:
@@ -97,7 +108,9 @@ def pin(cores: int) -> None:
         os.sched_setaffinity(0, set(allowed[:cores]))
 
 
-def embedded_generators(config: BenchConfig, methods: list[Method], baselines: list[str]) -> tuple[dict, BaselineModels]:
+def embedded_generators(
+    config: BenchConfig, methods: list[Method], baselines: list[str]
+) -> tuple[dict, BaselineModels]:
     """One in-process generator (by hop delay: 0) and the baselines' models: the generator's own
     (packed in place when compiled), and an eager copy of the verifier when they are packed. With a
     branch schedule the drafter and the verifier run at once, so the process gets a core for each."""
@@ -107,13 +120,13 @@ def embedded_generators(config: BenchConfig, methods: list[Method], baselines: l
         pin(2 if any(m.schedule == "branch" for m in methods) else 1)
     kinds = {m.drafter for m in methods} | ({"model"} if "assisted" in baselines else set())
     generator = embedded_generator(config.generator, tuple(kinds))
-    verifier = generator.verifier.model
-    drafter = generator.drafters["model"].model if "model" in generator.drafters else None
+    verifier = generator.verifier.model  # type: ignore[attr-defined]  # embedded: the ModelVerifier's model
+    drafter = generator.drafters["model"].model if "model" in generator.drafters else None  # type: ignore[attr-defined]
     eager = verifier if forward_mode(config.model) == "eager" else _load(config, 0)
     return {0.0: generator}, BaselineModels(eager, verifier, drafter)
 
 
-def _load(config: BenchConfig, role: int, weights: str | None = None):
+def _load(config: BenchConfig, role: int, weights: str | None = None) -> Any:
     """The verifier (role 0) or the drafter (1) of the model flags, eager, or packed in weights."""
     from specpipe.engine.models import load_model
 
@@ -128,7 +141,8 @@ def _load(config: BenchConfig, role: int, weights: str | None = None):
 
 
 @contextlib.contextmanager
-def grpc_generators(config: BenchConfig, methods: list[Method], baselines: list[str]):
+def grpc_generators(config: BenchConfig, methods: list[Method],
+                    baselines: list[str]) -> Iterator[tuple[dict[float, Generator], BaselineModels]]:
     """`specpipe serve verifier` and `serve drafter` processes on loopback (each pinned to its own
     core with --pin), and one orchestrator in this process per hop delay; and the baseline's model,
     which runs here, on the verifier's core."""
@@ -175,7 +189,7 @@ def grpc_baseline_models(config: BenchConfig, baselines: list[str]) -> BaselineM
     return BaselineModels(eager, verifier, drafter)
 
 
-def own_generator(generator, kind: str, learn_global: bool):
+def own_generator(generator: Generator, kind: str, learn_global: bool) -> Generator:
     """A method's own generator over the generator's models, so that no method learns from another's
     runs: fresh adaptive estimates and branch predictor calibration, and for the drafters of kind
     that read one, a new, empty in-memory n-gram store, shared by the method's prompts, which learns

@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from specpipe.bench.prompts import Prompt, load_suite
 from specpipe.config.services import GeneratorConfig
 from specpipe.core.types import GenerationRequest
-from specpipe.engine.scheduler import attention_weight
+from specpipe.engine.planner import attention_weight
 from verifier_service.replay import Entry, Transcript
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # the load test's mix (deploy/locust/locustfile.py)
@@ -46,7 +47,7 @@ def row_entropy(logits: torch.Tensor) -> list[float]:
 
 
 @torch.inference_mode()
-def forced(model, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> tuple[list[float], list[int]]:
+def forced(model: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> tuple[list[float], list[int]]:
     """Entropy and argmax of the distributions that chose each output token, from forwards over the
     whole sequence (in chunks, through the model's own cache)."""
     from transformers import DynamicCache
@@ -72,11 +73,12 @@ def record(config: GeneratorConfig, prompts: Sequence[Prompt], max_new_tokens: i
     from specpipe.app.wiring import embedded_generator
 
     generator = embedded_generator(config)
-    model = generator.verifier.model
+    model = generator.verifier.model  # type: ignore[attr-defined]  # embedded: the ModelVerifier, whose model it is
     entries, disagreements, tokens = [], 0, 0
     for prompt in tqdm(prompts, desc="recording greedy continuations", disable=not progress):
         prompt_ids = generator.encode(messages=prompt.messages)
-        output, finish = [], ""
+        output: list[int] = []
+        finish = ""
         for chunk in generator.generate(GenerationRequest(prompt_ids, max_new_tokens, speculation=generator.defaults)):
             output += chunk.token_ids
             finish = chunk.finish_reason or finish

@@ -8,7 +8,7 @@ from specpipe.cli import options
 from specpipe.config.bench import BenchConfig
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="benchmark speculative decoding against the verifier alone",

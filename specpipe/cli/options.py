@@ -86,9 +86,12 @@ def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = 
     out is None: the builder's default (--draft-len alone turns adaptive control off)."""
     group = parser.add_argument_group("speculation")
     own = [name for name, p in PRESETS.items() if p.drafter_layers is None]
-    default = drafter or (f"{DRAFTER_WITH_MODEL} where the preset's drafter is a separate small model ({', '.join(own)}, "
-                          f"or --draft-model), else {DEFAULT.drafter}" if in_process else
-                          f"{DRAFTER_WITH_MODEL} with --drafter-addr, else {DEFAULT.drafter}")
+    default = drafter or (
+        f"{DRAFTER_WITH_MODEL} where the preset's drafter is a separate small model ({', '.join(own)}, "
+        f"or --draft-model), else {DEFAULT.drafter}"
+        if in_process
+        else f"{DRAFTER_WITH_MODEL} with --drafter-addr, else {DEFAULT.drafter}"
+    )
     add_setting(group, SpeculationOptions, "drafter", default=drafter, shown=default)
     add_setting(group, OrchestratorConfig, "cache")
     add_setting(group, SpeculationOptions, "draft_len", default=None)
@@ -98,7 +101,9 @@ def add_speculation_args(parser: argparse.ArgumentParser, drafter: str | None = 
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("sampling (temperature 0 = greedy, identical to the verifier's own greedy output)")
+    group = parser.add_argument_group(
+        "sampling (temperature 0 = greedy, identical to the verifier's own greedy output)"
+    )
     add_settings(group, SamplingParams, "temperature", "top_p", "top_k", "seed")
 
 

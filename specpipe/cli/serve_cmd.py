@@ -12,7 +12,7 @@ import sys
 
 from specpipe.app.topology import READY_LINE
 from specpipe.cli import options, security_args
-from specpipe.config.services import CacheConfig, DrafterConfig, OrchestratorConfig, ServeConfig
+from specpipe.config.services import CacheConfig, DrafterConfig, OrchestratorConfig, ServeConfig, VerifierConfig
 
 DEFAULT_PORTS = {"orchestrator": 50051, "verifier": 50052, "drafter": 50053, "cache": 50054}
 HELP = {
@@ -23,7 +23,7 @@ HELP = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help="run one service over gRPC (health, reflection, metrics)",
                                    description="Run one service over gRPC, with the standard health service, "
                                    "reflection and Prometheus metrics. Stops gracefully on SIGTERM / SIGINT.")
@@ -50,6 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         security_args.add_tls_args(sub, role)
         if role in ("verifier", "drafter"):
             security_args.add_session_ttl_arg(sub)
+            group = sub.add_argument_group("simulated device (load tests)")
+            options.add_setting(group, VerifierConfig if role == "verifier" else DrafterConfig, "cost_model")
+            if role == "verifier":
+                options.add_setting(group, VerifierConfig, "replay")
         sub.set_defaults(func=run)
 
 
@@ -67,18 +71,20 @@ CONFIGS = {"verifier": "verifier_config", "drafter": "drafter_config", "orchestr
 
 
 def run(args: argparse.Namespace) -> None:
-    from specpipe.app import services
+    from specpipe.app import startup
     from specpipe.config import services as configs
-    from specpipe.engine.cores import set_threads
     from specpipe.runtime import logs
-    from specpipe.serving.security import read_token
-    from specpipe.serving.server import ServerConfig, serve
 
     config = getattr(configs, CONFIGS[args.role])(vars(args))
     if args.role == "orchestrator":
         config.check_peers()  # before anything heavy
     server = configs.serve_config(vars(args))
     logs.configure(server.log_level, json=server.log_format == "json")
+    with startup.step(startup.IMPORTS):
+        from specpipe.app import services
+        from specpipe.engine.cores import set_threads
+        from specpipe.serving.security import read_token
+        from specpipe.serving.server import ServerConfig, serve
     set_threads(getattr(args, "threads", 0))
     token = read_token(server.auth_token_file)
     if args.role == "orchestrator":

@@ -14,7 +14,7 @@ from pathlib import Path
 from specpipe.core.errors import FailedPrecondition
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve-ray", help="run the verifier, drafter and orchestrator as a Ray Serve application",
         description="Run the Ray Serve application of a Serve config (deploy/ray/serve.yaml: deployments, "

@@ -7,10 +7,12 @@ import argparse
 import shlex
 import sys
 
+from specpipe.bench.loadtest import SUITES
 from specpipe.cli import options
+from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "transcript", help="record a replay transcript of a model's greedy decoding",
         description="A transcript holds a verifier's greedy continuation of each prompt and the entropy at every "
@@ -25,11 +27,17 @@ def register(subparsers) -> None:
                     "for the entropies; write a gzip JSON transcript.",
     )
     rec.add_argument("--out", required=True, metavar="FILE", help="the transcript to write (.json.gz)")
-    rec.add_argument("--suite", default="mix", choices=("mix", "humaneval", "mtbench", "gsm8k", "random", "noise"),
+    rec.add_argument("--suite", default=LoadtestConfig.suite, choices=SUITES,
                      help="the load test's prompts (mix: humaneval, mtbench and gsm8k) (default: %(default)s)")
-    rec.add_argument("--prompt-limit", type=int, default=20, help="prompts of each suite (default: %(default)s)")
-    rec.add_argument("--max-new-tokens", type=int, default=256,
-                     help="continuation recorded per prompt; a load test may ask at most this many (default: %(default)s)")
+    rec.add_argument(
+        "--prompt-limit", type=int, default=SUITE_PROMPTS, help="prompts of each suite (default: %(default)s)"
+    )
+    rec.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="continuation recorded per prompt; a load test may ask at most this many (default: %(default)s)",
+    )
     rec.add_argument("--quiet", action="store_true", help="no progress bar")
     options.add_model_args(rec)
     rec.set_defaults(func=run_record)

@@ -1,8 +1,8 @@
 """`specpipe up`: verifier, drafter and orchestrator, each its own process on loopback (docs/design.md,
-"Deployment shapes and serving", shape 2). With --pin each gets its own CPU core, the stand-in for one accelerator per
-service (docs/design.md, "Measuring on machines without a GPU"). With --cache redis a private redis-server (no persistence) is started
-first and is the n-gram store of the orchestrator and the drafter. Ctrl-C / SIGTERM stops all of
-them: SIGTERM, then SIGKILL after a grace; the redis-server last.
+"Deployment shapes and serving", shape 2). With --pin each gets its own CPU core, the stand-in for one
+accelerator per service (docs/design.md, "Measuring on machines without a GPU"). With --cache redis a private
+redis-server (no persistence) is started first and is the n-gram store of the orchestrator and the drafter.
+Ctrl-C / SIGTERM stops all of them: SIGTERM, then SIGKILL after a grace; the redis-server last.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from specpipe.config.services import ModelConfig, UpConfig, given_settings, mode
 from specpipe.core.types import DRAFTER_WITH_MODEL
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("up", help="run verifier, drafter and orchestrator as local processes",
                                    description=__doc__.split("\n\n")[0])
     options.add_settings(parser, ModelConfig, "preset", "verifier", "draft_model")
@@ -31,8 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "startup_timeout")
     options.add_setting(parser, UpConfig, "log_dir", default=None)
     options.add_setting(parser, UpConfig, "log_level", type=str.upper)
-    options.add_settings(parser, UpConfig, "verifiers", "drafters", "drain_timeout")
+    options.add_settings(parser, UpConfig, "verifiers", "drafters", "orchestrators", "drain_timeout")
     options.add_setting(parser, UpConfig, "verifier_flags", default="")
+    group = parser.add_argument_group("simulated device (load tests)")
+    options.add_settings(group, UpConfig, "cost_model", "replay")
     options.add_speculation_args(parser, drafter=DRAFTER_WITH_MODEL)
     options.add_hop_delay_arg(parser)
     security_args.add_learn_global_arg(parser)

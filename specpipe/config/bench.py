@@ -9,9 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specpipe.config.presets import PRESETS
-from specpipe.config.services import GeneratorConfig, TlsFiles, generator_config, given_settings, tls_files
+from specpipe.config.services import (
+    GeneratorConfig,
+    ModelConfig,
+    TlsFiles,
+    generator_config,
+    given_settings,
+    tls_files,
+)
 from specpipe.core.settings import setting
-
+from specpipe.core.types import SpeculationOptions
 
 SUITE_PROMPTS = 20  # `specpipe loadtest` (and the locustfile): prompts per suite unless --prompt-limit says
 BENCH_SUITES = ("humaneval", "mtbench", "gsm8k", "random", "noise", "recurring")
@@ -72,7 +79,8 @@ class BenchConfig:
     section: str | None = setting(
         None, "with --readme: the section between <!-- bench-report:NAME:begin --> and <!-- bench-report:NAME:end "
         "--> instead", metavar="NAME", shown="")
-    plot_dir: str = setting("bench-results/plots", "with --report: where the PNG plots go", metavar="DIR")
+    plot_dir: str | None = setting(None, "with --report: where the PNG plots go", metavar="DIR",
+                                   shown="plots/ in the first FILE.json's folder")
     forward_curve: bool = setting(
         False, "instead of decoding prompts: measure T(k), one forward of k new tokens after a 300-token context, "
         "for the verifier and the drafter, eager and (with --compile on) compiled, and the speed-up bounds it "
@@ -83,11 +91,11 @@ class BenchConfig:
     plot: str | None = setting(None, "write the curves as a PNG plot", metavar="PNG", shown="")
 
     @property
-    def model(self):
+    def model(self) -> ModelConfig:
         return self.generator.model
 
     @property
-    def speculation(self):
+    def speculation(self) -> SpeculationOptions:
         return self.generator.speculation
 
 
@@ -144,6 +152,10 @@ class LoadtestConfig:
     width: int = setting(0, "0 = the server's (the API's empty field)")
     schedule: str = setting("", "sequential or branch; empty = the server's", shown="")
     adaptive: str = setting("", "on or off; empty = the server's", shown="")
+    itl_events: str = setting(
+        "chunk", "Locust's own itl entries: token (one event per token), chunk (one a chunk: the load generator's "
+        "CPU per token is a fraction, what a load at GPU speed needs) or off; the tables come from the request "
+        "records either way", choices=("token", "chunk", "off"))
     tls: TlsFiles | None = None           # the client's, towards addr
     auth_token_file: str | None = None
     slo: str = setting("", "goodput SLOs: ttft=MS,itl=MS (ITL: a request's mean)", shown="")

@@ -15,7 +15,6 @@ from specpipe.core.errors import InvalidArgument
 from specpipe.core.settings import setting
 from specpipe.core.types import ALL_HYPOTHESES, Draft, GenerationRequest, ProposeRequest
 
-
 LIMIT_PREFIX = "limit_"  # a cap's key in a mapping of settings: limit_max_prompt_tokens (--limit-prompt-tokens)
 
 

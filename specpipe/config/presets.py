@@ -38,7 +38,9 @@ class ModelSpec:
         return self.source if self.num_layers is None else f"{self.source}[:{self.num_layers} layers]"
 
 
-def model_specs(preset: str, verifier: str | None = None, draft_model: str | None = None) -> tuple[ModelSpec, ModelSpec]:
+def model_specs(
+    preset: str, verifier: str | None = None, draft_model: str | None = None
+) -> tuple[ModelSpec, ModelSpec]:
     """(verifier spec, drafter spec) for a preset, with explicit paths or ids taking precedence."""
     if preset not in PRESETS:
         raise InvalidArgument(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")

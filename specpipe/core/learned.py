@@ -39,7 +39,7 @@ class LearnedConfig:
     max_tokens: int = 1 << 20         # per tenant: least recently used documents are evicted beyond this
     ttl_s: float = 7 * 24 * 3600.0    # a tenant's store expires this long after it last learned
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if (not 1 <= self.index_n <= MATCH_TOKENS or self.max_occurrences < 1 or not 0.0 < self.min_share <= 1.0
                 or self.reach < 1 or self.max_tokens < 1 or self.ttl_s <= 0):
             raise ValueError(f"bad LearnedConfig: {self}")

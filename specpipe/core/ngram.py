@@ -46,7 +46,7 @@ class NgramConfig:
     use_global: bool = True       # lookups also draft from the tenant's learned store
     learned: LearnedConfig = LearnedConfig()  # the learned store (specpipe.core.learned)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_n < 2 or self.max_continuations < 1 or self.session_ttl_s <= 0 or self.max_draft_len < 0:
             raise ValueError(f"bad NgramConfig: {self}")
 
@@ -241,7 +241,9 @@ def match_lengths(context: np.ndarray, ends: np.ndarray, tail: Sequence[int]) ->
     return np.where(same.all(axis=1), reach, np.argmin(same, axis=1))
 
 
-def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, max_continuations: int = 4) -> NgramDraft:
+def context_lookup(
+    context: Sequence[int], k: int, width: int, max_n: int = 5, max_continuations: int = 4
+) -> NgramDraft:
     """mln_lookup over the session's context alone, as if its context table held every token of it:
     a chain of up to k tokens (each step matching the context plus the tokens drafted so far against
     the context) and, at the first step, up to width-1 other continuations as leaves. Where the longest
@@ -285,8 +287,12 @@ def context_lookup(context: Sequence[int], k: int, width: int, max_n: int = 5, m
 def after_chain(first: NgramDraft, second: NgramDraft) -> NgramDraft:
     """second's nodes after the last node of first's main chain (first_path)."""
     chain = first_path_nodes(first.draft)
-    return NgramDraft(attach(first.draft, second.draft, chain[-1] if chain else ROOT),
-                      first.levels + second.levels, first.sources + second.sources, first.confidence + second.confidence)
+    return NgramDraft(
+        attach(first.draft, second.draft, chain[-1] if chain else ROOT),
+        first.levels + second.levels,
+        first.sources + second.sources,
+        first.confidence + second.confidence,
+    )
 
 
 # --- validation shared by every implementation (same errors embedded and over gRPC) ---------------

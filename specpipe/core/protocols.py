@@ -3,10 +3,18 @@ gRPC client (specpipe.serving.clients); the orchestrator only sees these."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from specpipe.core.ngram import NgramDraft
-from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
+from specpipe.core.types import (
+    Draft,
+    ModelInfo,
+    ProposeRequest,
+    ProposeResult,
+    RoundRequest,
+    SamplingParams,
+    VerifyResult,
+)
 
 
 class Verifier(Protocol):
@@ -19,6 +27,19 @@ class Verifier(Protocol):
         """Verify a draft tree in one forward pass, append accepted tokens + correction."""
 
     def release(self, session_id: str) -> bool: ...
+
+
+class RoundVerifier(Verifier, Protocol):
+    """A verifier that also takes rounds without waiting for them (a stream of rounds,
+    specpipe.serving.verify_stream): submit queues them together, done(pending) tells of each whose
+    forward is over, finish(pending) gives its result."""
+
+    @property
+    def batched(self) -> bool: ...
+
+    def submit(self, rounds: Sequence[RoundRequest], done: Callable[[Any], None]) -> list[Any]: ...
+
+    def finish(self, pending: Any) -> VerifyResult: ...
 
 
 class Drafter(Protocol):
@@ -55,3 +76,6 @@ class NgramCache(Protocol):
 
     def release(self, session_id: str) -> bool:
         """Drop a session's tables; False if it had none (never updated, released or expired)."""
+
+    def close(self) -> None:
+        """Let go of the store's connections (an in-process store has none)."""

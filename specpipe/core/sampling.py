@@ -53,7 +53,11 @@ def sample(probs: torch.Tensor, u: float) -> int:
     """Inverse-CDF sample of one token from probs: [vocab] with u in [0, 1)."""
     cdf = torch.cumsum(probs.double(), dim=0)
     # right=True: the first index whose cdf exceeds u, so zero-mass tokens are never picked
-    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64, device=cdf.device), right=True).item())
+    index = int(
+        torch.searchsorted(
+            cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64, device=cdf.device), right=True
+        ).item()
+    )
     return min(index, probs.shape[0] - 1)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
+from typing import Any
 
 from specpipe.core.errors import InvalidArgument
 
@@ -25,7 +27,7 @@ def check_tenant(tenant: str) -> None:
                               "of A-Z a-z 0-9 . _ -")
 
 
-def tenant_from_metadata(metadata) -> str:
+def tenant_from_metadata(metadata: Iterable[tuple[str, Any]] | None) -> str:
     """The tenant of a call's invocation metadata ((key, value) pairs); the default tenant if none."""
     values = [value for key, value in metadata or () if key == TENANT_METADATA]
     if len(values) > 1:

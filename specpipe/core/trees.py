@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from specpipe.core.types import ROOT, Draft
 
 COLUMN_DEFAULTS = {"sources": "model", "confidence": -1.0, "runner_up": -1, "runner_up_confidence": 0.0}
 
 
-def column_of(drafts: Sequence[Draft], name: str, origins: Sequence[tuple[int, int]]) -> tuple | None:
+def column_of(drafts: Sequence[Draft], name: str, origins: Sequence[tuple[int, int]]) -> tuple[Any, ...] | None:
     """Draft column `name` of nodes taken from drafts (origins: (draft, node) per node); None when no
     draft has it, else its default (COLUMN_DEFAULTS) where a draft lacks it."""
     if all(getattr(draft, name) is None for draft in drafts):
@@ -99,7 +99,7 @@ def subtree(draft: Draft, root: int) -> tuple[Draft, list[int]]:
     """The descendants of node root, as a draft rooted at it (every column kept), and their node
     indices in draft."""
     mapped = {root: ROOT}
-    nodes = []
+    nodes: list[int] = []
     for node in range(root + 1, len(draft)):
         if draft.parents[node] in mapped:
             mapped[node] = len(nodes)

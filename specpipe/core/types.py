@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from specpipe.core.settings import setting
 
@@ -63,7 +63,7 @@ class Draft:
     runner_up_confidence: tuple[float, ...] | None = None
 
     @staticmethod
-    def chain(tokens: Sequence[int], q: tuple[SparseDist, ...] | None = None, **columns) -> Draft:
+    def chain(tokens: Sequence[int], q: tuple[SparseDist, ...] | None = None, **columns: Any) -> Draft:
         return Draft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), q, **columns)
 
     def __len__(self) -> int:
@@ -83,7 +83,7 @@ class Draft:
             mapped = {ROOT: ROOT} | {node: i for i, node in enumerate(nodes)}
             parents = [mapped[self.parents[n]] for n in nodes]
 
-        def pick(column: tuple | None) -> tuple | None:
+        def pick(column: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
             return None if column is None else tuple(column[n] for n in nodes)
 
         return Draft(tuple(self.tokens[n] for n in nodes), tuple(parents),
@@ -110,6 +110,17 @@ class VerifyResult:
     @property
     def emitted(self) -> tuple[int, ...]:
         return self.accepted_tokens + (self.correction_token,)
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    """One round of a stream of rounds (Verifier.submit, specpipe.serving.verify_stream)."""
+
+    session_id: str
+    context_len: int
+    draft: Draft
+    sampling: SamplingParams
+    tag: int = 0  # the caller's: its reply carries it back
 
 
 @dataclass(frozen=True)
@@ -205,7 +216,9 @@ class GenerationRequest:
     sampling: SamplingParams = GREEDY
     speculation: SpeculationOptions = field(default_factory=SpeculationOptions)
     tenant: str = ""  # who it is for (specpipe.core.tenancy): its sessions and n-gram tables are the tenant's
-    min_new_tokens: int = 0  # an EOS before this many outputs does not end the generation (HTTP: min_tokens, ignore_eos)
+    min_new_tokens: int = (
+        0  # an EOS before this many outputs does not end the generation (HTTP: min_tokens, ignore_eos)
+    )
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,8 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
     it. On the CPU numpy's: torch's took 25x as long for a few rows of a large vocabulary (0.5 ms a
     round at SmolLM2's 49k tokens, 3 ms at Qwen2.5's 152k)."""
     if logits.device.type == "cpu":
-        return logits.numpy().argmax(axis=-1).tolist()
-    return logits.argmax(dim=-1).tolist()
+        return list(logits.numpy().argmax(axis=-1).tolist())
+    return list(logits.argmax(dim=-1).tolist())
 
 
 def verify_greedy(tokens: Sequence[int], parents: Sequence[int], target_argmax: Sequence[int]) -> tuple[list[int], int]:

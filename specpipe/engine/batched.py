@@ -1,11 +1,11 @@
 """One forward pass over the work of many sessions (docs/batching.md), for the Llama / Qwen2 family;
 shared by the verifier and the model drafter.
 
-Every session's tokens (a prefill chunk, [root] + a draft tree, or a drafter's catch-up / next
-draft token) are flattened into one ragged batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o projections, the MLP)
-and RoPE run on the flat batch: one GEMM for all sessions, where batching pays. Attention runs per
-session: its queries against its own slot (past + its new tokens) under its own mask (causal for a
-chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
+Every session's tokens (a prefill chunk, [root] + a draft tree, or a drafter's catch-up / next draft token)
+are flattened into one ragged batch [num_tokens, hidden]. Embeddings, norms, every linear layer (q/k/v/o
+projections, the MLP) and RoPE run on the flat batch: one GEMM for all sessions, where batching pays.
+Attention runs per session: its queries against its own slot (past + its new tokens) under its own mask
+(causal for a chunk, ancestors for a tree). The final norm and lm_head run only on the rows that need logits.
 
 Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
 (the packed GEMM computes every row the same way for every M; attention is per session), so a
@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,8 @@ def unbatched_reason(model: PreTrainedModel, batching: bool = True) -> str | Non
     return "batching off" if not batching else supports(model)
 
 
-def service_forward(model: PreTrainedModel, mode: str, max_context: int, progress: bool = False):
+def service_forward(model: PreTrainedModel, mode: str, max_context: int,
+                    progress: bool = False) -> Callable[[Sequence[Segment]], list[torch.Tensor | None]]:
     """The batched forward a service's scheduler runs: batched_forward, or in the graphs mode a
     BatchGraphs' (captured now, before the first request)."""
     if mode != "graphs":
@@ -96,7 +98,9 @@ def _allowed(segment: Segment, group: int, dtype: torch.dtype, device: torch.dev
         return None
     allowed = torch.ones(n, past + n, dtype=torch.bool, device=device)  # [n, past + n]
     allowed[:, past:] = segment.allowed
-    return torch.zeros(group * n, past + n, dtype=dtype, device=device).masked_fill_(~allowed.repeat(group, 1), -torch.inf)
+    return torch.zeros(group * n, past + n, dtype=dtype, device=device).masked_fill_(
+        ~allowed.repeat(group, 1), -torch.inf
+    )
 
 
 def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
@@ -121,6 +125,7 @@ def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.T
         if out is None:  # one segment, no padding: its rows are the output
             return o
         out[start:end] = o
+    assert out is not None  # more than one segment, or padding: allocated before the loop
     return out
 
 
@@ -151,7 +156,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return rotated.add_(x * cos)
 
 
-def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:  # norm: a Llama / Qwen2 RMSNorm
     """norm(x) for a Llama / Qwen2 RMSNorm: in float32 the same ops without its two dtype casts and
     with two of them in place (the same bits); other dtypes run the module."""
     if x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
@@ -164,7 +169,7 @@ def _rms_norm_f32(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Te
     return (x * scale).mul_(weight)
 
 
-def _norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def _norm(norm: Any) -> Callable[[torch.Tensor], torch.Tensor]:  # norm: a Llama / Qwen2 RMSNorm
     """rms_norm of norm as a function of x, for a model whose activations are its weight's dtype."""
     if norm.weight.dtype != torch.float32:
         return norm
@@ -277,11 +282,13 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
         segment.kv.length += n
 
     rows = [i for s, start, n in zip(segments, offsets, lengths) for i in range(start + n - s.logit_rows, start + n)]
-    logits = model.lm_head(_pad_rows(rms_norm(inner.norm, hidden[rows]), pad)).float() if rows else None  # [>= len(rows), vocab]
+    logits = (
+        model.lm_head(_pad_rows(rms_norm(inner.norm, hidden[rows]), pad)).float() if rows else None
+    )  # [>= len(rows), vocab]
     synchronize(device)  # the forward's time is measured to its end (CUDA runs asynchronously)
     out, row = [], 0
     for segment in segments:
-        out.append(logits[row : row + segment.logit_rows] if segment.logit_rows else None)
+        out.append(logits[row : row + segment.logit_rows] if logits is not None and segment.logit_rows else None)
         row += segment.logit_rows
     return out
 
@@ -291,14 +298,21 @@ TOKEN_BUCKETS = (1, 2, 4, 8, 16)        # graphs mode: tokens per session of a w
 CHUNK_BUCKETS = (32, 64, 128, 256)      # graphs mode: tokens of a prompt chunk, one session per forward
 
 
+def is_chunk(segment: Segment, max_step_tokens: int) -> bool:
+    """Whether the graphs mode runs a segment as a forward of its own: a prompt chunk (no logits), or a
+    step longer than the largest captured step. A short chunk in the batch of whole steps would pad
+    every session's step to its length (32 sessions of one token padded to 16: twice the forward)."""
+    return not segment.logit_rows or len(segment.token_ids) > max_step_tokens
+
+
 class BatchGraphs:
     """The batched forward in the graphs mode: captured forwards of fixed shapes (sessions, tokens).
     A batch's whole steps (decode or verify: up to TOKEN_BUCKETS[-1] tokens each) run as one forward
     of the smallest (sessions, tokens) bucket that holds them (in groups of SESSION_BUCKETS[-1]), and
-    each prompt chunk as a forward of its own (1, CHUNK_BUCKETS) bucket, so a chunk never turns its
-    batch mates' decode steps into an eager forward; a chunk past the largest bucket runs
-    batched_forward. A session's logits do not depend on its mates (docs/batching.md), so splitting a
-    batch changes no token.
+    each prompt chunk (is_chunk) as a forward of its own (1, CHUNK_BUCKETS) bucket, so a chunk never
+    turns its batch mates' decode steps into an eager forward or pads them to its length; a chunk past
+    the largest bucket runs batched_forward. A session's logits do not depend on its mates
+    (docs/batching.md), so splitting a batch changes no token.
 
     The captured forward is padded, not ragged: input buffers [B, n], and a working cache of B rows of
     `width` positions per layer ([layers, B, kv_heads, width, head_dim]) that each session's slot
@@ -355,8 +369,12 @@ class BatchGraphs:
             keys, values = self.keys[layer_idx, :b], self.values[layer_idx, :b]  # [B, kv_heads, width, head_dim]
             kv_heads, head_dim = keys.shape[1], keys.shape[3]
             x = layer.input_layernorm(hidden)
-            q = rotate(attn.q_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(1, 2)  # [B, heads, n, head_dim]
-            k = rotate(attn.k_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(1, 2)  # [B, kv_heads, n, head_dim]
+            q = rotate(attn.q_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(
+                1, 2
+            )  # [B, heads, n, head_dim]
+            k = rotate(attn.k_proj(x).view(b, n, -1, head_dim), cos, signed_sin).transpose(
+                1, 2
+            )  # [B, kv_heads, n, head_dim]
             v = attn.v_proj(x).view(b, n, -1, head_dim).transpose(1, 2)
             index = write[:, None, :, None].expand(b, kv_heads, n, head_dim)
             keys.scatter_(2, index, k)
@@ -371,9 +389,9 @@ class BatchGraphs:
     @torch.inference_mode()
     def forward(self, segments: Sequence[Segment]) -> list[torch.Tensor | None]:
         """batched_forward's contract, over the captured shapes (see the class docstring)."""
-        steps = [i for i, s in enumerate(segments) if len(s.token_ids) <= self.tokens[-1]]
+        steps = [i for i, s in enumerate(segments) if not is_chunk(s, self.tokens[-1])]
         groups = [steps[i : i + self.sessions[-1]] for i in range(0, len(steps), self.sessions[-1])]
-        groups += [[i] for i, s in enumerate(segments) if len(s.token_ids) > self.tokens[-1]]
+        groups += [[i] for i, s in enumerate(segments) if is_chunk(s, self.tokens[-1])]
         out: list[torch.Tensor | None] = [None] * len(segments)
         for group in groups:
             for i, logits in zip(group, self._run([segments[i] for i in group])):
@@ -388,6 +406,7 @@ class BatchGraphs:
         if n is None:
             return batched_forward(self.model, segments)
         b = bucket(len(segments), self.sessions)
+        assert b is not None, f"{len(segments)} sessions: more than the largest captured batch"
         inputs, graph = self._graphs[b, n]
         ids = torch.zeros(b, n, dtype=torch.long)
         positions = torch.zeros(b, n, dtype=torch.long)

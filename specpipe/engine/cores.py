@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 import torch
 
@@ -25,7 +26,7 @@ _local = threading.local()
 
 
 @contextlib.contextmanager
-def forward(role: str):
+def forward(role: str) -> Iterator[None]:
     """Around one forward of role ("verifier", "drafter"): its kernel calls take the process's
     threads less one per forward of another role in flight at the time of each call (threads())."""
     with _lock:

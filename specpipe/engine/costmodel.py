@@ -12,7 +12,8 @@ forward whose real compute takes longer than the curve allows keeps its real tim
 
 The shapes follow BatchGraphs: whole steps of up to TOKEN_BUCKETS[-1] tokens go as one padded batch
 (the smallest recorded (sessions, tokens) that holds them, in groups of the largest sessions
-bucket); a longer step is a prompt chunk, a forward of its own. Between and beyond the
+bucket); a prompt chunk (a segment without logits) or a longer step is a forward of its own
+(specpipe.engine.batched.is_chunk). Between and beyond the
 recorded points: a batch pads up to the next recorded bucket; past the largest recorded tokens, time
 grows linearly with the slope of the last two recorded points (at least 0); a chunk past the largest
 recorded one grows with the slope over the whole recorded chunk range.
@@ -50,7 +51,7 @@ class ForwardCurve:
     sessions: tuple[int, ...] = field(init=False)
     tokens: tuple[int, ...] = field(init=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.steps_ms or not self.chunk_ms:
             raise InvalidArgument(f"cost model {self.source}: needs batched step times and chunk times for {self.role}")
         if self.scale <= 0:
@@ -96,14 +97,14 @@ def chunk_ms(curve: ForwardCurve, tokens: int) -> float:
     return curve.chunk_ms[xs[-1]] + slope * (tokens - xs[-1])
 
 
-def forward_ms(curve: ForwardCurve, step_tokens: Sequence[int]) -> float:
-    """The curve's time for a forward feeding these tokens per session: steps of at most
-    TOKEN_BUCKETS[-1] tokens as padded batches (groups of the largest sessions bucket), each longer one
-    a prompt chunk of its own."""
-    if not step_tokens:
-        return 0.0
+def forward_ms(curve: ForwardCurve, step_tokens: Sequence[int], chunk_tokens: Sequence[int] = ()) -> float:
+    """The curve's time for a forward feeding these tokens per session: whole steps of at most
+    TOKEN_BUCKETS[-1] tokens as padded batches (groups of the largest sessions bucket), each longer
+    one and each prompt chunk (chunk_tokens) a forward of its own."""
     steps = [n for n in step_tokens if n <= TOKEN_BUCKETS[-1]]
-    chunks = [n for n in step_tokens if n > TOKEN_BUCKETS[-1]]
+    chunks = [n for n in step_tokens if n > TOKEN_BUCKETS[-1]] + list(chunk_tokens)
+    if not steps and not chunks:
+        return 0.0
     group = curve.sessions[-1]
     ms = sum(batch_ms(curve, len(g), max(g)) for g in (steps[i:i + group] for i in range(0, len(steps), group)))
     ms += sum(chunk_ms(curve, n) for n in chunks)
@@ -187,7 +188,8 @@ class ClockedForward:
         start = time.perf_counter()
         out = self._forward(segments)
         real_ms = (time.perf_counter() - start) * 1e3
-        target_ms = forward_ms(self.curve, [len(s.token_ids) for s in segments])
+        target_ms = forward_ms(self.curve, [len(s.token_ids) for s in segments if s.logit_rows],
+                               [len(s.token_ids) for s in segments if not s.logit_rows])
         self._counted.inc()
         self._real_ms.inc(real_ms)
         if real_ms > target_ms:

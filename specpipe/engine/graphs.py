@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -23,7 +23,7 @@ class Graph:
         self.output: torch.Tensor | None = None  # the captured graph's output, overwritten by every replay
 
     @torch.inference_mode()
-    def capture(self, pool) -> None:
+    def capture(self, pool: Any) -> None:
         """Record fn (after two runs on a side stream, as capture requires); no-op off CUDA. Graphs that
         never run at once share one memory pool (torch.cuda.graph_pool_handle())."""
         if self.device.type != "cuda":
@@ -52,10 +52,11 @@ class Graph:
         if self.graph is None:
             return self.fn()
         self.graph.replay()
+        assert self.output is not None  # captured with the graph
         return self.output
 
 
-def new_pool(device: torch.device):
+def new_pool(device: torch.device) -> Any:
     """A memory pool for graphs that never run at once (None off CUDA)."""
     return torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 

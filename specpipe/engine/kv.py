@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers import PreTrainedModel
 
 from specpipe.core.trees import common_prefix
 
@@ -104,7 +105,7 @@ class SlotKV:
             self.keep_positions([*range(prefix_len), *(prefix_len + i for i in nodes)])
 
 
-def new_slot(model, max_context: int) -> SlotKV:
+def new_slot(model: PreTrainedModel, max_context: int) -> SlotKV:
     """An empty slot for a transformers causal LM's layers, holding up to max_context positions."""
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import logging
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
@@ -42,19 +42,19 @@ class WorkingCache:
     [layers, kv_heads, width, head_dim] (keys, values), which a transformers StaticCache's layers view,
     so a slot's prefix goes in, and a forward's new positions come out, in one copy each."""
 
-    def __init__(self, config, width: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: Any, width: int, dtype: torch.dtype, device: torch.device) -> None:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (config.num_hidden_layers, config.num_key_value_heads, width, head_dim)
         self.width = width
         # Every tensor an inference tensor, made now: a captured graph reads and writes these addresses.
         with torch.inference_mode():
             self.cache = StaticCache(config=config, max_cache_len=width)
-            if any(layer.is_sliding for layer in self.cache.layers):
+            if any(layer.is_sliding for layer in layers_of(self.cache)):
                 raise ValueError("a static KV cache needs full-attention layers; this model has sliding-window layers")
             self.cache.early_initialization(1, config.num_key_value_heads, head_dim, dtype, device)
             self.keys = torch.zeros(shape, dtype=dtype, device=device)
             self.values = torch.zeros(shape, dtype=dtype, device=device)
-            for i, layer in enumerate(self.cache.layers):
+            for i, layer in enumerate(layers_of(self.cache)):
                 layer.keys, layer.values = self.keys[i][None], self.values[i][None]  # [1, kv_heads, width, head_dim]
             self.length = torch.zeros((), dtype=torch.long, device=device)  # where the next forward writes
 
@@ -89,7 +89,7 @@ class BucketForward:
         self.graph = Graph(self._forward, device)
 
     def _forward(self) -> torch.Tensor:
-        for layer in self.working.cache.layers:  # inside the graph: each layer writes from the working length
+        for layer in layers_of(self.working.cache):  # inside the graph: each layer writes from the working length
             layer.cumulative_length.copy_(self.working.length)
         return self.model(input_ids=self.ids, past_key_values=self.working.cache, position_ids=self.positions,
                           attention_mask=self.mask, use_cache=True).logits  # [1, size, vocab]
@@ -138,10 +138,16 @@ def fork(cache: Cache, length: int) -> Cache:
     return forked
 
 
+def layers_of(cache: Any) -> list[Any]:
+    """A transformers cache's layers (typed there as a union of layer kinds: these are full-attention
+    layers, with keys, values and, static, a cumulative length)."""
+    return list(cache.layers)
+
+
 def keep_positions(cache: DynamicCache, positions: Sequence[int]) -> None:
     """Keep only the given cache positions, in order (the accepted path of a tree)."""
     index = None
-    for layer in cache.layers:
+    for layer in layers_of(cache):
         if not layer.is_initialized:
             continue
         if index is None:
@@ -255,23 +261,29 @@ class Runner:
         return new_cache(self.model)
 
     @torch.inference_mode()
-    def forward(self, cache: Cache, token_ids: Sequence[int], tree_parents: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(
+        self, cache: Cache, token_ids: Sequence[int], tree_parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
         """Feed token_ids after the cached positions; returns logits [len(token_ids), vocab] (float32),
         once the device has computed them. tree_parents: None for a plain causal continuation, or the
         parents of token_ids[1:] when token_ids is [root] + a tree's nodes (specpipe.core.verification)."""
         past_len = cache_len(cache)
         if not self.static:
+            assert isinstance(cache, DynamicCache)  # not static: new_cache made one
             if tree_parents is None:
                 logits = forward(self.model, cache, token_ids)
             else:
                 logits = forward(self.model, cache, token_ids, tree_position_ids(tree_parents, past_len),
                                  tree_attention_mask(tree_parents, past_len, self.model.dtype))
         else:
+            assert isinstance(cache, SlotKV)  # static: new_cache made one
             logits = self._static_forward(cache, token_ids, tree_parents)
         synchronize(self.model.device)
         return logits
 
-    def _static_forward(self, slot: SlotKV, token_ids: Sequence[int], tree_parents: Sequence[int] | None) -> torch.Tensor:
+    def _static_forward(
+        self, slot: SlotKV, token_ids: Sequence[int], tree_parents: Sequence[int] | None
+    ) -> torch.Tensor:
         """graphs: through the working cache and the smallest bucket that holds the tokens."""
         working = self._graph_buffers()
         past_len, n = slot.length, len(token_ids)
@@ -305,8 +317,14 @@ class Runner:
             self._forwards[size].graph.capture(pool)
             crop(slot, 0)
             self.forward(slot, [0] * size)
-            log.info("forward bucket ready", extra={"bucket": size, "captured": self._forwards[size].graph.graph is not None,
-                                                    "seconds": round(time.perf_counter() - start, 2)})
+            log.info(
+                "forward bucket ready",
+                extra={
+                    "bucket": size,
+                    "captured": self._forwards[size].graph.graph is not None,
+                    "seconds": round(time.perf_counter() - start, 2),
+                },
+            )
 
 
 def served_info(info: ModelInfo, runner: Runner) -> ModelInfo:

@@ -27,22 +27,24 @@ CONFIGS = {"verifier": services.verifier_config, "drafter": services.drafter_con
            "orchestrator": lambda values: services.orchestrator_config(values, drafter_service=True)}
 
 
-def role_config(role: str, settings: Mapping[str, Any] | None):
+def role_config(role: str, settings: Mapping[str, Any] | None) -> Any:
     """The role's config from its settings (checked: an unknown key is an error, not a silent default)."""
     settings = dict(settings or {})
     services.check_settings(role, settings)
     return CONFIGS[role](settings)
 
 
-def build_app(args: dict):
+def build_app(args: dict[str, Any]) -> Any:
     """Serve application builder; args: {role: settings} (deploy/ray/serve.yaml)."""
     unknown = set(args) - set(ROLES)
     if unknown:
         raise InvalidArgument(f"unknown application args {sorted(unknown)}; expected {', '.join(ROLES)}")
     configs = {role: role_config(role, args.get(role)) for role in ROLES}  # bad settings fail the deploy here
-    verifier = VerifierDeployment.options(request_router_config=RequestRouterConfig(
-        request_router_class=ROUTER, request_router_kwargs={"strict": True}))
-    drafter = DrafterDeployment.options(request_router_config=RequestRouterConfig(
-        request_router_class=ROUTER, request_router_kwargs={"strict": False}))
-    return OrchestratorDeployment.bind(verifier.bind(configs["verifier"]), drafter.bind(configs["drafter"]),
-                                       configs["orchestrator"])
+    # @serve.deployment makes the classes Deployments (options, bind), which Ray's types do not say;
+    # RequestRouterConfig takes the router's import path, which its types do not say either.
+    verifier = VerifierDeployment.options(request_router_config=RequestRouterConfig(  # type: ignore[attr-defined]
+        request_router_class=ROUTER, request_router_kwargs={"strict": True}))  # type: ignore[arg-type]
+    drafter = DrafterDeployment.options(request_router_config=RequestRouterConfig(  # type: ignore[attr-defined]
+        request_router_class=ROUTER, request_router_kwargs={"strict": False}))  # type: ignore[arg-type]
+    return OrchestratorDeployment.bind(  # type: ignore[attr-defined]
+        verifier.bind(configs["verifier"]), drafter.bind(configs["drafter"]), configs["orchestrator"])

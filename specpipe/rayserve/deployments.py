@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
 from grpc_health.v1 import health_pb2
 from ray import serve
 
 from specpipe.config.services import DrafterConfig, OrchestratorConfig, VerifierConfig
+from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 from specpipe.rayserve.handles import HandleDrafter, HandleVerifier, serve_replicas
 from specpipe.serving.streams import ThreadStream
 
@@ -35,14 +37,14 @@ class VerifierDeployment:
         set_threads(config.model.threads)
         self._verifier = load_verifier(config)
 
-    def info(self):
+    def info(self) -> ModelInfo:
         return self._verifier.info()
 
     def prefill(self, session_id: str, prompt_ids: tuple[int, ...]) -> tuple[int, str]:
         """The context length, and this replica's id (where the session's KV now lives)."""
         return self._verifier.prefill(session_id, prompt_ids), _replica_id()
 
-    def verify(self, session_id, context_len, draft, sampling):
+    def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         return self._verifier.verify(session_id, context_len, draft, sampling)
 
     def release(self, session_id: str) -> bool:
@@ -61,10 +63,10 @@ class DrafterDeployment:
         set_threads(config.model.threads)
         self._methods = DraftMethods(drafter_methods(config))
 
-    def info(self):
+    def info(self) -> ModelInfo:
         return self._methods.info()
 
-    def propose(self, request, method: str = ""):
+    def propose(self, request: ProposeRequest, method: str = "") -> ProposeResult:
         return self._methods.drafter(method).propose(request)
 
     def release(self, session_id: str) -> bool:
@@ -76,7 +78,7 @@ class ServeContext:
     abort() sets the status before raising: Serve's proxy then sends that status, not INTERNAL. A
     client that goes away closes the servicer's stream (ThreadStream), so the call is active until then."""
 
-    def __init__(self, grpc_context, timeout_s: float | None):
+    def __init__(self, grpc_context: Any, timeout_s: float | None) -> None:
         self._context = grpc_context
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
 
@@ -86,10 +88,10 @@ class ServeContext:
     def is_active(self) -> bool:
         return True
 
-    def code(self):
+    def code(self) -> Any:
         return self._context.code() if self._context is not None else None
 
-    def abort(self, code, details: str):
+    def abort(self, code: Any, details: str) -> NoReturn:
         if self._context is not None:
             self._context.set_code(code)
             self._context.set_details(details)
@@ -103,7 +105,7 @@ class RpcAborted(Exception):
 @serve.deployment(name="Orchestrator")
 @serve.ingress()
 class OrchestratorDeployment:
-    async def __init__(self, verifier, drafter, config: OrchestratorConfig):
+    async def __init__(self, verifier: Any, drafter: Any, config: OrchestratorConfig) -> None:  # type: ignore[misc]  # Serve awaits an async constructor
         from orchestrator.admission import Admission
         from orchestrator.openai_api import ApiConfig, create_app
         from orchestrator.request_path import RequestPath
@@ -125,18 +127,18 @@ class OrchestratorDeployment:
         self._app = create_app(RequestPath(generator, admission), ApiConfig(
             generator.info.model_name, None, config.limits.max_request_bytes, config.http.request_timeout_s))
 
-    def __serve_build_asgi_app__(self):
+    def __serve_build_asgi_app__(self) -> Any:
         """Serve's HTTP proxy: the OpenAI-compatible API (docs/http-api.md)."""
         return self._app
 
-    async def Generate(self, request, grpc_context=None) -> AsyncIterator:
+    async def Generate(self, request: Any, grpc_context: Any = None) -> AsyncIterator[Any]:
         """Serve's gRPC proxy: the servicer's blocking stream on a thread of its own (a client that goes
         away ends it after the current round, which releases the generation's sessions)."""
-        async for chunk in ThreadStream(self._servicer.Generate(request, ServeContext(grpc_context, self._timeout_s)),
-                                        name="specpipe-generate"):
+        context = ServeContext(grpc_context, self._timeout_s)
+        async for chunk in ThreadStream(self._servicer.Generate(request, context), name="specpipe-generate"):
             yield chunk
 
-    def Check(self, request, grpc_context=None):
+    def Check(self, request: Any, grpc_context: Any = None) -> health_pb2.HealthCheckResponse:
         """grpc.health.v1 Check: this replica is constructed, so its peers answered."""
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 

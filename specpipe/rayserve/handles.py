@@ -18,8 +18,9 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
@@ -31,7 +32,7 @@ from specpipe.serving.replicas import Probe, ReplicaSet
 
 
 @contextlib.contextmanager
-def ray_errors(what: str):
+def ray_errors(what: str) -> Iterator[None]:
     """A peer's SpecpipeError as itself; a lost replica UNAVAILABLE; a full one RESOURCE_EXHAUSTED."""
     try:
         yield
@@ -52,7 +53,7 @@ def ray_errors(what: str):
 DEPLOYMENT_ENDPOINT = "ray-serve-verifier:1"  # the ReplicaSet's one endpoint (its form: host:port)
 
 
-def deployment_probe(client) -> Probe:
+def deployment_probe(client: Any) -> Probe:
     """Serve health-checks the replicas and routes to live ones only: the deployment serves."""
     return Probe(serving=True)
 
@@ -76,7 +77,7 @@ class HandleVerifier:
     """specpipe.core.protocols.Verifier over the verifier deployment. Records where each session was
     prefilled (placements(): recent sessions, for operators and tests)."""
 
-    def __init__(self, handle, info: ModelInfo, timeout_s: float | None = 60.0, history: int = 1024):
+    def __init__(self, handle: Any, info: ModelInfo, timeout_s: float | None = 60.0, history: int = 1024) -> None:
         self._handle = handle
         self._info = info  # fetched once by the orchestrator's constructor: it never changes
         self._timeout_s = timeout_s
@@ -84,7 +85,7 @@ class HandleVerifier:
         self._closed: deque[Placement] = deque(maxlen=history)
         self._lock = threading.Lock()
 
-    def _call(self, session_id: str, method: str, *args):
+    def _call(self, session_id: str, method: str, *args: Any) -> Any:
         with ray_errors(f"verifier {method}"):
             response = getattr(self._handle.options(session_id=session_id), method).remote(session_id, *args)
             return response.result(timeout_s=self._timeout_s)
@@ -122,7 +123,7 @@ class HandleVerifier:
 class HandleDrafter:
     """specpipe.core.protocols.Drafter over one draft method of the drafter deployment."""
 
-    def __init__(self, handle, method: str, info: ModelInfo, timeout_s: float | None = 60.0):
+    def __init__(self, handle: Any, method: str, info: ModelInfo, timeout_s: float | None = 60.0) -> None:
         self._handle = handle
         self.method = method
         self._info = info

@@ -1,13 +1,13 @@
 """Session affinity for Ray Serve: a custom request router (Serve's request_router_config) that pins
 a session, named by the handle's session_id, to the replica its first call went to.
 
-The verifier's KV of a session lives on one replica, so its calls must all reach it (strict); a
-drafter resyncs any session by longest common prefix, so its calls prefer the last replica and fall
-back to any other (not strict). A new session goes to the least loaded replica: fewest sessions
-pinned by this router, then the shortest queue Serve knows. A pin to a replica that is gone
-(scaled down, dead) is dropped: the session's next call is placed anew, and the orchestrator
-re-prefills it there (specpipe.serving.failover, specpipe/rayserve/handles.py). Why not Serve's consistent-hash router: placement by
-hash ignores load, and every change of the replica set moves running sessions away from their KV.
+The verifier's KV of a session lives on one replica, so its calls must all reach it (strict); a drafter
+resyncs any session by longest common prefix, so its calls prefer the last replica and fall back to any other
+(not strict). A new session goes to the least loaded replica: fewest sessions pinned by this router, then the
+shortest queue Serve knows. A pin to a replica that is gone (scaled down, dead) is dropped: the session's next
+call is placed anew, and the orchestrator re-prefills it there (specpipe.serving.failover,
+specpipe/rayserve/handles.py). Why not Serve's consistent-hash router: placement by hash ignores load, and
+every change of the replica set moves running sessions away from their KV.
 
 Pins are per router, i.e. per orchestrator replica and deployment: a session's calls all come from
 the orchestrator replica that runs its generation, so that is the router that needs them.
@@ -16,15 +16,18 @@ the orchestrator replica that runs its generation, so that is the router that ne
 from __future__ import annotations
 
 from collections import Counter
-from typing import Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence, TypeVar
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 RELEASE_METHOD = "release"  # the deployments' method that ends a session
 
 
-def rank_replicas(pinned: Hashable | None, candidates: Sequence[Hashable], sessions: Mapping[Hashable, int],
-                  queue_len: Mapping[Hashable, int], strict: bool) -> list[Hashable]:
+R = TypeVar("R", bound=Hashable)  # a replica's id
+
+
+def rank_replicas(pinned: R | None, candidates: Sequence[R], sessions: Mapping[R, int],
+                  queue_len: Mapping[R, int], strict: bool) -> list[R]:
     """Replicas to try in order: the pinned one alone (strict) or first; else the least loaded
     first, by (sessions pinned, queue length); ties keep the candidates' order."""
     if pinned is not None and pinned in candidates:
@@ -38,12 +41,12 @@ def rank_replicas(pinned: Hashable | None, candidates: Sequence[Hashable], sessi
 class SessionPinRouter(RequestRouter):
     """request_router_kwargs: strict (default True): a pinned session's calls go to its replica only."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._strict = True
         self._pins: dict[str, ReplicaID] = {}  # session_id -> replica
         super().__init__(*args, **kwargs)
 
-    def initialize_state(self, strict: bool = True, **kwargs) -> None:
+    def initialize_state(self, strict: bool = True, **kwargs: Any) -> None:
         self._strict = bool(strict)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -57,7 +60,7 @@ class SessionPinRouter(RequestRouter):
                                Counter(self._pins.values()), queue_len, self._strict)
         return [[by_id[rid]] for rid in ranked]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         session_id = pending_request.metadata.session_id
         if not session_id:
             return

@@ -18,8 +18,9 @@ import secrets
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Iterator, Mapping, MutableMapping, TypeVar
 
 from specpipe.core.errors import Cancelled, DeadlineExceeded
 
@@ -57,7 +58,7 @@ class Cancellation:
         callback()
         return lambda: None
 
-    def _forget(self, callback) -> None:
+    def _forget(self, callback: Callable[[], object]) -> None:
         with self._lock:
             if callback in self._callbacks:
                 self._callbacks.remove(callback)
@@ -124,10 +125,13 @@ def time_left() -> float:
     return float("inf") if deadline is None else deadline - time.monotonic()
 
 
+T = TypeVar("T")  # what a submitted task returns
+
+
 class ContextPool(ThreadPoolExecutor):
     """A thread pool whose tasks run in the submitter's context (its deadline)."""
 
-    def submit(self, fn, /, *args, **kwargs):
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
 
 
@@ -141,7 +145,7 @@ def idle(last_used: Mapping[str, float], now: float, ttl_s: float) -> list[str]:
     return [sid for sid, used in last_used.items() if now - used > ttl_s]
 
 
-def evict_idle(sessions: MutableMapping[str, object], ttl_s: float) -> int:
+def evict_idle(sessions: MutableMapping[str, Any], ttl_s: float) -> int:
     """Drop the sessions (objects with a monotonic last_used) idle for more than ttl_s; the caller
     holds the lock of sessions. Returns how many."""
     gone = idle({sid: session.last_used for sid, session in sessions.items()}, time.monotonic(), ttl_s)

@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from typing import TextIO
 
 # Attributes every LogRecord has; anything else on a record came in through `extra=`.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
@@ -40,13 +41,15 @@ class TextFormatter(logging.Formatter):
     """Human-readable variant: `ts LEVEL logger: msg key=value ...`."""
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _RECORD_ATTRS and not k.startswith("_"))
+        extras = " ".join(
+            f"{k}={v}" for k, v in vars(record).items() if k not in _RECORD_ATTRS and not k.startswith("_")
+        )
         line = f"{_timestamp(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
         line = f"{line} {extras}" if extras else line
         return f"{line}\n{self.formatException(record.exc_info)}" if record.exc_info else line
 
 
-def configure(level: str | int = "INFO", json: bool = True, stream=None) -> None:
+def configure(level: str | int = "INFO", json: bool = True, stream: TextIO | None = None) -> None:
     """Route the root logger to one stderr handler (replacing earlier ones) with the chosen format."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if json else TextFormatter())

@@ -12,42 +12,71 @@ ROUNDS = Counter("specpipe_rounds_total", "Verify rounds run by the orchestrator
 DRAFTED_TOKENS = Counter("specpipe_drafted_tokens_total", "Draft nodes sent to the verifier", ["drafter"])
 ACCEPTED_TOKENS = Counter("specpipe_accepted_tokens_total", "Draft tokens accepted by the verifier", ["drafter"])
 EMITTED_TOKENS = Counter("specpipe_emitted_tokens_total", "Verified tokens emitted to clients", ["drafter"])
-DRAFT_FAILURES = Counter("specpipe_draft_failures_total", "Rounds that went on without a draft because the drafter failed", ["drafter"])
-SOURCE_DRAFTED = Counter("specpipe_drafted_tokens_by_source_total", "Draft nodes sent to the verifier, by source "
-                         "(model, or the n-gram drafter's context / verifier table / learned store (global))", ["drafter", "source"])
-SOURCE_ACCEPTED = Counter("specpipe_accepted_tokens_by_source_total", "Draft tokens accepted, by source", ["drafter", "source"])
+DRAFT_FAILURES = Counter(
+    "specpipe_draft_failures_total", "Rounds that went on without a draft because the drafter failed", ["drafter"]
+)
+SOURCE_DRAFTED = Counter(
+    "specpipe_drafted_tokens_by_source_total",
+    "Draft nodes sent to the verifier, by source "
+    "(model, or the n-gram drafter's context / verifier table / learned store (global))",
+    ["drafter", "source"],
+)
+SOURCE_ACCEPTED = Counter(
+    "specpipe_accepted_tokens_by_source_total", "Draft tokens accepted, by source", ["drafter", "source"]
+)
 STALE_PROPOSALS = Counter("specpipe_stale_proposals_total", "Proposals aborted by the drafter because a newer epoch "
                           "of their session had arrived (dropped branch-prediction hypotheses)")
 HYPOTHESES = Counter("specpipe_hypotheses_total", "Branch-prediction hypotheses issued (pre-drafts requested)",
                      ["drafter", "predictor"])
-PREDICTION_HITS = Counter("specpipe_prediction_hits_total", "Rounds whose outcome matched a hypothesis", ["drafter", "predictor"])
+PREDICTION_HITS = Counter(
+    "specpipe_prediction_hits_total", "Rounds whose outcome matched a hypothesis", ["drafter", "predictor"]
+)
 PREDICTION_MISSES = Counter("specpipe_prediction_misses_total", "Rounds with hypotheses whose outcome matched none",
                             ["drafter", "predictor"])
-WASTED_DRAFT_TOKENS = Counter("specpipe_wasted_draft_tokens_total", "Pre-drafted tokens dropped (rollback)", ["drafter"])
-TRIMMED_DRAFT_TOKENS = Counter("specpipe_trimmed_draft_tokens_total",
-                               "Drafted tokens not verified: adaptive control cut nodes whose expected acceptance did not pay for them",
-                               ["drafter"])
-HIDDEN_DRAFT_MS = Counter("specpipe_hidden_draft_ms_total", "Draft time that ran while the verifier was busy", ["drafter"])
+WASTED_DRAFT_TOKENS = Counter(
+    "specpipe_wasted_draft_tokens_total", "Pre-drafted tokens dropped (rollback)", ["drafter"]
+)
+TRIMMED_DRAFT_TOKENS = Counter(
+    "specpipe_trimmed_draft_tokens_total",
+    "Drafted tokens not verified: adaptive control cut nodes whose expected acceptance did not pay for them",
+    ["drafter"],
+)
+HIDDEN_DRAFT_MS = Counter(
+    "specpipe_hidden_draft_ms_total", "Draft time that ran while the verifier was busy", ["drafter"]
+)
 DRAFT_TIME_MS = Counter("specpipe_draft_time_ms_total", "Draft time of the drafts sent to the verifier", ["drafter"])
 VERIFIER_IDLE_MS = Counter("specpipe_verifier_idle_ms_total", "Time a session's verifier waited between rounds "
                            "(from a verify reply to the next verify call)", ["drafter", "schedule"])
 GENERATIONS = Counter("specpipe_generations_total", "Finished generations", ["finish_reason"])
 
-VERIFY_MS = Histogram("specpipe_verify_forward_ms", "Verifier forward time per round", ["draft_nodes"], buckets=_MS_BUCKETS)
+VERIFY_MS = Histogram(
+    "specpipe_verify_forward_ms", "Verifier forward time per round", ["draft_nodes"], buckets=_MS_BUCKETS
+)
 PREFILL_MS = Histogram("specpipe_prefill_ms", "Verifier prefill time", buckets=_MS_BUCKETS)
 DRAFT_MS = Histogram("specpipe_draft_ms", "Drafter time per proposal", ["drafter"], buckets=_MS_BUCKETS)
 ADAPTIVE_DRAFT_LEN = Histogram("specpipe_adaptive_draft_len", "Main-chain draft length per round chosen by adaptive "
                                "control (0 = plain decoding)", ["drafter"], buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16))
-VERIFY_COST_MS = Gauge("specpipe_verify_cost_ms", "Verify time fitted by adaptive control, T(n) = fixed + per_token * n "
-                       "for n tokens fed", ["term"])
-ROUND_MS = Histogram("specpipe_round_ms", "Orchestrator round time (draft + verify + transport)", ["drafter"], buckets=_MS_BUCKETS)
+VERIFY_COST_MS = Gauge(
+    "specpipe_verify_cost_ms",
+    "Verify time fitted by adaptive control, T(n) = fixed + per_token * n for n tokens fed",
+    ["term"],
+)
+ROUND_MS = Histogram(
+    "specpipe_round_ms", "Orchestrator round time (draft + verify + transport)", ["drafter"], buckets=_MS_BUCKETS
+)
 ROUND_PART_MS = Counter("specpipe_round_part_ms_total", "Where generations' wall time went, as the orchestrator saw "
                         "it (ms): prefill, wait (for drafts), control, call (the verify call), emit, record, rest; "
                         "forward: the verifier's forward within call", ["drafter", "part"])
 
 NGRAM_LOOKUPS = Counter("specpipe_ngram_lookups_total", "N-gram store lookups by the n-gram drafter")
-NGRAM_DRAFT_TOKENS = Counter("specpipe_ngram_draft_tokens_total", "N-gram draft tokens, by the n of the matching n-gram (long: a learned match longer than N-1 tokens)", ["level"])
-CACHE_FAILURES = Counter("specpipe_cache_failures_total", "N-gram store calls that failed (generation went on without them)", ["call"])
+NGRAM_DRAFT_TOKENS = Counter(
+    "specpipe_ngram_draft_tokens_total",
+    "N-gram draft tokens, by the n of the matching n-gram (long: a learned match longer than N-1 tokens)",
+    ["level"],
+)
+CACHE_FAILURES = Counter(
+    "specpipe_cache_failures_total", "N-gram store calls that failed (generation went on without them)", ["call"]
+)
 
 VERIFY_BATCH_SESSIONS = Histogram("specpipe_verify_batch_sessions", "Sessions per batched verifier forward",
                                   buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
@@ -58,8 +87,12 @@ DRAFT_BATCH_SESSIONS = Histogram("specpipe_draft_batch_sessions", "Proposals per
                                  buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64))
 DRAFT_BATCH_TOKENS = Histogram("specpipe_draft_batch_tokens", "Tokens per batched drafter forward (all proposals)",
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
-QUEUE_DEPTH = Gauge("specpipe_queue_depth", "Requests waiting: verifier rounds and prefills and drafter proposals for the model, "
-                    "orchestrator generations for a session slot", ["role"])
+QUEUE_DEPTH = Gauge(
+    "specpipe_queue_depth",
+    "Requests waiting: verifier rounds and prefills and drafter proposals for the model, "
+    "orchestrator generations for a session slot",
+    ["role"],
+)
 VERIFY_TURNAROUND_MS = Histogram("specpipe_verify_turnaround_ms", "Verifier: time from the end of a decoding "
                                  "session's forward to its next round's arrival (the orchestrator's turn: reply, "
                                  "drafting, next request)", buckets=_MS_BUCKETS)
@@ -84,12 +117,14 @@ HTTP_REFUSED = Counter("specpipe_http_refused_total", "HTTP connections and requ
 # The pipeline's own cost (docs/pipeline.md): busy share and CPU time by hop, and the simulated clock.
 FORWARD_SECONDS = Counter("specpipe_forward_seconds_total", "Wall time of a role's model forwards (simulated ones at "
                           "the cost model's time); its rate is the busy share", ["role"])
-FORWARDS = Counter("specpipe_forwards_total", "A role's model forwards (batched: one per forward, whatever its sessions)",
-                   ["role"])
+FORWARDS = Counter(
+    "specpipe_forwards_total", "A role's model forwards (batched: one per forward, whatever its sessions)", ["role"]
+)
 CPU_SECONDS = Counter("specpipe_cpu_seconds_total", "CPU time of the threads of a role, by hop (specpipe.runtime.cpu); "
                       "the process's whole CPU time is process_cpu_seconds_total", ["role", "hop"])
-SIMULATED_FORWARDS = Counter("specpipe_simulated_forwards_total", "Forwards held to a cost model's curve (--cost-model)",
-                             ["role"])
+SIMULATED_FORWARDS = Counter(
+    "specpipe_simulated_forwards_total", "Forwards held to a cost model's curve (--cost-model)", ["role"]
+)
 SIMULATED_OVERRUNS = Counter("specpipe_simulated_overruns_total", "Simulated forwards whose real compute took longer "
                              "than the cost model allows (their real time is kept)", ["role"])
 SIMULATED_OVERRUN_MS = Counter("specpipe_simulated_overrun_ms_total", "Time by which real forwards overran the cost "

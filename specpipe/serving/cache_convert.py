@@ -26,7 +26,9 @@ def ngram_draft_from_proto(msg: cache_pb2.LookupReply) -> NgramDraft:
                       tuple(msg.confidence))
 
 
-def record_branches_request_to_proto(session_id: str, branches: Sequence[Sequence[int]]) -> cache_pb2.RecordBranchesRequest:
+def record_branches_request_to_proto(
+    session_id: str, branches: Sequence[Sequence[int]]
+) -> cache_pb2.RecordBranchesRequest:
     return cache_pb2.RecordBranchesRequest(
         session_id=session_id, branches=[cache_pb2.Branch(tokens=branch) for branch in branches])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Sequence
+from typing import Sequence, cast
 
 from specpipe.core import types
 from specpipe.core.errors import InvalidArgument
@@ -75,8 +75,9 @@ def draft_from_proto(msg: common_pb2.DraftTree) -> types.Draft:
 
 # --- verifier.proto ----------------------------------------------------------------------------
 
-def sources_to_proto(sources: Sequence[str]) -> list[int]:
-    return [types.DRAFT_SOURCES.index(source) + 1 for source in sources]
+def sources_to_proto(sources: Sequence[str]) -> list[common_pb2.DraftSource]:
+    # the enum's numbers (DRAFT_SOURCES' order, after UNSPECIFIED), which protobuf takes as its values
+    return [cast(common_pb2.DraftSource, types.DRAFT_SOURCES.index(source) + 1) for source in sources]
 
 
 def sources_from_proto(values: Sequence[int]) -> tuple[str, ...]:
@@ -169,12 +170,15 @@ def verify_result_from_proto(msg: verifier_pb2.VerifyReply) -> types.VerifyResul
 
 # --- generation.proto --------------------------------------------------------------------------
 
+_ROUND_FIELDS = tuple(f.name for f in fields(types.RoundStats))  # every chunk carries one: no asdict() a round
+
+
 def round_to_proto(stats: types.RoundStats) -> generation_pb2.RoundStats:
-    return generation_pb2.RoundStats(**asdict(stats))
+    return generation_pb2.RoundStats(**{name: getattr(stats, name) for name in _ROUND_FIELDS})
 
 
 def round_from_proto(msg: generation_pb2.RoundStats) -> types.RoundStats:
-    return types.RoundStats(**{f.name: getattr(msg, f.name) for f in fields(types.RoundStats)})
+    return types.RoundStats(**{name: getattr(msg, name) for name in _ROUND_FIELDS})
 
 
 def chunk_to_proto(chunk: types.GenerationChunk) -> generation_pb2.GenerateChunk:

@@ -21,8 +21,9 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from specpipe.core.errors import FailedPrecondition, SpecpipeError, Unavailable
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
@@ -40,7 +41,7 @@ REOPEN_WAIT_S = 10.0   # every replica down (one verifier restarting): retry the
 BACKOFF_S = (0.05, 1.0)  # first and longest pause between those retries
 
 
-def verifier_probe(client) -> Probe:
+def verifier_probe(client: Any) -> Probe:
     """Health plus the Load RPC: open sessions and queued work."""
     if client.health("", PROBE_TIMEOUT_S) != "SERVING":
         return Probe(serving=False)
@@ -48,12 +49,12 @@ def verifier_probe(client) -> Probe:
     return Probe(serving=True, load=load.open_sessions + load.queued)
 
 
-def drafter_probe(client) -> Probe:
+def drafter_probe(client: Any) -> Probe:
     return Probe(serving=client.health("", PROBE_TIMEOUT_S) == "SERVING")
 
 
 @contextlib.contextmanager
-def calling(replicas: ReplicaSet, address: str):
+def calling(replicas: ReplicaSet, address: str) -> Iterator[Any]:
     """The replica's client, counted as one call in flight on it (its load as this process sees it)."""
     client = replicas.client(address)
     replicas.note_call(address, +1)
@@ -63,7 +64,7 @@ def calling(replicas: ReplicaSet, address: str):
         replicas.note_call(address, -1)
 
 
-def first_answer(replicas: ReplicaSet, method: str):
+def first_answer(replicas: ReplicaSet, method: str) -> Any:
     """client.method() of the first replica that answers (info(): every replica serves the same model)."""
     errors = []
     for address in replicas.candidates():

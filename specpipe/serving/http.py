@@ -25,8 +25,10 @@ import socket
 import threading
 import time
 from http import HTTPStatus
+from typing import Any
 
 from specpipe.config.limits import DEFAULT_HTTP, HttpLimits
+from specpipe.config.services import TlsFiles
 from specpipe.core.errors import Unavailable
 from specpipe.runtime import metrics
 
@@ -42,14 +44,14 @@ def raw_response(status: int, message: str, kind: str = "invalid_request_error")
     return head.encode() + body
 
 
-def guarded_protocol(limits: HttpLimits):
+def guarded_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol with the connection cap and the header timeout of limits."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport) -> None:
+        def connection_made(self, transport: Any) -> None:
             if limits.max_connections and len(self.server_state.connections) >= limits.max_connections:
                 self.transport = transport  # what connection_lost closes
                 metrics.HTTP_REFUSED.labels(reason="connections").inc()
@@ -68,7 +70,7 @@ def guarded_protocol(limits: HttpLimits):
             elif self.cycle is None or self.cycle.response_complete:  # a request's headers are coming
                 self._arm()
 
-        def connection_lost(self, exc) -> None:
+        def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
@@ -100,16 +102,16 @@ class BodyDeadline:
     """ASGI middleware: a request's body must arrive within timeout_s of its headers, else 408 (the
     application's error handler answers, as for any HTTPException raised while reading the body)."""
 
-    def __init__(self, app, timeout_s: float):
+    def __init__(self, app: Any, timeout_s: float):
         self.app, self.timeout_s = app, timeout_s
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not self.timeout_s:
             return await self.app(scope, receive, send)
         deadline = time.monotonic() + self.timeout_s
         reading = True
 
-        async def timed_receive():
+        async def timed_receive() -> dict[str, Any]:
             nonlocal reading
             if not reading:  # after the body: the disconnect, whenever it comes
                 return await receive()
@@ -128,8 +130,9 @@ class BodyDeadline:
 
 
 class HttpServer:
-    def __init__(self, app, host: str, port: int, tls_files=None, limits: HttpLimits = DEFAULT_HTTP):
-        """tls_files: specpipe.config.services.TlsFiles (cert and key), or None for plain HTTP."""
+    def __init__(self, app: Any, host: str, port: int, tls_files: TlsFiles | None = None,
+                 limits: HttpLimits = DEFAULT_HTTP):
+        """tls_files: the certificate and key to serve HTTPS with; None: plain HTTP."""
         import uvicorn
 
         self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -140,11 +143,11 @@ class HttpServer:
             self._socket.close()
             raise Unavailable(f"cannot serve HTTP on {host}:{port}: {err}") from None
         self.host, self.port = host, self._socket.getsockname()[1]
-        self.scheme = "https" if tls_files is not None and tls_files.cert else "http"
+        cert, key = (tls_files.cert, tls_files.key) if tls_files is not None else (None, None)
+        self.scheme = "https" if cert else "http"
         config = uvicorn.Config(BodyDeadline(app, limits.body_timeout_s), http=guarded_protocol(limits), ws="none",
                                 log_level="warning", access_log=False, lifespan="off",
-                                ssl_certfile=tls_files.cert if self.scheme == "https" else None,
-                                ssl_keyfile=tls_files.key if self.scheme == "https" else None,
+                                ssl_certfile=cert if cert else None, ssl_keyfile=key if cert else None,
                                 timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},

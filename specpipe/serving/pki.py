@@ -47,7 +47,8 @@ def _san(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(names)
 
 
-def _certificate(subject: x509.Name, issuer: x509.Name, public_key, signing_key, ca: bool,
+def _certificate(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey,
+                 signing_key: ec.EllipticCurvePrivateKey, ca: bool,
                  hosts: Sequence[str] = ()) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
@@ -70,7 +71,7 @@ def _write(path: pathlib.Path, data: bytes, private: bool = False) -> str:
     return str(path)
 
 
-def _key_pem(key) -> bytes:
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 

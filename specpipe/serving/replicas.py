@@ -14,14 +14,18 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, Protocol, TypeVar
 
 from specpipe.core.errors import InvalidArgument, SpecpipeError, Unavailable
 
 log = logging.getLogger("specpipe.serving.replicas")
 
 DNS_SCHEME = "dns:///"
-C = TypeVar("C")  # a client of one replica (VerifierClient, DrafterClient, ...)
+class _Client(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Client)  # a client of one replica (VerifierClient, DrafterClient, ...)
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def resolve(name_port: str) -> tuple[str, ...]:
         infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
     except socket.gaierror:
         return ()
-    hosts = {info[4][0] for info in infos}
+    hosts = {str(info[4][0]) for info in infos}
     return tuple(sorted(f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts))
 
 
@@ -111,7 +115,7 @@ class ReplicaSet(Generic[C]):
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._resolved_at = 0.0
-        self._update_endpoints(self._static or resolve(self._dns_name))
+        self._update_endpoints(self._static or resolve(self._dns_name or ""))
         self.refresh()  # route by real health and load from the first session on
         self._thread = threading.Thread(target=self._refresh_loop, name="specpipe-replicas", daemon=True)
         self._thread.start()
@@ -232,6 +236,6 @@ class ReplicaSet(Generic[C]):
     def __enter__(self) -> ReplicaSet[C]:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 

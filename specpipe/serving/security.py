@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hmac
 import pathlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -36,7 +38,7 @@ class Tls:
             return None
         if bool(cert) != bool(key):
             raise InvalidArgument("give --tls-cert and --tls-key together")
-        return Tls(*(read_file(path) for path in (cert, key, ca)))
+        return Tls(read_file(cert), read_file(key), read_file(ca))
 
     @staticmethod
     def of(files: TlsFiles | None) -> Tls | None:
@@ -79,7 +81,7 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((AUTHORIZATION, f"Bearer {token}"),) if token else ()
 
 
-def token_matches(metadata, token: str) -> bool:
+def token_matches(metadata: Iterable[tuple[str, Any]] | None, token: str) -> bool:
     """Whether the call's metadata carries exactly one authorization entry with the token (constant time)."""
     values = [value for key, value in metadata or () if key == AUTHORIZATION]
     if len(values) != 1 or not isinstance(values[0], str):
@@ -95,7 +97,7 @@ class TokenAuth(grpc.ServerInterceptor):
         self._token = token
         self._prefixes = tuple(f"/{name}/" for name in services)
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self._prefixes):
             return handler

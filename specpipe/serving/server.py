@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -78,7 +78,7 @@ NEW_WORK = frozenset({"/specpipe.v1.Verifier/Prefill", "/specpipe.v1.Generation/
                       "/specpipe.v1.Drafter/Propose"})
 
 
-def service_name(pb2_module, name: str) -> str:
+def service_name(pb2_module: Any, name: str) -> str:
     return pb2_module.DESCRIPTOR.services_by_name[name].full_name
 
 
@@ -98,7 +98,7 @@ def _aborted_already(context: grpc.ServicerContext) -> bool:
     return callable(code) and code() is not None
 
 
-def rpc_cancellation(context) -> Cancellation | None:
+def rpc_cancellation(context: Any) -> Cancellation | None:
     """A Cancellation set when the RPC ends before its handler does (the caller cancelled, its deadline
     passed); None where the context cannot tell (Ray Serve's)."""
     add_callback = getattr(context, "add_callback", None)
@@ -110,14 +110,17 @@ def rpc_cancellation(context) -> Cancellation | None:
     return cancellation
 
 
-def rpc_method(fn):
+F = TypeVar("F", bound=Callable[..., Any])  # a servicer method
+
+
+def rpc_method(fn: F) -> F:
     """Servicer method decorator: SpecpipeError -> its status, anything else -> INTERNAL (logged).
     The handler runs in its RPC's cancellation scope (specpipe.runtime.lifecycle)."""
     method = fn.__qualname__
     if inspect.isgeneratorfunction(fn):
 
         @functools.wraps(fn)
-        def stream(self, request, context):
+        def stream(self: Any, request: Any, context: Any) -> Iterator[Any]:
             try:
                 with cancel_scope(rpc_cancellation(context)):
                     yield from fn(self, request, context)
@@ -126,10 +129,10 @@ def rpc_method(fn):
                     raise
                 _fail(context, method, err)
 
-        return stream
+        return cast(F, stream)
 
     @functools.wraps(fn)
-    def unary(self, request, context):
+    def unary(self: Any, request: Any, context: Any) -> Any:
         try:
             with cancel_scope(rpc_cancellation(context)):
                 return fn(self, request, context)
@@ -138,7 +141,7 @@ def rpc_method(fn):
                 raise
             _fail(context, method, err)
 
-    return unary
+    return cast(F, unary)
 
 
 # --- drain and in-flight accounting ------------------------------------------------------------
@@ -211,10 +214,11 @@ class ServerHandle:
     """A started server. `port` / `address` are the bound ones (useful with port 0)."""
 
     def __init__(self, server: grpc.Server, health_servicer: health.HealthServicer, config: ServerConfig,
-                 port: int, service_names: tuple[str, ...], drain: _Drain, metrics_http=None,
-                 health_server: tuple[grpc.Server, int] | None = None):
+                 port: int, service_names: tuple[str, ...], drain: _Drain, metrics_http: Any = None,
+                 health_server: tuple[grpc.Server, int] | None = None) -> None:
         self.server = server
-        self._health_server, self.health_port = health_server or (None, None)
+        self._health_server: grpc.Server | None = health_server[0] if health_server else None
+        self.health_port: int | None = health_server[1] if health_server else None
         self._drain = drain
         self.health = health_servicer
         self.config = config
@@ -285,16 +289,16 @@ class ServerHandle:
     def __enter__(self) -> ServerHandle:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop(grace_s=0)
 
 
-def _health_only(health_servicer: health.HealthServicer, config: ServerConfig) -> tuple[grpc.Server, int]:
+def _health_only(health_servicer: health.HealthServicer, host: str, port: int) -> tuple[grpc.Server, int]:
     """A plaintext server of the health service alone (the same statuses, drain included): what it
     tells, SERVING or not, is no secret, and no other service is reachable through it."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=(("grpc.so_reuseport", 0),))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = _listen(server, config.host, config.health_port)
+    port = _listen(server, host, port)
     server.start()
     return server, port
 
@@ -339,7 +343,8 @@ def serve(services: Sequence[Service], config: ServerConfig = ServerConfig()) ->
         except OSError as err:
             raise Unavailable(f"cannot serve metrics on {config.host}:{config.metrics_port}: {err}") from None
 
-    health_server = _health_only(health_servicer, config) if config.health_port is not None else None
+    health_server = (_health_only(health_servicer, config.host, config.health_port)
+                     if config.health_port is not None else None)
     server.start()
     for name in names + ("",):  # "" = the whole server
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -269,7 +269,10 @@ def groupable(linears: Sequence[nn.Module]) -> bool:
             and len({(linear.in_features, linear.packed.dtype, linear.bias is None) for linear in linears}) == 1)
 
 
-GROUPS = {"self_attn": ("packed_qkv", ("q_proj", "k_proj", "v_proj")), "mlp": ("packed_gate_up", ("gate_proj", "up_proj"))}
+GROUPS = {
+    "self_attn": ("packed_qkv", ("q_proj", "k_proj", "v_proj")),
+    "mlp": ("packed_gate_up", ("gate_proj", "up_proj")),
+}
 
 
 def group_projections(model: nn.Module) -> int:
