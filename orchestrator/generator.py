@@ -27,7 +27,7 @@ from orchestrator.inputs import chat_ids, check_input
 from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
 from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
 from orchestrator.predictors import new_predictor, new_shared
-from orchestrator.schedules import Branch, Proposer, Schedule, Sequential
+from orchestrator.schedules import Branch, Proposer, Round, Schedule, Sequential
 from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_generation
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.core.protocols import Drafter, NgramCache, Verifier
@@ -174,26 +174,32 @@ class Generator:
         def draft_len(emitted: int | None = None) -> int:  # draft only what can still be emitted
             return min(policy.draft_len(self._load.active, branch), gen.room(emitted))
 
+        def send(proposal: ProposeResult) -> tuple[ProposeResult, ProposeResult, Round, float]:
+            """The round's draft as sent (after the draft policy and the window), as drafted, the round, its start."""
+            as_drafted, proposal = proposal, self._fit(gen, policy.trim(proposal, self._load.active))
+            hypotheses = policy.hypotheses(proposal, self._load.active) if branch else 0  # pre-drafts
+            start = laps.lap("control")
+            return proposal, as_drafted, schedule.start(gen, proposal, as_drafted, hypotheses, draft_len), start
+
         with self._load:
             try:
                 laps = Laps()
                 proposal, resolution, idle_since = schedule.first(gen, draft_len()), NO_SPECULATION, None
                 laps.lap("wait")
                 laps.move("wait", "prefill", schedule.prefill_ms)  # the first draft waited out the prefill
+                laps.lap("rest")
+                proposal, as_drafted, sent, start = send(proposal)
                 while True:
-                    laps.lap("rest")
-                    as_drafted, proposal = proposal, self._fit(gen, policy.trim(proposal, self._load.active))
-                    hypotheses = policy.hypotheses(proposal, self._load.active) if branch else 0  # pre-drafts
-                    start = laps.lap("control")
-                    result = schedule.verify(gen, proposal, as_drafted, hypotheses, draft_len)
+                    result = sent()
                     verify_end = laps.lap("call")
                     self.observer.verified(gen, proposal, result)
                     laps.lap("record")
                     policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3))
                     laps.lap("control")
                     idle_ms = (start - idle_since) * 1e3 if idle_since is not None else 0.0
-                    yield self._emit(gen, proposal, result, resolution, idle_ms, start, laps)
+                    chunk = self._emit(gen, proposal, result, resolution, idle_ms, start, laps)
                     if gen.finish:
+                        yield chunk
                         break
                     gen.confirm(result)
                     laps.lap("rest")
@@ -202,8 +208,10 @@ class Generator:
                     count_prediction(spec, resolution)
                     if resolution.issued:
                         policy.observe_prediction(resolution.proposal is not None)
-                    laps.lap("control")
                     idle_since = verify_end
+                    proposal, as_drafted, sent, start = send(proposal)
+                    yield chunk  # the client's write while the verifier checks the next round
+                    laps.lap("rest")
                 self.observer.finished(gen)
             finally:
                 schedule.close()

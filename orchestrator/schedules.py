@@ -20,7 +20,7 @@ import logging
 import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, cast
 
 from orchestrator.branch import NO_SPECULATION, BranchScheduler, Resolution
 from orchestrator.generation import Generation
@@ -149,6 +149,21 @@ def prefill(verifier: Verifier, gen: Generation) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+Round = Callable[[], VerifyResult]  # a round sent to the verifier: its verdict when called
+
+
+def send_round(verifier: Verifier, gen: Generation, proposal: ProposeResult) -> Round:
+    """The round sent now where the verifier can send without waiting (verify_async: the stream of
+    rounds), so the caller streams the previous round's tokens while the verifier checks this one;
+    otherwise verified now."""
+    args = (gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
+    start = getattr(verifier, "verify_async", None)
+    if start is not None:
+        return cast(Round, start(*args))
+    result = verifier.verify(*args)
+    return lambda: result
+
+
 class Schedule(Protocol):
     epoch: int
     prefill_ms: float  # the verifier's prefill call, once first() has returned
@@ -156,10 +171,11 @@ class Schedule(Protocol):
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
         """Open the verifier's session (prefill) and draft the first round."""
 
-    def verify(self, gen: Generation, proposal: ProposeResult, as_drafted: ProposeResult, hypotheses: int,
-               draft_len: Callable[[int], int]) -> VerifyResult:
-        """Verify proposal (as_drafted: before the draft policy trimmed it). hypotheses: pre-drafts to
-        run meanwhile; draft_len(emitted): the next round's draft length after `emitted` tokens."""
+    def start(self, gen: Generation, proposal: ProposeResult, as_drafted: ProposeResult, hypotheses: int,
+              draft_len: Callable[[int], int]) -> Round:
+        """Send proposal to the verifier (as_drafted: before the draft policy trimmed it); its verdict when
+        the returned call is made. hypotheses: pre-drafts to run meanwhile; draft_len(emitted): the next
+        round's draft length after `emitted` tokens."""
 
     def next(self, gen: Generation, proposal: ProposeResult, result: VerifyResult, draft_len: Callable[[], int],
              verify_start: float, verify_end: float) -> tuple[ProposeResult, Resolution]:
@@ -180,10 +196,15 @@ class Sequential:
         self.prefill_ms = prefill(self._verifier, gen)
         return self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
 
-    def verify(self, gen, proposal, as_drafted, hypotheses, draft_len) -> VerifyResult:
-        result = self._verifier.verify(gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
-        self.epoch += len(result.accepted_tokens) < len(as_drafted.draft)  # the drafter rolls back
-        return result
+    def start(self, gen, proposal, as_drafted, hypotheses, draft_len) -> Round:
+        sent = send_round(self._verifier, gen, proposal)
+
+        def verdict() -> VerifyResult:
+            result = sent()
+            self.epoch += len(result.accepted_tokens) < len(as_drafted.draft)  # the drafter rolls back
+            return result
+
+        return verdict
 
     def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
         return self._warmer.next_draft(gen.context, draft_len(), self.epoch, gen.room()), NO_SPECULATION
@@ -218,20 +239,23 @@ class Branch:
         self.prefill_ms = prefilling.result()
         return proposal
 
-    def verify(self, gen, proposal, as_drafted, hypotheses, draft_len) -> VerifyResult:
-        """Verify on a pool thread while this one starts the pre-drafts; without pre-drafts (a free
-        drafter's round) verify on this thread, as the sequential schedule does: no hand-off."""
-
-        def verify() -> VerifyResult:
-            return self._verifier.verify(gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
+    def start(self, gen, proposal, as_drafted, hypotheses, draft_len) -> Round:
+        """Send the round (over the stream: at once; otherwise verified on a pool thread) while this thread
+        starts the pre-drafts; without pre-drafts (a free drafter's round) as the sequential schedule does."""
 
         def hypothesis_draft_len(h: Hypothesis) -> int:  # 0: the generation would end with that outcome
             ends = bool(self._eos.intersection(h.accepted)) or h.correction in self._eos
             return 0 if ends else draft_len(len(gen.output) + len(h.accepted) + 1)
 
-        verifying = self._pool.submit(verify) if hypotheses else None
+        if not hypotheses:
+            return send_round(self._verifier, gen, proposal)
+        if getattr(self._verifier, "verify_async", None) is not None:
+            sent = send_round(self._verifier, gen, proposal)
+        else:
+            sent = self._pool.submit(self._verifier.verify, gen.session_id, len(gen.context), proposal.draft,
+                                     gen.request.sampling).result
         self._scheduler.speculate(gen.context, proposal, hypotheses, hypothesis_draft_len)
-        return verify() if verifying is None else verifying.result()
+        return sent
 
     def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
         resolution = self._scheduler.resolve(proposal, result, verify_start, verify_end)

@@ -63,9 +63,9 @@ CALLS = {
     "prompt": dict(prompt="def fibonacci(n):", max_new_tokens=24),
     "messages": dict(messages=[("system", "be brief"), ("user", "hello")], max_new_tokens=12),
     "token_ids": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=16),
-    "tree": dict(
-        prompt="Once upon a time", max_new_tokens=16, speculation=SpeculationOptions("model", 3, 2, adaptive="off")
-    ),
+    # sequential: under the branch schedule a round's draft depends on whether its pre-draft was ready (timing)
+    "tree": dict(prompt="Once upon a time", max_new_tokens=16,
+                 speculation=SpeculationOptions("model", 3, 2, schedule="sequential", adaptive="off")),
     "no drafter": dict(prompt="SELECT name", max_new_tokens=8, speculation=SpeculationOptions("none", 4, 1)),
     "sampled": dict(prompt="The capital of", max_new_tokens=16, sampling=SAMPLED),
     "stop string": dict(token_ids=[72, 101, 108, 108, 111], max_new_tokens=32, stop=("v",)),

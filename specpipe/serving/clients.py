@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -68,6 +68,20 @@ def encoding(what: str):
         yield
     except (ValueError, TypeError) as err:
         raise errors.InvalidArgument(f"{what} cannot be sent: {err}") from None
+
+
+def _settled(call: Callable[..., types.VerifyResult], *args: Any) -> Callable[[], types.VerifyResult]:
+    """call(*args) made now, its result (or its error) given when the returned call is made."""
+    try:
+        result = call(*args)
+    except errors.SpecpipeError as err:
+        error = err
+
+        def failed() -> types.VerifyResult:
+            raise error
+
+        return failed
+    return lambda: result
 
 
 class Client:
@@ -177,6 +191,35 @@ class VerifierClient(Client):
                         raise
                     self._mux = None  # a verifier without the stream: unary calls from now on
             return convert.verify_result_from_proto(self._call(self._stub.Verify, request))
+
+    def verify_async(
+        self, session_id: str, context_len: int, draft: types.Draft, sampling: types.SamplingParams
+    ) -> Callable[[], types.VerifyResult]:
+        """verify(), its round sent now on the stream and its result when the returned call is made (the
+        caller works meanwhile: the orchestrator streams the previous round's tokens); without the
+        stream, verified now."""
+        mux = self._mux
+        if mux is None:
+            return _settled(self.verify, session_id, context_len, draft, sampling)
+        with cpu.hop("orchestrator", "verify_rpc"):
+            with encoding("verify request"):
+                request = verifier_pb2.VerifyRequest(session_id=session_id, context_len=context_len,
+                                                     draft=convert.draft_to_proto(draft),
+                                                     sampling=convert.sampling_to_proto(sampling))
+            timeout_s = call_timeout(self.timeout_s, f"{self.target} verify")
+            sent = mux.send(request)
+
+        def result() -> types.VerifyResult:
+            with cpu.hop("orchestrator", "verify_rpc"):
+                try:
+                    return convert.verify_result_from_proto(mux.wait(sent, timeout_s))
+                except errors.SpecpipeError as err:
+                    if err.code != "UNIMPLEMENTED":
+                        raise
+            self._mux = None  # a verifier without the stream: unary calls from now on
+            return self.verify(session_id, context_len, draft, sampling)
+
+        return result
 
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specpipe.core.errors import FailedPrecondition, SpecpipeError, Unavailable
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
@@ -107,26 +107,84 @@ class ReplicatedVerifier:
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         session = self._session(session_id)
         with session.lock:
-            if context_len != len(session.context):
-                raise FailedPrecondition(
-                    f"session {session_id!r} has {len(session.context)} tokens, the request assumes {context_len}")
-            if self.replicas.should_leave(session.address):  # draining: move before the round, not after
-                self._repin(session_id, session, "draining")
-            for attempt in range(self.max_failovers + 1):
+            self._before_round(session_id, session, context_len)
+            return self._rounds(session_id, session, (context_len, draft, sampling), self.max_failovers + 1)
+
+    def verify_async(self, session_id: str, context_len: int, draft: Draft,
+                     sampling: SamplingParams) -> Callable[[], VerifyResult]:
+        """verify(), the round sent now where the pinned replica's client can (its verify_async: over the
+        stream of rounds), its result when the returned call is made, with the same failover; the session
+        is held until then."""
+        session = self._session(session_id)
+        session.lock.acquire()
+        try:
+            self._before_round(session_id, session, context_len)
+            address = session.address
+            start = getattr(self.replicas.client(address), "verify_async", None)
+            if start is None:
+                verified = self._rounds(session_id, session, (context_len, draft, sampling), self.max_failovers + 1)
+                session.lock.release()
+                return lambda: verified
+            self.replicas.note_call(address, +1)
+            try:
+                pending = start(session_id, context_len, draft, sampling)
+            except BaseException:
+                self.replicas.note_call(address, -1)
+                raise
+        except BaseException:
+            session.lock.release()
+            raise
+
+        def result() -> VerifyResult:
+            try:
                 try:
-                    with calling(self.replicas, session.address) as client:
-                        result = client.verify(session_id, context_len, draft, sampling)
-                except SpecpipeError as err:
-                    if err.code not in SESSION_LOST or attempt == self.max_failovers:
-                        raise
-                    check_cancelled("verify")  # the caller left: not the replica's fault
-                    if err.code in REPLICA_DOWN:
-                        self.replicas.mark_failed(session.address, str(err))
-                    self._repin(session_id, session, err.code.lower())
-                    continue
-                session.context.extend(result.emitted)
-                return result
+                    verified = pending()
+                finally:
+                    self.replicas.note_call(address, -1)
+            except SpecpipeError as err:
+                if err.code not in SESSION_LOST or self.max_failovers == 0:
+                    session.lock.release()
+                    raise
+                try:
+                    self._lost(session_id, session, err)
+                    return self._rounds(session_id, session, (context_len, draft, sampling), self.max_failovers)
+                finally:
+                    session.lock.release()
+            session.context.extend(verified.emitted)
+            session.lock.release()
+            return verified
+
+        return result
+
+    def _before_round(self, session_id: str, session: PinnedSession, context_len: int) -> None:
+        if context_len != len(session.context):
+            raise FailedPrecondition(
+                f"session {session_id!r} has {len(session.context)} tokens, the request assumes {context_len}")
+        if self.replicas.should_leave(session.address):  # draining: move before the round, not after
+            self._repin(session_id, session, "draining")
+
+    def _rounds(self, session_id: str, session: PinnedSession, args: tuple[int, Draft, SamplingParams],
+                attempts: int) -> VerifyResult:
+        """The round on the session's replica, moved to another one after a loss, at most attempts times."""
+        for attempt in range(attempts):
+            try:
+                with calling(self.replicas, session.address) as client:
+                    result = client.verify(session_id, *args)
+            except SpecpipeError as err:
+                if err.code not in SESSION_LOST or attempt == attempts - 1:
+                    raise
+                self._lost(session_id, session, err)
+                continue
+            session.context.extend(result.emitted)
+            return result
         raise AssertionError("unreachable")
+
+    def _lost(self, session_id: str, session: PinnedSession, err: SpecpipeError) -> None:
+        """A round failed for its replica (down, or the session lost there): move the session."""
+        check_cancelled("verify")  # the caller left: not the replica's fault
+        if err.code in REPLICA_DOWN:
+            self.replicas.mark_failed(session.address, str(err))
+        self._repin(session_id, session, err.code.lower())
 
     def release(self, session_id: str) -> bool:
         with self._lock:

@@ -73,6 +73,10 @@ class VerifyMux:
 
     def verify(self, request: verifier_pb2.VerifyRequest, timeout_s: float | None) -> verifier_pb2.VerifyReply:
         """Send request on the stream and wait for its reply (DEADLINE_EXCEEDED after timeout_s)."""
+        return self.wait(self.send(request), timeout_s)
+
+    def send(self, request: verifier_pb2.VerifyRequest) -> tuple[int, _Waiting]:
+        """Queue request on the stream (opened if none is); wait() for its reply."""
         waiting = _Waiting()
         with self._lock:
             if self._closed:
@@ -83,6 +87,11 @@ class VerifyMux:
             if self._call is None:
                 self._open()
             self._lock.notify()
+        return tag, waiting
+
+    def wait(self, sent: tuple[int, _Waiting], timeout_s: float | None) -> verifier_pb2.VerifyReply:
+        """The reply to what send() queued (DEADLINE_EXCEEDED after timeout_s)."""
+        tag, waiting = sent
         if not waiting.event.wait(timeout_s):
             with self._lock:
                 self._waiting.pop(tag, None)
