@@ -23,11 +23,12 @@ from orchestrator.adaptive import FREE_DRAFTERS, STOP_CONFIDENCE, SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
 from orchestrator.detokenize import Detokenizer
 from orchestrator.generation import Generation
+from orchestrator.inputs import chat_ids, check_input
 from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
 from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
 from orchestrator.predictors import new_predictor, new_shared
 from orchestrator.schedules import Branch, Proposer, Round, Schedule, Sequential
-from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
+from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_generation
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.core.protocols import Drafter, NgramCache, Verifier
 from specpipe.core.sampling import check_sampling
@@ -110,23 +111,13 @@ class Generator:
         messages: Sequence[tuple[str, str]] | None = None,
         token_ids: Sequence[int] | None = None,
     ) -> tuple[int, ...]:
-        """Prompt token ids from exactly one of: raw text, chat messages (chat template), token ids."""
-        if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
-            raise InvalidArgument("give exactly one of prompt, messages or token_ids")
+        """Prompt token ids from exactly one of: raw text, chat messages (chat template; their content
+        is text, orchestrator/inputs.py), token ids."""
+        check_input(prompt, messages, token_ids, self.limits)
         if token_ids is not None:
             return tuple(token_ids)
         if messages is not None:
-            if not messages or not any(content for _, content in messages):
-                raise InvalidArgument("messages are empty")
-            check_prompt_text("".join(content for _, content in messages), self.limits)
-            if getattr(self.tokenizer, "chat_template", None):
-                chat = [{"role": role, "content": content} for role, content in messages]
-                ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-                return tuple(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-            prompt = "\n".join(content for _, content in messages)  # a base model: plain text
-        if not prompt:
-            raise InvalidArgument("prompt is empty")
-        check_prompt_text(prompt, self.limits)
+            return chat_ids(self.tokenizer, messages)
         return tuple(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def validate(self, request: GenerationRequest) -> None:

@@ -111,6 +111,8 @@ RPC_INFLIGHT = Gauge("specpipe_rpc_inflight", "RPCs being served now (a Generate
 RPC_SECONDS = Counter("specpipe_rpc_seconds_total", "Time spent serving RPCs; its rate is the busy ratio "
                       "(1.0 = one call always running)", ["method"])
 DRAINING = Gauge("specpipe_draining", "1 while the server drains (SIGTERM): health NOT_SERVING, no new sessions")
+HTTP_REFUSED = Counter("specpipe_http_refused_total", "HTTP connections and requests the server refused before the "
+                       "application read them: beyond --http-max-connections, headers or body too slow", ["reason"])
 
 # The pipeline's own cost (docs/pipeline.md): busy share and CPU time by hop, and the simulated clock.
 FORWARD_SECONDS = Counter("specpipe_forward_seconds_total", "Wall time of a role's model forwards (simulated ones at "
