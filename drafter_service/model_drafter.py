@@ -41,6 +41,7 @@ from specpipe.core.trees import common_prefix
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult
 from specpipe.core.verification import check_token_ids
 from specpipe.engine import cores, runner
+from specpipe.engine.costmodel import ForwardCurve
 from specpipe.engine.kv import SlotKV, new_slot
 from specpipe.engine.models import load_model, model_info
 from specpipe.engine.scheduler import Step, Work, serving_scheduler
@@ -78,8 +79,9 @@ class ModelDrafter:
     def __init__(self, model: PreTrainedModel, info: ModelInfo, max_sessions: int = 256, max_q_entries: int = 32,
                  max_branches: int = 4, mode: str = "eager", weights: str = "fp32",
                  buckets: Sequence[int] = runner.BUCKETS, batch: BatchConfig = DRAFT_BATCH, batching: bool = True,
-                 session_ttl_s: float = SESSION_TTL_S):
-        """batching: False drafts one proposal per forward even where batching is supported (to compare)."""
+                 session_ttl_s: float = SESSION_TTL_S, cost_model: ForwardCurve | None = None):
+        """batching: False drafts one proposal per forward even where batching is supported (to compare);
+        cost_model: every forward held to its curve's time (a load test's simulated device)."""
         self._model = model
         self._runner = runner.Runner(model, mode, buckets=buckets, weights=weights)  # packed: packs the linears
         self._info = runner.served_info(info, self._runner)
@@ -90,7 +92,8 @@ class ModelDrafter:
         self._sessions_lock = threading.Lock()  # sessions, and every branch's tokens
         self._forward_lock = threading.Lock()  # unbatched: one forward at a time; a fork never sees one half done
         # graphs: captured now, before the first request
-        self._scheduler = serving_scheduler(self._runner, batching, batch, "drafter", self._info.max_context)
+        self._scheduler = serving_scheduler(self._runner, batching, batch, "drafter", self._info.max_context,
+                                            cost_model)
         self._session_ttl_s = session_ttl_s  # idle sessions are swept: their KV caches are freed
         self._sweeper = Sweeper(self.evict_idle, sweep_period(session_ttl_s), "drafter-session-sweeper")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from orchestrator.detokenize import Detokenizer
 from orchestrator.stops import FINISH_STOP, find_stop, first_finish, streamable
 from specpipe.core.types import GenerationRequest, VerifyResult
 
@@ -18,10 +19,11 @@ class Generation:
     output: list[int] = field(default_factory=list)  # the tokens emitted so far
     sent_text: str = ""             # the text streamed so far
     finish: str = ""                # "" while running, else eos | stop | length
+    detokenizer: Detokenizer | None = None  # the output's text as it comes
 
     @staticmethod
-    def open(request: GenerationRequest, session_id: str) -> Generation:
-        return Generation(request, session_id, list(request.prompt_ids))
+    def open(request: GenerationRequest, session_id: str, detokenizer: Detokenizer) -> Generation:
+        return Generation(request, session_id, list(request.prompt_ids), detokenizer=detokenizer)
 
     def room(self, emitted: int | None = None) -> int:
         """Draft tokens that can still be emitted after `emitted` output tokens (default: those so
@@ -33,15 +35,18 @@ class Generation:
         position for the round's correction."""
         return max_context - len(self.context) - 1
 
-    def emit(
-        self, result: VerifyResult, decode: Callable[[list[int]], str], eos: Sequence[int]
-    ) -> tuple[list[int], str]:
+    def emit(self, result: VerifyResult, detokenizer: Detokenizer, eos: Sequence[int]) -> tuple[list[int], str]:
         """Take a round's verified tokens: the ones emitted (up to the first finish) and the new text
-        that is safe to stream."""
+        that is safe to stream (decoded incrementally; a stop string, and the end, from the whole output)."""
         count, self.finish = first_finish(result.emitted, len(self.output), self.request.max_new_tokens, eos,
                                           self.request.min_new_tokens)
-        text, new_tokens, stopped = cut_at_stop(decode, self.output, list(result.emitted[:count]),
-                                                self.request.stop, len(self.sent_text))
+        new_tokens = list(result.emitted[:count])
+        text, stopped = detokenizer.extend(self.output, new_tokens), False
+        if self.request.stop and find_stop(text, self.request.stop, len(self.sent_text)) >= 0:
+            text, new_tokens, stopped = cut_at_stop(detokenizer.decode, self.output, new_tokens, self.request.stop,
+                                                    len(self.sent_text))
+        elif self.finish:
+            text = detokenizer.decode(self.output + new_tokens)  # the final text, as decoding the output whole gives it
         self.finish = FINISH_STOP if stopped else self.finish
         self.output.extend(new_tokens)
         delta = text[len(self.sent_text):] if self.finish else streamable(text, self.request.stop)[len(self.sent_text):]

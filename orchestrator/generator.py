@@ -21,6 +21,7 @@ from typing import Iterator, Mapping, Sequence
 
 from orchestrator.adaptive import FREE_DRAFTERS, STOP_CONFIDENCE, SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
+from orchestrator.detokenize import Detokenizer
 from orchestrator.generation import Generation
 from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
 from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
@@ -170,7 +171,7 @@ class Generator:
             request = replace(request, sampling=replace(request.sampling, seed=random_seed()))
         # Sessions are per generation: two requests that share a request_id must not share a KV cache.
         session_id = f"{session_prefix(request.tenant)}{request.request_id or 'req'}-{uuid.uuid4().hex[:16]}"
-        gen = Generation.open(request, session_id)
+        gen = Generation.open(request, session_id, Detokenizer(self.tokenizer))
         return self._rounds(gen)
 
     def _rounds(self, gen: Generation) -> Iterator[GenerationChunk]:
@@ -227,7 +228,7 @@ class Generator:
               start: float, laps: Laps) -> GenerationChunk:
         """The round's chunk for the client: its verified tokens, the new text and what it cost (laps:
         where its time went, taken for this round)."""
-        new_tokens, delta = gen.emit(result, self._decode, self.info.eos_token_ids)
+        new_tokens, delta = gen.emit(result, gen.detokenizer, self.info.eos_token_ids)
         laps.lap("emit")
         round_ms = (time.perf_counter() - start) * 1e3
         count_round(gen.request.speculation, proposal, result, len(new_tokens), resolution, idle_ms, round_ms)
@@ -238,9 +239,6 @@ class Generator:
         count_parts(gen.request.speculation, stats)
         return GenerationChunk(gen.request.request_id or gen.session_id, tuple(new_tokens), delta, gen.finish, stats,
                                gen.request.sampling.seed)
-
-    def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def _proposer(self, gen: Generation, policy: DraftPolicy, branch: bool) -> Proposer:
         spec = gen.request.speculation

@@ -50,7 +50,7 @@ def _generic(cls, depth: int, overrides: dict) -> st.SearchStrategy:
 def _field(field, depth: int, overrides: dict) -> st.SearchStrategy:
     if field.type == F.TYPE_MESSAGE:
         if depth >= 3:
-            return st.just(field.message_type._concrete_class())
+            return st.just([] if _repeated(field) else field.message_type._concrete_class())
         element = messages(field.message_type._concrete_class, depth + 1, overrides)
         return st.lists(element, max_size=4) if _repeated(field) else element
     element = SCALARS[field.type]
@@ -90,14 +90,15 @@ class Context:
         return self._metadata
 
 
-def call(method, request, metadata=()) -> tuple[grpc.StatusCode, str]:
-    """The status a servicer method ends with (a stream is read to its end)."""
+def call(method, request, metadata=(), replies: list | None = None) -> tuple[grpc.StatusCode, str]:
+    """The status a servicer method ends with (a stream is read to its end, its messages kept in replies)."""
     context = Context(metadata)
     try:
         reply = method(request, context)
         if hasattr(reply, "__next__"):
-            for _ in reply:
-                pass
+            for message in reply:
+                if replies is not None:
+                    replies.append(message)
     except Aborted:
         return context.code(), context.details
     return grpc.StatusCode.OK, ""

@@ -24,25 +24,22 @@ from specpipe.core.types import Draft, GenerationRequest, SamplingParams, Specul
 from specpipe.engine.batched import Segment, batched_forward
 from specpipe.engine.kv import new_slot
 from specpipe.engine.models import model_info, tiny_model
-from specpipe.engine.scheduler import (
+from specpipe.engine.planner import (
     DECODING_RECENT_S,
     GATHER_GRACE_MAX_S,
     GATHER_GRACE_MIN_S,
     MIN_CHUNK,
-    Scheduler,
-    Step,
-    Work,
     attention_weight,
     decoding_work,
     due_back_until,
     due_within_s,
     gather_grace_s,
     next_chunk,
-    one_step,
     plan_batch,
     stall_chunk_cap,
     step_work,
 )
+from specpipe.engine.scheduler import Scheduler, Step, Work, one_step
 from specpipe.runtime import metrics
 from tests.golden import reference_greedy, run
 from verifier_service.verifier import ModelVerifier

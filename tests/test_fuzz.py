@@ -24,8 +24,18 @@ PROMPT = (10, 20, 30)
 SERVICES = {"Generation": generation_pb2, "Verifier": verifier_pb2, "Drafter": drafter_pb2, "Cache": cache_pb2}
 RPCS = [(name, method.name) for name, module in SERVICES.items()
         for method in module.DESCRIPTOR.services_by_name[name].methods]
-EXAMPLES = {"Generate": 500, "Verify": 450, "Prefill": 250, "Propose": 450, "Lookup": 250, "RecordBranches": 200,
-            "UpdateGlobal": 150, "Release": 60}  # in-process cases per RPC; others (no fields: Info, Load): 10
+EXAMPLES = {
+    "Generate": 500,
+    "Verify": 450,
+    "VerifyStream": 200,
+    "Prefill": 250,
+    "Propose": 450,
+    "Lookup": 250,
+    "RecordBranches": 200,
+    "UpdateGlobal": 150,
+    "Release": 60,
+}  # in-process cases per RPC; others (no fields: Info, Load): 10
+SESSION_RPCS = ("Verify", "VerifyStream")  # cases that start from a fresh session "fz"
 GRPC_EXAMPLES = 80  # per RPC over real gRPC
 
 
@@ -112,20 +122,34 @@ def assert_healthy(services) -> None:
     call(services["Verifier"].servicer.Release, common_pb2.ReleaseRequest(session_id="healthy"))
 
 
+def client_streaming(service: str, rpc: str) -> bool:
+    return SERVICES[service].DESCRIPTOR.services_by_name[service].methods_by_name[rpc].client_streaming
+
+
+def round_codes(replies) -> list[grpc.StatusCode]:
+    """The rounds' own statuses in a stream of VerifyBatchReply (a round fails alone, not its stream)."""
+    return [next(c for c in grpc.StatusCode if c.value[0] == r.code) for batch in replies for r in batch.replies]
+
+
 @pytest.mark.parametrize("service,rpc", RPCS, ids=[f"{s}.{r}" for s, r in RPCS])
 def test_fuzz_in_process(fuzz_services, service, rpc):
     method = getattr(fuzz_services[service].servicer, rpc)
     requests = messages(input_class(service, rpc), overrides=OVERRIDES)
+    streaming = client_streaming(service, rpc)
 
     @settings(max_examples=EXAMPLES.get(rpc, 10), deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(request=requests, metadata=METADATA)
     def case(request, metadata):
-        if rpc == "Verify":
+        if rpc in SESSION_RPCS:
             reset_session(fuzz_services)
-        code, details = call(method, request, metadata)
+        replies = []
+        code, details = call(method, iter([request]) if streaming else request, metadata, replies)
         assert code in ALLOWED, f"{service}.{rpc}({request!r:.300}) -> {code}: {details}"
         seen.add(code)
+        for round_code in round_codes(replies) if streaming else ():
+            assert round_code in ALLOWED, f"{service}.{rpc}({request!r:.300}) -> a round's {round_code}"
+            seen.add(round_code)
 
     seen: set[grpc.StatusCode] = set()
     case()
@@ -155,12 +179,15 @@ def test_fuzz_over_grpc(fuzz_services, service, rpc):
                   suppress_health_check=list(HealthCheck))
         @given(request=requests, metadata=WIRE_METADATA)
         def case(request, metadata):
-            if rpc == "Verify":
+            if rpc in SESSION_RPCS:
                 reset_session(fuzz_services)
+            streaming = client_streaming(service, rpc)
             try:
-                reply = method(request, timeout=30.0, metadata=metadata or None)
+                reply = method(iter([request]) if streaming else request, timeout=30.0, metadata=metadata or None)
                 if hasattr(reply, "__next__"):
-                    list(reply)
+                    replies = list(reply)
+                    for round_code in round_codes(replies) if streaming else ():
+                        assert round_code in ALLOWED, f"{service}.{rpc}({request!r:.300}) -> a round's {round_code}"
             except grpc.RpcError as err:  # DEADLINE_EXCEEDED (a hang) is not allowed
                 assert err.code() in ALLOWED, f"{service}.{rpc}({request!r:.300}) -> {err.code()}: {err.details()}"
 

@@ -13,7 +13,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "simulated-gpu")
 KUBERNETES_VERSION = "1.32.0"
 CRDS = {("keda.sh/v1alpha1", "ScaledObject"),  # not in the core schemas: checked below instead
         ("cert-manager.io/v1", "Certificate"), ("cert-manager.io/v1", "Issuer")}
@@ -281,3 +281,21 @@ def test_gpu_overlay_requests_gpus_and_cuda():
             c = spec["containers"][0]
             assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and spec["tolerations"] and spec["nodeSelector"]
             assert " ".join(c["args"]).endswith("--device cuda --compile on")
+
+
+def test_the_simulated_gpu_overlay_holds_the_model_services_to_a_packaged_curve():
+    """overlays/simulated-gpu: the verifier's and the drafter's args are flags `specpipe serve` takes, and
+    the curve they name loads for each role; the serving overlays hold no forward to a curve."""
+    from specpipe.cli.main import build_parser
+    from specpipe.engine.costmodel import load_curve
+
+    containers = {name: spec["containers"][0] for name, spec in pod_specs(render("simulated-gpu"))}
+    for role in ("verifier", "drafter"):
+        args = containers[f"specpipe-{role}"]["args"]
+        parsed = build_parser().parse_args(args)
+        assert parsed.cost_model == "nvidia-h200-qwen-coder"
+        assert load_curve(parsed.cost_model, role).device == "NVIDIA H200"
+    for overlay in ("cpu", "gpu"):
+        assert not any(
+            "--cost-model" in spec["containers"][0].get("args", ()) for _, spec in pod_specs(render(overlay))
+        )

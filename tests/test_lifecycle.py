@@ -80,7 +80,11 @@ def test_a_prefill_has_the_clients_deadline_only_and_a_round_the_per_call_one(cl
     than it must not fail it (nor mark a busy verifier as down); a verify round keeps its own."""
     from specpipe.serving.clients import VerifierClient
 
-    with VerifierClient(cluster.verifier_server.address, timeout_s=1e-6) as hasty:
+    with VerifierClient(cluster.verifier_server.address, timeout_s=1e-6) as streamed:  # a round on the stream too
+        streamed.prefill("streamed", PROMPT)
+        with pytest.raises(DeadlineExceeded):
+            streamed.verify("streamed", len(PROMPT), Draft(tokens=(5,), parents=(-1,)), GREEDY)
+    with VerifierClient(cluster.verifier_server.address, timeout_s=1e-6, stream=False) as hasty:
         hasty._stub.Prefill = prefill = DeadlineSpy(hasty._stub.Prefill)
         hasty._stub.Verify = verify = DeadlineSpy(hasty._stub.Verify)
         try:

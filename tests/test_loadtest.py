@@ -242,7 +242,8 @@ def test_up_table_and_locust_command(tmp_path):
              "OpenAI-compatible API: http://127.0.0.1:41000/v1 (curl http://127.0.0.1:41000/v1/models)\n"
              "specpipe up: ready (preset tiny); logs in /tmp/x; Ctrl-C stops all services\n")
     assert parse_up_table(table) == ({"orchestrator": "127.0.0.1:36527", "verifier": "127.0.0.1:32861"},
-                                     {"orchestrator": 12064, "verifier": 11809}, "http://127.0.0.1:41000")
+                                     {"orchestrator": 12064, "verifier": 11809}, "http://127.0.0.1:41000",
+                                     {"orchestrator": 43575, "verifier": 34199})
     constant = locust_command(LocustRun("h:1", tmp_path, "constant", 4, 20.0, "1,2", 5.0, ("--suite", "gsm8k")))
     assert constant[constant.index("-u") + 1] == "4" and constant[constant.index("-t") + 1] == "20s"
     assert "shapes.py" not in constant[constant.index("-f") + 1] and constant[-2:] == ["--suite", "gsm8k"]

@@ -27,10 +27,10 @@ from pathlib import Path
 from specpipe.config.limits import DEFAULT_LIMITS, Limits
 from specpipe.config.services import BatchConfig
 from specpipe.core.errors import FailedPrecondition, InvalidArgument
-from specpipe.core.types import Draft, ModelInfo, SamplingParams, VerifyResult
+from specpipe.core.types import Draft, ModelInfo, SamplingParams
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
 from specpipe.engine.scheduler import Scheduler
-from verifier_service.verifier import Scores, SessionVerifier
+from verifier_service.verifier import PendingRound, Scores, SessionVerifier
 
 FORMAT = 1
 UNKNOWN = -1  # the argmax of a row off the transcript
@@ -56,7 +56,7 @@ class Entry:
 @dataclass(frozen=True)
 class Transcript:
     info: ModelInfo              # the recorded verifier's, as it served them
-    attention: float             # the model's attention weight (specpipe.engine.scheduler.attention_weight)
+    attention: float             # the model's attention weight (specpipe.engine.planner.attention_weight)
     entries: tuple[Entry, ...]
     source: str = ""             # the command that recorded it
 
@@ -195,8 +195,9 @@ class TranscriptVerifier(SessionVerifier):
     def _keep_path(self, cache: TokenSlot, prefix_len: int, nodes: Sequence[int]) -> None:
         cache.keep_tree_path(prefix_len, nodes)
 
-    def _verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
+    def _begin(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams,
+               wait: bool) -> PendingRound:
         if not sampling.greedy:
             raise FailedPrecondition("the replay verifier answers greedy rounds only (its transcript is the model's "
                                      "greedy decoding); send temperature 0")
-        return super()._verify(session_id, context_len, draft, sampling)
+        return super()._begin(session_id, context_len, draft, sampling, wait)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specpipe.core.protocols import Verifier
 from specpipe.runtime import cpu
-from specpipe.serving import convert
+from specpipe.serving import convert, verify_stream
 from specpipe.serving.server import Service, rpc_method, service_name
 from specpipe.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 
@@ -33,6 +33,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 convert.sampling_from_proto(request.sampling),
             )
             return convert.verify_result_to_proto(result)
+
+    @rpc_method
+    def VerifyStream(self, request_iterator, context):
+        yield from verify_stream.serve_rounds(self._verifier, request_iterator, context)
 
     @rpc_method
     def Release(self, request, context):

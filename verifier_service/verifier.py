@@ -31,7 +31,7 @@ from specpipe.config.presets import ModelSpec
 from specpipe.config.services import BatchConfig
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from specpipe.core.sampling import check_sampling, rejection_sample_chain, warp
-from specpipe.core.types import Draft, ModelInfo, SamplingParams, VerifyResult
+from specpipe.core.types import Draft, ModelInfo, RoundRequest, SamplingParams, VerifyResult
 from specpipe.core.verification import (
     check_token_ids,
     check_tree,
@@ -59,6 +59,18 @@ class _Session:
     ready: bool = False  # prefilled; a session is registered (and counted) before its prefill runs
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(eq=False)
+class PendingRound:
+    """A round whose session is taken (its lock held) until its verdict."""
+
+    session: _Session
+    draft: Draft
+    sampling: SamplingParams
+    fed: list[int]              # [root] + the draft's tokens
+    work: Work | None = None    # submitted: its scheduler work
+    tag: int = 0                # submitted: the caller's tag (RoundRequest)
 
 
 def entropy(logits: torch.Tensor) -> float:
@@ -142,23 +154,28 @@ class SessionVerifier:
         """A new session's cache (empty)."""
         raise NotImplementedError
 
+    def _step(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
+              ) -> Step:
+        """A prompt (chunked, no logits) or a round's [root] + draft nodes (tree_parents: a tree's, None: a chain)."""
+        if prompt:
+            return Step(tuple(token_ids), chunked=True)
+        if tree_parents is None:  # a chain: consecutive positions, causal
+            return Step(tuple(token_ids), logit_rows=len(token_ids))
+        return Step(tuple(token_ids), positions=tree_position_ids(tree_parents, cache.length)[0],
+                    allowed=tree_allowed(tree_parents, 0), logit_rows=len(token_ids))  # [n, n]: root + ancestors
+
     def _forward(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
                  ) -> tuple[torch.Tensor | Scores | None, float, tuple[int, int]]:
-        """Feed token_ids after the cached positions: a prompt (batched: in chunks, no logits) or a
-        round's [root] + draft nodes (tree_parents: a tree's, None: a chain). Returns the rows of a
-        round (logits [n, vocab], or Scores), the forward time in ms, and the (sessions, tokens) of
-        the (last) forward it took part in."""
+        """Feed token_ids after the cached positions (see _step). Returns the rows of a round (logits
+        [n, vocab], or Scores), the forward time in ms, and the (sessions, tokens) of the (last)
+        forward it took part in."""
         if not token_ids:
             return None, 0.0, (1, 0)
-        cancellation = None
-        if prompt:  # a prefill whose caller left stops between chunks (docs/security.md, "Session lifecycle")
-            step, cancellation = Step(tuple(token_ids), chunked=True), current_cancellation()
-        elif tree_parents is None:  # a chain: consecutive positions, causal
-            step = Step(tuple(token_ids), logit_rows=len(token_ids))
-        else:
-            step = Step(tuple(token_ids), positions=tree_position_ids(tree_parents, cache.length)[0],
-                        allowed=tree_allowed(tree_parents, 0), logit_rows=len(token_ids))  # [n, n]: root + ancestors
-        work = self._scheduler.run(Work(cache, one_step(step), cancellation))
+        # a prefill whose caller left stops between chunks (docs/security.md, "Session lifecycle")
+        cancellation = current_cancellation() if prompt else None
+        work = self._scheduler.run(
+            Work(cache, one_step(self._step(cache, token_ids, tree_parents, prompt)), cancellation)
+        )
         return work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
     def _scores(self, rows: torch.Tensor | Scores, sampling: SamplingParams) -> Scores:
@@ -169,9 +186,54 @@ class SessionVerifier:
 
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
         with cpu.hop("verifier", "verify"):
-            return self._verify(session_id, context_len, draft, sampling)
+            pending = self._begin(session_id, context_len, draft, sampling, wait=True)
+            try:
+                tree = draft.parents if not draft.is_chain else None
+                rows, ms, batch = self._forward(pending.session.cache, pending.fed, tree)
+            except BaseException:
+                pending.session.lock.release()
+                raise
+            return self._finish(pending, rows, ms, batch)
 
-    def _verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
+    def submit(self, rounds: Sequence[RoundRequest], done: Callable[[PendingRound], None],
+               ) -> list[PendingRound | Exception]:
+        """Verify rounds of several sessions without waiting (a stream of rounds, specpipe.serving.verify_stream):
+        they join the scheduler's queue together; done(pending) is called on the scheduler thread when a
+        round's forward is over, and finish(pending) then gives its result. A round whose session has one
+        in flight is refused (FAILED_PRECONDITION), as is any that fails its checks; per round, the pending
+        round or why it was refused. Batched verifiers only (batched)."""
+        out: list[PendingRound | Exception] = []
+        for request in rounds:
+            try:
+                pending = self._begin(
+                    request.session_id, request.context_len, request.draft, request.sampling, wait=False
+                )
+            except Exception as err:
+                out.append(err)
+                continue
+            pending.tag = request.tag
+            tree = request.draft.parents if not request.draft.is_chain else None
+            pending.work = Work(pending.session.cache, one_step(self._step(pending.session.cache, pending.fed, tree)),
+                                on_done=lambda work, p=pending: done(p))
+            out.append(pending)
+        taken = [i for i, p in enumerate(out) if isinstance(p, PendingRound)]
+        for i, refused in zip(taken, self._scheduler.submit([out[i].work for i in taken])):
+            if refused is not None:
+                out[i].session.lock.release()
+                out[i] = refused
+        return out
+
+    def finish(self, pending: PendingRound) -> VerifyResult:
+        """The result of a submitted round whose forward is over (raises what it failed with)."""
+        work = pending.work
+        if work.error is not None:
+            pending.session.lock.release()
+            raise work.error
+        return self._finish(pending, work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens))
+
+    def _begin(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams,
+               wait: bool) -> PendingRound:
+        """Check a round and take its session (wait: for a round of it in flight; else refuse)."""
         check_sampling(sampling)
         check_draft(draft, self._limits)
         check_tree(draft.tokens, draft.parents, self._info.vocab_size)
@@ -180,7 +242,11 @@ class SessionVerifier:
         if not sampling.greedy and not draft.is_chain:
             raise InvalidArgument("sampling verifies chains only; send a chain draft (width 1) when temperature > 0")
         session = self._session(session_id)
-        with session.lock:
+        if not session.lock.acquire(blocking=wait):
+            raise FailedPrecondition(
+                f"session {session_id!r} has a round in flight; send its next round after the reply"
+            )
+        try:
             if not session.ready:
                 raise FailedPrecondition(f"session {session_id!r} failed its prefill; prefill it again")
             context = session.context
@@ -193,15 +259,22 @@ class SessionVerifier:
                     f"context {len(context)} + draft {len(draft)} + 1 exceeds the context window "
                     f"{self._info.max_context}"
                 )
-            return self._verify_locked(session, draft, sampling)
+        except BaseException:
+            session.lock.release()
+            raise
+        return PendingRound(session, draft, sampling, [context[-1], *draft.tokens])
 
-    def _verify_locked(self, session: _Session, draft: Draft, sampling: SamplingParams) -> VerifyResult:
+    def _finish(self, pending: PendingRound, rows, verify_ms: float, batch: tuple[int, int]) -> VerifyResult:
+        """The verdict of a round whose forward is over: accept / reject, roll back, the reply; frees the session."""
+        try:
+            return self._verdict(pending.session, pending.draft, pending.sampling, rows, verify_ms, batch)
+        finally:
+            pending.session.lock.release()
+
+    def _verdict(self, session: _Session, draft: Draft, sampling: SamplingParams, rows, verify_ms: float,
+                 batch: tuple[int, int]) -> VerifyResult:
         past_len = len(session.context) - 1
-        tree = not draft.is_chain
-        rows, verify_ms, (batch_sessions, batch_tokens) = self._forward(  # [1 + n] rows
-            session.cache, [session.context[-1], *draft.tokens], draft.parents if tree else None)
         metrics.VERIFY_MS.labels(draft_nodes=draft_nodes_label(len(draft))).observe(verify_ms)
-
         scores = self._scores(rows, sampling)
         if sampling.greedy:
             accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, scores.argmax)
@@ -230,8 +303,8 @@ class SessionVerifier:
             node_argmax=tuple(scores.argmax),
             verify_ms=verify_ms,
             context_len=len(session.context),
-            batch_sessions=batch_sessions,
-            batch_tokens=batch_tokens,
+            batch_sessions=batch[0],
+            batch_tokens=batch[1],
         )
 
     def release(self, session_id: str) -> bool:

@@ -39,6 +39,7 @@ from specpipe.serving.clients import GenerationClient
 from specpipe.serving.security import Tls, read_token
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # code, chat, math
+ITL_EVENTS = ("token", "chunk", "off")
 LOAD = LoadtestConfig()  # `specpipe loadtest`'s defaults (it passes every flag; these serve `locust -f` alone)
 
 
@@ -68,6 +69,10 @@ def _add_options(parser) -> None:
     parser.add_argument("--schedule", default="", help="sequential or branch")
     parser.add_argument("--adaptive", default="", help="on or off")
     parser.add_argument("--records", default="", help="append one JSON line per call to this file")
+    parser.add_argument("--itl-events", default="token", choices=ITL_EVENTS,
+                        help="Locust's itl entries: token (one event per token), chunk (one per chunk, its "
+                        "per-token gap, length its tokens: far less of the load generator's CPU at thousands of "
+                        "tokens a second) or off; the --records are the same either way (default: %(default)s)")
     # Transport security of the calls (docs/security.md); --grpc-: Locust's own --tls-* serve its web UI
     parser.add_argument("--grpc-tls-ca", default="", help="TLS, trusting this CA (default: plaintext)")
     parser.add_argument("--grpc-tls-cert", default="", help="client certificate (mutual TLS)")
@@ -83,6 +88,7 @@ class Workload:
     temperature: float
     top_p: float
     speculation: types.SpeculationOptions | None  # None = the server's defaults
+    itl_events: str = "token"  # ITL_EVENTS
 
 
 def workload(options) -> Workload:
@@ -95,7 +101,7 @@ def workload(options) -> Workload:
     # Fields left empty / 0 on the wire take the server's defaults (convert.speculation_from_proto).
     speculation = types.SpeculationOptions(**given, predictor="", hypotheses=0) if any(given.values()) else None
     return Workload(tuple(prompts), options.max_new_tokens, options.deadline_s, options.temperature, options.top_p,
-                    speculation)
+                    speculation, options.itl_events)
 
 
 class RecordLog:
@@ -120,6 +126,7 @@ def _on_init(environment, **_kwargs) -> None:
         GenerateUser.workload = workload(environment.parsed_options)
         GenerateUser.records = RecordLog(environment.parsed_options.records)
         GenerateUser.order = itertools.count()
+        GenerateUser.started = itertools.count()
         options = environment.parsed_options
         GenerateUser.tls = Tls.from_files(options.grpc_tls_cert, options.grpc_tls_key, options.grpc_tls_ca)
         GenerateUser.auth_token = read_token(options.grpc_auth_token_file or None)
@@ -144,15 +151,18 @@ class GenerateUser(User):
     workload: Workload
     records: RecordLog
     order: itertools.count
+    started: itertools.count  # users started, for the host each takes
     tls: Tls | None = None
     auth_token: str | None = None
     api: str = "grpc"
 
     def on_start(self) -> None:
+        hosts = self.host.split(",")  # several orchestrator replicas: the users take them in turn
+        host = hosts[next(GenerateUser.started) % len(hosts)]
         if self.api == "openai":
-            self.client = OpenAIStream(self.host, self.workload, self.auth_token, self.options_ca())
+            self.client = OpenAIStream(host, self.workload, self.auth_token, self.options_ca())
         else:
-            self.client = GenerationClient(self.host, timeout_s=self.workload.deadline_s, tls=self.tls,
+            self.client = GenerationClient(host, timeout_s=self.workload.deadline_s, tls=self.tls,
                                            auth_token=self.auth_token)
 
     def options_ca(self) -> str | bool:
@@ -190,9 +200,13 @@ class GenerateUser(User):
                     ttft_ms = (now - started) * 1e3
                     self.fire("ttft", ttft_ms, count)
                 else:
-                    for itl_ms in itl_per_token((now - last) * 1e3, count):
-                        itls.append(round(itl_ms, 3))
-                        self.fire("itl", itl_ms, 1)
+                    gaps = itl_per_token((now - last) * 1e3, count)
+                    itls += (round(itl_ms, 3) for itl_ms in gaps)
+                    if w.itl_events == "token":
+                        for itl_ms in gaps:
+                            self.fire("itl", itl_ms, 1)
+                    elif w.itl_events == "chunk":
+                        self.fire("itl", gaps[0], count)
                 tokens, last = tokens + count, now
         except SpecpipeError as err:
             status = err.code

@@ -72,16 +72,19 @@ def run_up(config: UpConfig) -> int:
         for name in replicas:
             role = name.partition("-")[0]
             children[name] = start_service(name, config, cores.get(name), up_security.service_flags(pki, role)
+                                           + simulation_flags(config, role)
                                            + (config.verifier_flags if role == "verifier" else ()),
                                            cache=shared if role == "drafter" else None)
         for name in replicas:
             wait_serving(children[name], config.startup_timeout_s, stop, up_security.client_tls(pki))
         peers = ("--verifier-addr", ",".join(children[n].address for n in names["verifier"]),
                  "--drafter-addr", ",".join(children[n].address for n in names["drafter"]))
-        children["orchestrator"] = start_service("orchestrator", config, cores.get("orchestrator"),
-                                                 peers + config.speculation + http_flags(config)
-                                                 + up_security.service_flags(pki, "orchestrator"), cache=cache_url)
-        wait_serving(children["orchestrator"], config.startup_timeout_s, stop, up_security.client_tls(pki))
+        for name in names["orchestrator"]:  # replicas share the verifiers and drafters (and a shared store)
+            children[name] = start_service(name, config, cores.get(name),
+                                           peers + config.speculation + http_flags(config, name)
+                                           + up_security.service_flags(pki, "orchestrator"), cache=cache_url)
+        for name in names["orchestrator"]:
+            wait_serving(children[name], config.startup_timeout_s, stop, up_security.client_tls(pki))
         if stop.is_set():
             return 0
         _print_table(children, config, redis, up_security.describe(pki))
@@ -104,7 +107,7 @@ def run_up(config: UpConfig) -> int:
 
 def replica_names(config: UpConfig) -> dict[str, tuple[str, ...]]:
     """role -> its processes' names: the role itself when it has one replica, else role-1, role-2, ..."""
-    counts = {"verifier": config.verifiers, "drafter": config.drafters, "orchestrator": 1}
+    counts = {"verifier": config.verifiers, "drafter": config.drafters, "orchestrator": config.orchestrators}
     return {role: (role,) if n == 1 else tuple(f"{role}-{i}" for i in range(1, n + 1)) for role, n in counts.items()}
 
 
@@ -139,10 +142,14 @@ def service_cores(config: UpConfig, roles: tuple[str, ...]) -> dict[str, int]:
 
 
 def port_offset(name: str, config: UpConfig) -> int:
-    """orchestrator N, verifiers N+1.., drafters after them (N+1, N+2 with one replica each)."""
+    """orchestrator N, verifiers N+1.., drafters after them (N+1, N+2 with one replica each), more
+    orchestrators after those."""
     role, _, index = name.partition("-")
     i = int(index or 1) - 1
-    return {"orchestrator": 0, "verifier": 1 + i, "drafter": 1 + config.verifiers + i}[role]
+    after = 1 + config.verifiers + config.drafters
+    return {"orchestrator": 0 if i == 0 else after + i - 1, "verifier": 1 + i, "drafter": 1 + config.verifiers + i}[
+        role
+    ]
 
 
 def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[str, ...],
@@ -172,11 +179,22 @@ def start_service(name: str, config: UpConfig, core: int | None, extra: tuple[st
     return Child(name, proc, stdout_path, stderr_path, core)
 
 
-def http_flags(config: UpConfig) -> tuple[str, ...]:
-    """The orchestrator's --http-port: the configured one, a free one with free ports, or none."""
+def simulation_flags(config: UpConfig, role: str) -> tuple[str, ...]:
+    """A model service's simulated device: the cost model (verifiers and drafters), the replay (verifiers)."""
+    def absolute(path: str) -> str:  # the children may run elsewhere
+        return str(pathlib.Path(path).resolve()) if pathlib.Path(path).exists() else path
+
+    flags = ("--cost-model", absolute(config.cost_model)) if config.cost_model else ()
+    return flags + (("--replay", absolute(config.replay)) if config.replay and role == "verifier" else ())
+
+
+def http_flags(config: UpConfig, name: str = "orchestrator") -> tuple[str, ...]:
+    """An orchestrator's --http-port: the configured one (the first replica), a free one with free
+    ports or for the other replicas, or none."""
     if config.http_port is None:
         return ()
-    return ("--http-port", str(0 if config.base_port == 0 else config.http_port))
+    first = name in ("orchestrator", "orchestrator-1")
+    return ("--http-port", str(config.http_port if config.base_port != 0 and first else 0))
 
 
 def model_flags(model: ModelConfig) -> tuple[str, ...]:

@@ -16,7 +16,6 @@ from specpipe.core.types import ModelInfo, SpeculationOptions
 
 if TYPE_CHECKING:
     from orchestrator.generator import Generator
-    from verifier_service.verifier import ModelVerifier
 from specpipe.config.presets import ModelSpec
 from specpipe.config.services import (
     DrafterConfig,
@@ -101,17 +100,31 @@ def build_drafters(kinds: Iterable[str], store: NgramCache | None, model_drafter
     return drafters
 
 
-def load_verifier(config: VerifierConfig) -> ModelVerifier:
-    """The ModelVerifier of the config: its model, admission, batching, caps and session TTL."""
+def cost_curve(spec: str | None, role: str) -> Any:
+    """The forward curve of --cost-model (None: the device's own speed)."""
+    from specpipe.engine.costmodel import load_curve
+
+    return load_curve(spec, role) if spec else None
+
+
+def load_verifier(config: VerifierConfig) -> Verifier:
+    """The ModelVerifier of the config (its model, admission, batching, caps and session TTL), or with
+    replay the TranscriptVerifier of a recorded transcript; either held to the cost model if given."""
     from verifier_service.verifier import ModelVerifier
 
+    curve = cost_curve(config.cost_model, "verifier")
+    if config.replay:
+        from verifier_service import replay
+
+        return replay.TranscriptVerifier(replay.load(config.replay), curve, config.max_sessions,
+                                         config.session_ttl_s, config.batch, config.limits)
     model = config.model
     spec, mode = model.specs()[0], forward_mode(model)
     loaded = load_weights("verifier", spec, model)
     with startup.step(forward_step("verifier", mode, verifier_weights(model))):
         return ModelVerifier(loaded, model_info(spec, loaded), mode=mode, weights=verifier_weights(model),
                              max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
-                             limits=config.limits, session_ttl_s=config.session_ttl_s)
+                             limits=config.limits, session_ttl_s=config.session_ttl_s, cost_model=curve)
 
 
 def load_weights(role: str, spec: ModelSpec, model: ModelConfig) -> Any:
@@ -140,7 +153,8 @@ def drafter_methods(config: DrafterConfig) -> dict:
     """What a drafter service serves: the small model alone, or, given an n-gram store (cache), the
     model, ngram and hybrid draft methods over it."""
     model = config.model
-    drafter = load_drafter(model.specs()[1], model, drafter_forward(model), session_ttl_s=config.session_ttl_s)
+    drafter = load_drafter(model.specs()[1], model, drafter_forward(model), session_ttl_s=config.session_ttl_s,
+                           cost_model=cost_curve(config.cost_model, "drafter"))
     if not config.cache:
         return {"model": drafter}
     return build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter, drafter.info())

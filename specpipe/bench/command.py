@@ -38,7 +38,15 @@ def pipeline_cores(config: BenchConfig, methods: list, cores: list[int]) -> list
 
 def run(config: BenchConfig) -> int:
     from specpipe.bench.measure import benchmark, specpipe_method
-    from specpipe.bench.report import detail_table, is_default, markdown_table, sweep_table, time_table, to_json
+    from specpipe.bench.report import (
+        cpu_table,
+        detail_table,
+        is_default,
+        markdown_table,
+        sweep_table,
+        time_table,
+        to_json,
+    )
     from specpipe.bench.runs import (
         bench_prompts,
         embedded_generators,
@@ -85,6 +93,8 @@ def run(config: BenchConfig) -> int:
     print(detail_table(summaries))
     print()
     print(time_table(summaries))
+    print()
+    print(cpu_table(summaries))
     if config.sweep:
         print()
         print(sweep_table(summaries))

@@ -10,10 +10,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specpipe.core.errors import Unavailable
+
+if TYPE_CHECKING:
+    from specpipe.bench import pipecost
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: deploy/ is not part of the installed package
 LOCUSTFILE = ROOT / "deploy" / "locust" / "locustfile.py"
@@ -29,27 +34,31 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def parse_up_table(text: str) -> tuple[dict[str, str], dict[str, int], str | None]:
-    """`specpipe up`'s table (service, address, metrics, pid, core) -> (addresses, pids) by role, and
-    the URL of its OpenAI-compatible API (None: off)."""
-    addresses, pids, url = {}, {}, None
+def parse_up_table(text: str) -> tuple[dict[str, str], dict[str, int], str | None, dict[str, int]]:
+    """`specpipe up`'s table (service, address, metrics, pid, core) -> (addresses, pids) by service
+    (a role, or a replica: verifier-2), the URL of its OpenAI-compatible API (None: off), and the
+    services' metrics ports."""
+    addresses, pids, url, metrics = {}, {}, None, {}
     for line in text.splitlines():
         cells = line.split()
-        if len(cells) >= 4 and cells[0] in UP_ROLES:
+        if len(cells) >= 4 and cells[0].partition("-")[0] in UP_ROLES and cells[3].isdigit():
             addresses[cells[0]], pids[cells[0]] = cells[1], int(cells[3])
+            if cells[2].isdigit():
+                metrics[cells[0]] = int(cells[2])
         if line.startswith("OpenAI-compatible API:"):
             url = cells[2].removesuffix("/v1")
-    return addresses, pids, url
+    return addresses, pids, url, metrics
 
 
 @dataclass
 class Stack:
-    """A `specpipe up` of our own: its process and its services' addresses and pids."""
+    """A `specpipe up` of our own: its process and its services' addresses, pids and metrics ports."""
 
     proc: subprocess.Popen
     addresses: dict[str, str]
     pids: dict[str, int]
     http_url: str | None = None  # the orchestrator's OpenAI-compatible API
+    metrics: dict[str, int] = field(default_factory=dict)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -111,13 +120,17 @@ def locust_command(run: LocustRun) -> list[str]:
             *run.workload]
 
 
-def run_locust(run: LocustRun) -> int:
-    """Locust's exit status (1 when a request failed); its output goes to out_dir/locust.log."""
+def run_locust(run: LocustRun, started: Callable[[int], None] | None = None) -> int:
+    """Locust's exit status (1 when a request failed); its output goes to out_dir/locust.log.
+    started: told Locust's pid once it runs (the cost sampler watches its CPU)."""
     run.out_dir.mkdir(parents=True, exist_ok=True)
     run.records.unlink(missing_ok=True)
     with open(run.out_dir / "locust.log", "wb") as log:
-        return subprocess.run(locust_command(run), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              env=child_env(), cwd=run.out_dir, check=False).returncode
+        proc = subprocess.Popen(locust_command(run), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=child_env(), cwd=run.out_dir)
+        if started is not None:
+            started(proc.pid)
+        return proc.wait()
 
 
 class MemorySampler(threading.Thread):
@@ -148,6 +161,63 @@ class MemorySampler(threading.Thread):
                 out.flush()
                 if self._stop_event.wait(self.every_s):
                     return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+LOAD_GENERATOR = "load generator"  # the Locust process, in the cost samples
+
+
+class CostSampler(threading.Thread):
+    """Every every_s seconds, every service's counters (its /metrics page) and every process's CPU time
+    (the services', and Locust's once watch() names it): specpipe.bench.pipecost's samples."""
+
+    def __init__(self, metrics_ports: dict[str, int], pids: dict[str, int], every_s: float = 1.0):
+        super().__init__(daemon=True)
+        self.urls = {svc: f"http://127.0.0.1:{port}/metrics" for svc, port in metrics_ports.items()}
+        self.pids = dict(pids)
+        self.every_s = every_s
+        self.samples: list = []
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    def watch(self, name: str, pid: int) -> None:
+        with self._lock:
+            self.pids[name] = pid
+
+    def sample(self) -> pipecost.Sample:
+        import urllib.request
+
+        import psutil
+
+        from specpipe.bench.pipecost import Sample, parse_counters
+
+        counters = {}
+        for svc, url in self.urls.items():
+            try:
+                with urllib.request.urlopen(url, timeout=2.0) as page:
+                    counters[svc] = parse_counters(page.read().decode())
+            except OSError:
+                continue  # a service gone: the run reports its errors
+        cpu = {}
+        with self._lock:
+            pids = dict(self.pids)
+        for name, pid in pids.items():
+            try:
+                times = psutil.Process(pid).cpu_times()
+                cpu[name] = times.user + times.system + times.children_user + times.children_system
+            except psutil.Error:
+                continue
+        return Sample(time.time(), counters, cpu)
+
+    def run(self) -> None:
+        while True:
+            self.samples.append(self.sample())
+            if self._stop_event.wait(self.every_s):
+                self.samples.append(self.sample())
+                return
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -19,7 +19,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from specpipe.bench import loadreport, loadruns, loadstats
+from specpipe.bench import loadreport, loadruns, loadstats, pipecost
 from specpipe.bench.prompts import RECURRING, RECURRING_SIZE
 from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 from specpipe.config.services import TlsFiles
@@ -49,7 +49,7 @@ def loadtest(config: LoadtestConfig) -> int:
     slo = loadstats.parse_slo(config.slo)
     out_dir = Path(config.out or tempfile.mkdtemp(prefix="specpipe-loadtest-")).resolve()  # Locust runs in it
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs, statuses, sampler = {}, {}, None
+    runs, statuses, sampler, costs, clocks = {}, {}, None, {}, {}
     for server, (up_args, server_drafters) in servers.items():
         stack = None
         try:
@@ -66,7 +66,7 @@ def loadtest(config: LoadtestConfig) -> int:
                 host = config.addr
             else:
                 assert stack is not None  # started above
-                host = stack.http_url if config.api == "openai" else stack.addresses["orchestrator"]
+                host = stack.http_url if config.api == "openai" else orchestrators(stack)
             if host is None:
                 raise FailedPrecondition("--api openai: the `specpipe up` started serves no HTTP API (--http-port -1?)")
             security = client_flags(config, up_args, out_dir / "up" / server)
@@ -78,9 +78,11 @@ def loadtest(config: LoadtestConfig) -> int:
                                                 workload_flags(config, drafter) + security, config.deadline_s)
                 print(f"specpipe loadtest: {label or drafter}, {config.shape} load on {host}; output in {run_dir}",
                       file=sys.stderr, flush=True)
-                statuses[label] = loadruns.run_locust(locust_run)
+                statuses[label], samples = run_sampled(locust_run, stack)
                 records = loadstats.read_records(locust_run.records) if locust_run.records.exists() else []
                 runs[label] = loadstats.summarize(records, slo)
+                costs[label] = pipecost.level_costs(samples, loadstats.level_windows(records))
+                clocks[label] = clock_label(up_args)
                 if config.workload == RECURRING:
                     check_recurring_shares(label, len(records), prompt_limit(config))
         finally:
@@ -98,6 +100,8 @@ def loadtest(config: LoadtestConfig) -> int:
         "slo": loadstats.to_json([], slo)["slo"],
         "locust_status": statuses,
         "memory": {role: None if t is None else {**asdict(t), "growth_mb": t.growth_mb} for role, t in memory.items()},
+        "costs": {d: pipecost.to_json(c) for d, c in costs.items()},
+        "clocks": clocks,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if config.report:
@@ -105,7 +109,7 @@ def loadtest(config: LoadtestConfig) -> int:
     if config.json:
         print(json.dumps(summary, indent=1))
     else:
-        print_tables(runs, slo, memory)
+        print_tables(runs, slo, memory, costs, clocks)
     requests = sum(s.requests for levels in runs.values() for s in levels)
     errors = sum(sum(s.errors.values()) for levels in runs.values() for s in levels)
     return 1 if errors or not requests or any(statuses.values()) else 0
@@ -226,7 +230,8 @@ def workload_flags(config: LoadtestConfig, drafter: str) -> tuple[str, ...]:
     flags = ["--api", config.api, "--suite", suite, "--prompt-limit", str(prompt_limit(config)),
              "--max-new-tokens", str(config.max_new_tokens), "--deadline-s", f"{config.deadline_s:g}",
              "--temperature", f"{config.temperature:g}", "--top-p", f"{config.top_p:g}",
-             "--seed", str(config.seed), "--draft-len", str(config.draft_len), "--width", str(config.width)]
+             "--seed", str(config.seed), "--draft-len", str(config.draft_len), "--width", str(config.width),
+             "--itl-events", config.itl_events]
     for name, value in (("--drafter", "" if drafter == SERVER_DEFAULT else drafter), ("--schedule", config.schedule),
                         ("--adaptive", config.adaptive)):
         if value:
@@ -234,9 +239,44 @@ def workload_flags(config: LoadtestConfig, drafter: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def print_tables(runs: dict, slo: loadstats.Slo, memory: dict) -> None:
+def orchestrators(stack: loadruns.Stack) -> str:
+    """The orchestrator replicas' addresses, comma-separated: the users take them in turn (as a Service
+    spreads connections)."""
+    return ",".join(address for name, address in sorted(stack.addresses.items()) if name.startswith("orchestrator"))
+
+
+def run_sampled(locust_run: loadruns.LocustRun, stack: loadruns.Stack | None) -> tuple[int, list]:
+    """Locust's status, and the cost samples of the services it loaded (none against --addr)."""
+    if stack is None or not stack.metrics:
+        return loadruns.run_locust(locust_run), []
+    sampler = loadruns.CostSampler(stack.metrics, stack.pids)
+    sampler.start()
+    try:
+        return loadruns.run_locust(locust_run, lambda pid: sampler.watch(loadruns.LOAD_GENERATOR, pid)), sampler.samples
+    finally:
+        sampler.stop()
+
+
+def clock_label(up_args: str) -> str:
+    """The verifier's clock in a `specpipe up`'s flags: a cost model's (simulated), a replay's transcript."""
+    from specpipe.engine.costmodel import load_curve
+
+    flags = shlex.split(up_args)
+
+    def value(flag: str) -> str | None:
+        return flags[flags.index(flag) + 1] if flag in flags[:-1] else None
+
+    curve, replay = value("--cost-model"), value("--replay")
+    label = load_curve(curve, "verifier").label if curve else ""
+    return label + (f", replaying {Path(replay).name}" if replay else "")
+
+
+def print_tables(runs: dict, slo: loadstats.Slo, memory: dict, costs: dict | None = None,
+                 clocks: dict | None = None) -> None:
     for label, levels in runs.items():
         print(f"\n{loadreport.run_label(label)}\n{loadstats.markdown_table(levels, slo)}")
+        if costs and costs.get(label):
+            print(f"\n{pipecost.markdown_table(costs[label], (clocks or {}).get(label, ''))}")
     if len(runs) > 1:
         print(f"\nthe runs side by side\n{loadreport.comparison_table(runs)}")
     if memory:

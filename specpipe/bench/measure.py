@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from orchestrator.generator import Generator
 
 from specpipe.core.types import ALL_HYPOTHESES, GenerationRequest, RoundStats, SpeculationOptions
+from specpipe.runtime import cpu
 
 BASELINE = "verifier-only generate()"
 # A specpipe run's wall time, split: the verifier's prefill, its forwards, drafting not hidden behind
@@ -46,6 +47,7 @@ class PromptRun:
     prefill_ms: float = 0.0  # the prompt's prefill: specpipe's verifier prefill; transformers': to its first tokens
     prefill_tokens: int = 0  # tokens that came with the prefill (transformers: its first forward's or round's)
     parts: dict = field(default_factory=dict)  # specpipe: ms by TIME_PARTS (time_parts)
+    cpu_s: dict = field(default_factory=dict)  # specpipe: CPU s by "role/hop" in this process, and "process"
 
     @property
     def decode_seconds(self) -> float:
@@ -118,6 +120,8 @@ class MethodSummary:
     prefill_share: float = 0.0
     orchestration_share: float = 0.0
     orchestration: dict = field(default_factory=dict)
+    cpu_us_per_token: dict = field(default_factory=dict)  # CPU by "role/hop" (and "process"), microseconds a token
+    cpu_ms_per_round: float = 0.0  # the process's CPU time a round (its verifier's forwards included, in process)
     decode_tokens_per_s: float = 0.0  # tokens after the prefill per second after it
     # The speed-up over the reference that this run's measured acceptance by position and costs
     # allow at the best fixed draft length (speedup_bound), and the share of it reached.
@@ -182,9 +186,11 @@ def specpipe_method(generator: Generator, max_new_tokens: int, speculation: Spec
 def run_speculative(generator: Generator, prompt_id: str, prompt_ids: Sequence[int], max_new_tokens: int,
                     speculation: SpeculationOptions) -> PromptRun:
     request = GenerationRequest(tuple(prompt_ids), max_new_tokens, speculation=speculation)
+    cpu_before = cpu.snapshot()
     start = time.perf_counter()
     chunks = list(generator.generate(request))
     seconds = time.perf_counter() - start
+    cpu_s = cpu.since(cpu_before)
     rounds = [c.round for c in chunks if c.round is not None]
     return PromptRun(
         prompt_id, len(prompt_ids), tuple(t for c in chunks for t in c.token_ids), seconds, len(rounds),
@@ -193,7 +199,7 @@ def run_speculative(generator: Generator, prompt_id: str, prompt_ids: Sequence[i
         sum(r.hypotheses > 0 for r in rounds), sum(r.hit for r in rounds),
         sum(r.hidden_ms for r in rounds), sum(r.idle_ms for r in rounds),
         tuple(r.drafted for r in rounds), tuple(r.accepted for r in rounds),
-        prefill_ms=sum(r.prefill_ms for r in rounds), parts=time_parts(rounds, seconds * 1e3),
+        prefill_ms=sum(r.prefill_ms for r in rounds), parts=time_parts(rounds, seconds * 1e3), cpu_s=cpu_s,
     )
 
 
@@ -329,11 +335,20 @@ def summarize(method: str, runs: list[PromptRun], baseline: tuple[str, list[Prom
         prefill_share=prefill_ms / wall_ms if seconds else 0.0,
         orchestration_share=sum(parts[p] for p in ORCHESTRATION) if split else 0.0,
         orchestration={p: parts[p] for p in ORCHESTRATION} if split else {},
+        cpu_us_per_token=cpu_per_token(runs),
+        cpu_ms_per_round=sum(r.cpu_s.get("process", 0.0) for r in runs) * 1e3 / rounds if rounds else 0.0,
         decode_tokens_per_s=decode_throughput(runs),
         bound=bound,
         bound_share=bound_share,
         runs=runs,
     )
+
+
+def cpu_per_token(runs: Sequence[PromptRun]) -> dict[str, float]:
+    """Microseconds of CPU a generated token, by "role/hop" and for the whole process, over runs."""
+    tokens = sum(len(r.token_ids) for r in runs)
+    names = sorted({name for r in runs for name in r.cpu_s})
+    return {name: sum(r.cpu_s.get(name, 0.0) for r in runs) * 1e6 / tokens for name in names} if tokens else {}
 
 
 def throughput(runs: list[PromptRun]) -> float:

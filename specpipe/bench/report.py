@@ -43,6 +43,7 @@ def from_json(data: dict) -> list[MethodSummary]:
         fields = {k: v for k, v in m.items() if k in MethodSummary.__dataclass_fields__}
         fields["acceptance_by_position"] = tuple(fields.get("acceptance_by_position", ()))
         fields["orchestration"] = dict(fields.get("orchestration", {}))
+        fields["cpu_us_per_token"] = dict(fields.get("cpu_us_per_token", {}))
         fields["spec"] = MethodSpec(**fields["spec"]) if fields.get("spec") else None
         fields.setdefault("default", is_default(fields["spec"]))  # a file from before the field: the n-gram default
         summaries.append(MethodSummary(**{**fields, "runs": runs}))
@@ -115,6 +116,23 @@ def time_table(summaries: list[MethodSummary]) -> str:
                      f"{s.orchestration_share:.1%} | " + " | ".join(f"{s.orchestration[p]:.1%}" for p in ORCHESTRATION)
                      + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def cpu_table(summaries: list[MethodSummary]) -> str:
+    """Where each specpipe method's CPU time went, in microseconds a generated token: each role's hops
+    in this process (specpipe.runtime.cpu), and the process's whole CPU time (the verifier's forwards
+    run here when embedded)."""
+    measured = [s for s in summaries if s.cpu_us_per_token]
+    names = sorted({name for s in measured for name in s.cpu_us_per_token if name != "process"})
+    if not measured:
+        return ""
+    lines = ["| method | " + " | ".join(names) + " | process | CPU ms a round |",
+             "| --- |" + " ---: |" * (len(names) + 2)]
+    for s in measured:
+        cells = [f"{s.cpu_us_per_token.get(name, 0.0):.0f}" for name in names]
+        lines.append(f"| {s.method} | " + " | ".join(cells) + f" | {s.cpu_us_per_token.get('process', 0.0):.0f} | "
+                     f"{s.cpu_ms_per_round:.2f} |")
+    return "CPU time, microseconds a generated token (role/hop; docs/pipeline.md)\n" + "\n".join(lines)
 
 
 def category_table(summaries: list[MethodSummary], categories: dict[str, str]) -> str:
@@ -361,6 +379,8 @@ def report(paths: Sequence[str], plot_dir: Path, relative_to: Path) -> str:
             detail_table(summaries),
             "",
             time_table(summaries),
+            "",
+            cpu_table(summaries),
         ]
         swept = sweep_table(summaries)
         if swept:

@@ -20,7 +20,7 @@ import torch
 from specpipe.bench.prompts import Prompt, load_suite
 from specpipe.config.services import GeneratorConfig
 from specpipe.core.types import GenerationRequest
-from specpipe.engine.scheduler import attention_weight
+from specpipe.engine.planner import attention_weight
 from verifier_service.replay import Entry, Transcript
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # the load test's mix (deploy/locust/locustfile.py)

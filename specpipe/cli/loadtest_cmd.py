@@ -46,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                       "certificates `specpipe up` makes)")
     out = parser.add_argument_group("output")
     options.add_setting(out, LoadtestConfig, "slo", type=_slo)
-    options.add_settings(out, LoadtestConfig, "out", "json", "report", "memory_every", "from_run", "warmup_s")
+    options.add_settings(
+        out, LoadtestConfig, "out", "json", "report", "memory_every", "from_run", "warmup_s", "itl_events"
+    )
     parser.set_defaults(func=run)
 
 

@@ -37,11 +37,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FLAG_VALUED = ("--up-args", "--verifier-flags")  # options whose value is itself flags of another command
+
+
+def join_flag_values(argv: list[str]) -> list[str]:
+    """`--up-args "--pin"` as `--up-args=--pin`: argparse would take a value that starts with a dash
+    for an option of its own."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in FLAG_VALUED and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from specpipe.cli.models_cmd import prepare_missing
 
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, kept in what a run writes
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(join_flag_values(argv))
+    args.argv = argv  # the command line, kept in what a run writes
     try:
         prepare_missing(args)  # two commands from nothing: a missing packaged model is prepared first
         return int(args.func(args) or 0)

@@ -12,7 +12,7 @@ import sys
 
 from specpipe.app.topology import READY_LINE
 from specpipe.cli import options, security_args
-from specpipe.config.services import CacheConfig, DrafterConfig, OrchestratorConfig, ServeConfig
+from specpipe.config.services import CacheConfig, DrafterConfig, OrchestratorConfig, ServeConfig, VerifierConfig
 
 DEFAULT_PORTS = {"orchestrator": 50051, "verifier": 50052, "drafter": 50053, "cache": 50054}
 HELP = {
@@ -49,6 +49,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         security_args.add_tls_args(sub, role)
         if role in ("verifier", "drafter"):
             security_args.add_session_ttl_arg(sub)
+            group = sub.add_argument_group("simulated device (load tests)")
+            options.add_setting(group, VerifierConfig if role == "verifier" else DrafterConfig, "cost_model")
+            if role == "verifier":
+                options.add_setting(group, VerifierConfig, "replay")
         sub.set_defaults(func=run)
 
 

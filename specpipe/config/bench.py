@@ -152,6 +152,10 @@ class LoadtestConfig:
     width: int = setting(0, "0 = the server's (the API's empty field)")
     schedule: str = setting("", "sequential or branch; empty = the server's", shown="")
     adaptive: str = setting("", "on or off; empty = the server's", shown="")
+    itl_events: str = setting(
+        "chunk", "Locust's own itl entries: token (one event per token), chunk (one a chunk: the load generator's "
+        "CPU per token is a fraction, what a load at GPU speed needs) or off; the tables come from the request "
+        "records either way", choices=("token", "chunk", "off"))
     tls: TlsFiles | None = None           # the client's, towards addr
     auth_token_file: str | None = None
     slo: str = setting("", "goodput SLOs: ttft=MS,itl=MS (ITL: a request's mean)", shown="")

@@ -78,6 +78,13 @@ def _learn_global() -> Any:
                    "about each other", choices=("off", "on"), shown="on; docs/security.md")
 
 
+def _cost_model() -> Any:
+    return setting(None, "hold every forward to the time a recorded device's curve gives for its shape: a load "
+                   "test's simulated device (a curve file, a GPU record, or a packaged curve's name such as "
+                   "nvidia-h200-qwen-coder; NAME:xN scales its times by N). Real compute that takes longer keeps its "
+                   "time and is counted; never for serving", metavar="CURVE", shown="off; docs/pipeline.md")
+
+
 def _preset() -> Any:
     return setting(DEFAULT_PRESET, "model pair", env="SPECPIPE_PRESET", choices=tuple(sorted(PRESETS)))
 
@@ -200,6 +207,11 @@ class VerifierConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     limits: Limits = DEFAULT_LIMITS
     session_ttl_s: float = _session_ttl()
+    cost_model: str | None = _cost_model()
+    replay: str | None = setting(
+        None, "answer from a recorded transcript of the model's greedy decoding (`specpipe transcript record`) "
+        "instead of running it: the real model's acceptance at --cost-model's speed, without its weights; greedy "
+        "requests on the recorded prompts only", metavar="FILE", shown="off; docs/pipeline.md")
 
     def __post_init__(self) -> None:
         _positive("max_sessions", self.max_sessions)
@@ -216,6 +228,7 @@ class DrafterConfig:
     limits: Limits = DEFAULT_LIMITS
     session_ttl_s: float = _session_ttl()
     tls: TlsFiles | None = None  # of its channel to a cache service
+    cost_model: str | None = _cost_model()  # the model drafter's forwards
 
     def __post_init__(self) -> None:
         _positive("session_ttl_s", self.session_ttl_s)
@@ -362,6 +375,10 @@ class UpConfig:
     verifiers: int = setting(  # replicas (one process each); the orchestrator routes over them
         1, "verifier replicas; each session is pinned to the least loaded", metavar="N")
     drafters: int = setting(1, "drafter replicas", metavar="M")
+    orchestrators: int = setting(  # replicas sharing the verifiers and drafters, as behind a Service
+        1, "orchestrator replicas, each its own process over the same verifiers and drafters (more Python for "
+        "one GPU verifier: docs/pipeline.md); give them a shared --cache (redis) to share what the store learns",
+        metavar="K")
     drain_timeout_s: float = setting(DRAIN_TIMEOUT_S, "each service's drain on SIGTERM", key="drain_timeout",
                                      metavar="S")
     tls: bool = setting(  # a private CA: mutual TLS between the services, TLS on the public port
@@ -370,10 +387,13 @@ class UpConfig:
     verifier_flags: tuple[str, ...] = setting(  # more `serve verifier` flags (batching, admission)
         (), "more `specpipe serve verifier` flags for every verifier replica, e.g. \"--max-batch-tokens 1024 "
         "--gather-grace 0\"", metavar="FLAGS", shown="")
+    cost_model: str | None = _cost_model()  # every verifier's and drafter's
+    replay: str | None = setting(None, "every verifier answers from this transcript (`specpipe serve verifier "
+                                 "--replay`)", metavar="FILE", shown="off; docs/pipeline.md")
 
     def __post_init__(self) -> None:
-        if self.verifiers < 1 or self.drafters < 1:
-            raise InvalidArgument("--verifiers and --drafters must be >= 1")
+        if self.verifiers < 1 or self.drafters < 1 or self.orchestrators < 1:
+            raise InvalidArgument("--verifiers, --drafters and --orchestrators must be >= 1")
         _positive("startup_timeout", self.startup_timeout_s)
 
 

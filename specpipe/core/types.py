@@ -113,6 +113,17 @@ class VerifyResult:
 
 
 @dataclass(frozen=True)
+class RoundRequest:
+    """One round of a stream of rounds (Verifier.submit, specpipe.serving.verify_stream)."""
+
+    session_id: str
+    context_len: int
+    draft: Draft
+    sampling: SamplingParams
+    tag: int = 0  # the caller's: its reply carries it back
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     model_name: str
     vocab_size: int

@@ -1,53 +1,57 @@
 """The batch scheduler of the verifier and the model drafter: one thread owns the model and runs the
-pending steps of every request as one forward (docs/batching.md).
+pending steps of every request as one forward (docs/batching.md). It executes what the planner
+decides (specpipe.engine.planner: the gather policy, the prompt chunks, the gather grace) and feeds
+the planner what the forwards took.
 
 A request (Work) is a coroutine of steps over one slot: it yields a Step (tokens to feed), receives
 the logits the step asked for, and returns its result. A verify round or a prompt is one step; a
 drafting proposal is a catch-up of the context, then one step per draft depth, its next token
 chosen on the scheduler thread from the logits of the step before, so every pending proposal's next
-step joins the very next forward.
+step joins the very next forward. Callers wait for their work (run) or are told when it is done
+(submit: a stream of rounds).
 
-Gather policy (plan_batch): dispatch as soon as the model is free, with whatever is pending: a lone
-session never waits for company. Whole steps go first (a decoding session's latency is the product), oldest
-first, within the token budget; chunked steps (prompts) fill the rest in chunks of at most
-prefill_chunk tokens, so a long prompt enters over several forwards and never stalls the decode
-rounds of others for more than one chunk. While other sessions decode, a chunk is also kept small
-enough that a forward takes at most prefill_stall x as long as their rounds alone (the first chunk
-from the fitted forward time, stall_chunk_cap; the next ones from the time the last one added,
-next_chunk): beside their pending rounds, and on the verifier also between them (a session counts as decoding for
-DECODING_RECENT_S after its last round). On the verifier a forward first waits, once, a short grace
-(gather_grace_s: a share of its predicted time) for the rounds of decoding sessions not yet pending:
-their replies leave together, but come back one by one, and a forward dispatched on the first of
-them would split the sessions into cohorts that each pay a whole forward, as would a session running
-beside its own prompt chunk. It waits only for the sessions due back (due_back_until): those whose
-last round ended within the longest of the recent turnarounds (the orchestrator's turn between a
-round's forward and the session's next round), so it ends when they are in, or when the late ones
-are late enough to be drafting or gone. A lone session never waits. A whole step larger
-than the whole budget runs alone.
+Dispatch is as soon as the model is free, with whatever is pending; on the verifier a forward first
+waits, once, a short grace for the rounds of decoding sessions due back (their replies leave
+together but come back one by one: a forward dispatched on the first of them would split the
+sessions into cohorts that each pay a whole forward). A lone session never waits.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from specpipe.config.services import GATHER_GRACE_SHARE, BatchConfig
+from specpipe.config.services import BatchConfig
 from specpipe.core.errors import Cancelled, FailedPrecondition, ResourceExhausted, Unavailable
 from specpipe.core.fits import LinearFit
 from specpipe.engine import cores
 from specpipe.engine.batched import Segment, batched_forward, service_forward, unbatched_reason
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
 from specpipe.engine.kv import SlotKV
+from specpipe.engine.planner import (
+    TURNAROUND_WINDOW,
+    Learned,
+    Pending,
+    attention_weight,
+    chunk_credit,
+    decoding_work,
+    due_back_until,
+    due_within_s,
+    gather_grace_s,
+    next_chunk,
+    plan_forward,
+    step_work,
+)
 from specpipe.engine.runner import Runner
 from specpipe.runtime import cpu, metrics
 from specpipe.runtime.lifecycle import Cancellation
@@ -57,120 +61,6 @@ log = logging.getLogger(__name__)
 # role -> (sessions per forward, tokens per forward) histograms
 _BATCH_METRICS = {"verifier": (metrics.VERIFY_BATCH_SESSIONS, metrics.VERIFY_BATCH_TOKENS),
                   "drafter": (metrics.DRAFT_BATCH_SESSIONS, metrics.DRAFT_BATCH_TOKENS)}
-
-
-GATHER_GRACE_MIN_S, GATHER_GRACE_MAX_S = 0.002, 0.05
-# Of recent turnarounds: how long after its round a session is still due back. The longest: a round
-# that misses a forward waits a whole one, a wait is at most the grace
-# (docs/results/2026-11-25-batching.md, "Over gRPC").
-TURNAROUND_QUANTILE = 1.0
-TURNAROUND_WINDOW = 256     # turnarounds kept
-
-
-def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefill_chunk: int,
-               chunk_cap: int | None = None) -> list[tuple[int, int]]:
-    """pending: (chunked, tokens left) per request, oldest first. Returns (request index, tokens
-    to feed now) for the next forward: whole steps, oldest first, within the budget (the first
-    always, even past it); then chunks of chunked steps from what is left, at most chunk_cap
-    tokens of them (see stall_chunk_cap)."""
-    plan, budget = [], max_batch_tokens
-    for i, (chunked, left) in enumerate(pending):
-        if not chunked and (left <= budget or not plan):
-            plan.append((i, left))
-            budget -= left
-    if chunk_cap is not None:
-        budget = min(budget, chunk_cap)
-    for i, (chunked, left) in enumerate(pending):
-        if chunked and budget > 0:
-            take = min(left, prefill_chunk, budget)
-            plan.append((i, take))
-            budget -= take
-        elif chunked and not plan:  # nothing else to run: never idle with work pending
-            plan.append((i, min(left, prefill_chunk)))
-            budget = 0
-    return plan
-
-
-MIN_CHUNK = 1             # prompt tokens such a forward still takes, so a prompt always advances
-DECODING_RECENT_S = 2.0   # a session whose last round ended this recently counts as decoding
-
-
-def decoding_work(last_steps: Iterable[tuple[float, float]], now: float) -> float:
-    """Work (see step_work) of the last whole steps (ended at, work) of the sessions still decoding at `now`."""
-    return sum(work for ended, work in last_steps if now - ended <= DECODING_RECENT_S)
-
-
-def due_within_s(turnarounds: Sequence[float], quantile: float = TURNAROUND_QUANTILE) -> float:
-    """How long after its round's forward ended a session is still expected back for the next
-    forward: that quantile of recent turnarounds (s); DECODING_RECENT_S before any was seen."""
-    if not turnarounds:
-        return DECODING_RECENT_S
-    ordered = sorted(turnarounds)
-    return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
-
-
-def due_back_until(last_steps: Iterable[tuple[float, float]], now: float, due_s: float) -> float:
-    """When the last session between rounds (ended at, work) that is still due back at `now` (its
-    round ended at most due_s ago) stops being due; 0 when none is."""
-    return max((ended + due_s for ended, _ in last_steps if now - ended <= due_s), default=0.0)
-
-
-def gather_grace_s(forward_ms: float, share: float = GATHER_GRACE_SHARE) -> float:
-    """How long a forward predicted to take forward_ms waits for the rounds of sessions decoding
-    between rounds: a merged round saves a whole forward, a wait in vain costs `share` of one; within
-    [GATHER_GRACE_MIN_S, GATHER_GRACE_MAX_S] (the minimum before any forward was timed); 0 with share 0."""
-    if share <= 0:
-        return 0.0
-    return min(GATHER_GRACE_MAX_S, max(GATHER_GRACE_MIN_S, share * forward_ms / 1e3))
-
-
-def attention_weight(config) -> float:
-    """FLOPs of one query attending to one key over the FLOPs of one token through a layer stack's
-    linear layers (a Llama-family config): what a query-key pair weighs against a token."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    per_layer = (
-        2 * config.hidden_size * q + 2 * config.hidden_size * kv + 3 * config.hidden_size * config.intermediate_size
-    )
-    return 2 * q / per_layer  # per layer: 4 * q FLOPs a pair (scores and values), 2 * per_layer a token
-
-
-def step_work(tokens: int, past: int, attention: float) -> float:
-    """A step's share of a forward's time in token-equivalents: its tokens, plus its query-key pairs
-    (each token attends to the past and the step's own tokens before it) at attention weight. A
-    prompt chunk deep into a long prompt costs more than its tokens: at 4k positions of SmolLM2,
-    2.4x a chunk at the start."""
-    return tokens + attention * tokens * (past + (tokens + 1) / 2)
-
-
-def stall_chunk_cap(decode_work: float, fit: tuple[float, float] | None, stall: float, past: int = 0,
-                    attention: float = 0.0) -> int | None:
-    """Prompt tokens at position `past` that a forward may feed so that it takes at most stall x as
-    long as whole steps (verify rounds, draft steps) of decode_work (step_work) alone, from the fitted
-    forward time a + b * work (Sarathi-Serve's chunking, bounded by time instead of tokens); None
-    (no bound) without whole steps, before the fit knows a per-token cost, or with stall 0. On a CPU a prompt chunk
-    costs far more than a decode round, so this keeps a long prompt being admitted from stretching
-    the inter-token latency of the sessions already decoding."""
-    if decode_work <= 0 or fit is None or fit[1] <= 0 or not stall:
-        return None
-    a, b = fit
-    room = max(0.0, (stall - 1.0) * (a + b * decode_work) / b)  # work the chunk may add (a fit's a may be < 0)
-    if attention > 0:  # step_work(n, past) = room, solved for n
-        linear = 1 + attention * (past + 0.5)
-        room = (math.sqrt(linear * linear + 2 * attention * room) - linear) / attention
-    return max(MIN_CHUNK, int(room))
-
-
-def next_chunk(tokens: int, added_ms: float, room_ms: float) -> int:
-    """The prompt tokens of the next chunk beside whole steps, from the last chunk's: scaled by how
-    much of the time it may add (room_ms) the last one added (added_ms), at most halved or doubled;
-    at least MIN_CHUNK. A chunk deep into a long prompt costs more than the fit of forward times
-    predicts from its work (its attention reads the prompt's whole KV cache, for even one token, at
-    a lower rate than the packed GEMM: at position 3000 of SmolLM2, 11 tokens took 2.4x the forward
-    of two decode steps where the fit allowed 1.5x), so the measured time steers the size."""
-    if added_ms <= 0:
-        return 2 * tokens
-    return max(MIN_CHUNK, tokens // 2, min(2 * tokens, round(tokens * room_ms / added_ms)))
 
 
 @dataclass(frozen=True)
@@ -200,8 +90,11 @@ class Work:
     where a model runs unbatched: then kv may be any specpipe.engine.runner cache)."""
 
     def __init__(self, kv: SlotKV, steps: Generator[Step, torch.Tensor | None, Any],
-                 cancellation: Cancellation | None = None):
+                 cancellation: Cancellation | None = None, on_done: Callable[[Work], None] | None = None):
+        """on_done: called on the scheduler thread once the work is done or failed (Scheduler.submit's
+        callers; Scheduler.run waits instead)."""
         self.kv = kv
+        self.on_done = on_done
         self._steps = steps
         self.cancellation = cancellation  # set when its caller has gone: the rest is dropped (a prefill's chunks)
         self.step: Step | None = None  # the current one; None once the coroutine has returned
@@ -225,6 +118,17 @@ class Work:
             self.step, self.result = None, stop.value
         self.fed = 0
 
+    def complete(self, error: BaseException | None = None) -> None:
+        """Done (with error, failed): wake its waiter and tell on_done."""
+        if error is not None:
+            self.error = error
+        self.done.set()
+        if self.on_done is not None:
+            try:
+                self.on_done(self)
+            except Exception:  # the caller's hand-off: it must not take the scheduler down
+                log.exception("a work's on_done failed")
+
     def left(self) -> tuple[bool, int]:
         """(chunked, tokens left) of the current step, for plan_batch."""
         return self.step.chunked, len(self.step.token_ids) - self.fed
@@ -232,9 +136,27 @@ class Work:
     def segment(self, n: int) -> Segment:
         """The next n tokens of the current step as a segment of a batched forward."""
         step, start = self.step, self.kv.length
-        positions = step.positions if step.positions is not None else torch.arange(start, start + n)
-        allowed = step.allowed if step.allowed is not None else torch.ones(n, n, dtype=torch.bool).tril()
+        positions = step.positions if step.positions is not None else consecutive(start, n)
+        allowed = step.allowed if step.allowed is not None else causal(n)
         return Segment(self.kv, step.token_ids[self.fed : self.fed + n], positions, allowed, step.logit_rows)
+
+
+# A step's positions and mask without a torch call per step: a torch op releases the GIL, and getting it
+# back behind the threads that serve the stream of rounds costs up to a switch interval (5 ms) each.
+_POSITIONS = torch.arange(1 << 17)
+
+
+def consecutive(start: int, n: int) -> torch.Tensor:
+    """[n] positions start, start + 1, ... (a view: read only)."""
+    if start + n > len(_POSITIONS):
+        return torch.arange(start, start + n)
+    return _POSITIONS[start : start + n]
+
+
+@functools.lru_cache(maxsize=64)
+def causal(n: int) -> torch.Tensor:
+    """[n, n] bool: each of n new tokens sees itself and the ones before it (shared: read only)."""
+    return torch.ones(n, n, dtype=torch.bool).tril()
 
 
 class Scheduler:
@@ -252,6 +174,8 @@ class Scheduler:
         self._forwards = metrics.FORWARDS.labels(role=role)
         self._cost = LinearFit(decay=0.9)  # forward ms against work fed (step_work)
         self._decode_cost = LinearFit(decay=0.9)  # the same, of forwards of whole steps only
+        self._chunk_cost = LinearFit(decay=0.9)  # ms a prompt chunk adds beside whole steps, against its tokens
+        self._chunk_credit_ms = 0.0  # specpipe.engine.planner.chunk_credit
         self._attention = attention if attention is not None else attention_weight(model.config)
         self._pending: list[Work] = []
         self._cond = threading.Condition()
@@ -271,19 +195,32 @@ class Scheduler:
         """Queue work and block until its coroutine has returned (raises what it or a forward raised)."""
         if work.step is None:
             return work
-        with self._cond:
-            if self._closed:
-                raise Unavailable(f"the {self._role} is shutting down")
-            if len(self._pending) >= self.config.max_queue:
-                raise ResourceExhausted(f"{self._role} queue is full ({len(self._pending)} requests waiting, "
-                                        f"max {self.config.max_queue}); retry later or add {self._role} replicas")
-            self._pending.append(work)
-            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
-            self._cond.notify()
+        refused = self.submit([work])[0]
+        if refused is not None:
+            raise refused
         work.done.wait()
         if work.error is not None:
             raise work.error
         return work
+
+    def submit(self, works: Sequence[Work]) -> list[Exception | None]:
+        """Queue works together (they join the same next forward, room allowing) without waiting: each
+        tells its on_done when done. Returns, per work, None or why it was refused (not queued)."""
+        refused: list[Exception | None] = []
+        with self._cond:
+            for work in works:
+                if self._closed:
+                    refused.append(Unavailable(f"the {self._role} is shutting down"))
+                elif len(self._pending) >= self.config.max_queue:
+                    refused.append(ResourceExhausted(
+                        f"{self._role} queue is full ({len(self._pending)} requests waiting, max "
+                        f"{self.config.max_queue}); retry later or add {self._role} replicas"))
+                else:
+                    self._pending.append(work)
+                    refused.append(None)
+            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
+            self._cond.notify()
+        return refused
 
     @property
     def depth(self) -> int:
@@ -313,8 +250,7 @@ class Scheduler:
             failed, self._pending = self._pending, []
             metrics.QUEUE_DEPTH.labels(role=self._role).set(0)
         for work in failed:
-            work.error = error
-            work.done.set()
+            work.complete(error)
 
     def _dispatch(self) -> bool:
         """Run the next forward; False once closed."""
@@ -323,26 +259,21 @@ class Scheduler:
                 self._cond.wait()
             if self._closed:
                 for work in self._pending:
-                    work.error = Unavailable(f"the {self._role} is shutting down")
-                    work.done.set()
+                    work.complete(Unavailable(f"the {self._role} is shutting down"))
                 return False
             pending = list(self._pending)
         if self._drop_abandoned(pending):
             return True
-        left = [w.left() for w in pending]
-        decoding = sum(self._work(w, n) for w, (chunked, n) in zip(pending, left) if not chunked)
+        steps = [Pending(*w.left(), w.kv.length, w.next_chunk) for w in pending]
         elsewhere = self._decoding_elsewhere(pending)
-        if elsewhere and not self._graced and self._wait_for_rounds_due(pending, decoding + elsewhere):
-            return True  # rounds due now join this forward instead of waiting out one
-        decoding = decoding or elsewhere
-        prompt = next((w for w, (chunked, _) in zip(pending, left) if chunked), None)
-        if decoding and self.config.prefill_stall and prompt is not None and prompt.next_chunk:
-            cap = prompt.next_chunk  # steered by the time its last chunk added
-        else:
-            past = prompt.kv.length if prompt is not None else 0
-            cap = stall_chunk_cap(decoding, self._cost.line(), self.config.prefill_stall, past, self._attention)
-        plan = plan_batch(left, self.config.max_batch_tokens, self.config.prefill_chunk, cap)
-        self._step([(pending[i], n) for i, n in plan])
+        if elsewhere and not self._graced:
+            decoding = sum(step_work(p.left, p.past, self._attention) for p in steps if not p.chunked)
+            if self._wait_for_rounds_due(pending, decoding + elsewhere):
+                return True  # rounds due now join this forward instead of waiting out one
+        learned = Learned(self._cost.line(), self._decode_cost.line(), self._chunk_cost.line(), self._chunk_credit_ms,
+                          self._attention)
+        plan = plan_forward(steps, elsewhere, learned, self.config)
+        self._step([(pending[i], n) for i, n in plan.batch])
         return True
 
     def _wait_for_rounds_due(self, pending: list[Work], work: float) -> bool:
@@ -393,8 +324,7 @@ class Scheduler:
                 self._pending.remove(work)
             metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
         for work in abandoned:
-            work.error = Cancelled(f"{self._role}: the caller went away; {work.fed} tokens of the step were fed")
-            work.done.set()
+            work.complete(Cancelled(f"{self._role}: the caller went away; {work.fed} tokens of the step were fed"))
         return True
 
     def _turnaround(self, work: Work) -> None:
@@ -406,16 +336,22 @@ class Scheduler:
             metrics.VERIFY_TURNAROUND_MS.observe(turnaround_s * 1e3)
 
     def _steer_chunks(self, batch: list[tuple[Work, int]], works: list[float], forward_ms: float) -> None:
-        """Learn the time of forwards of whole steps alone, and after a forward of whole steps and a
-        prompt chunk, size the prompt's next chunk by the time this one added (next_chunk)."""
+        """Learn the time of forwards of whole steps alone and what a prompt chunk adds to them; size
+        the prompt's next chunk by the time this one added (next_chunk), and keep the chunk credit."""
         decode = sum(work for (w, _), work in zip(batch, works) if not w.step.chunked)
         chunks = [(w, n) for w, n in batch if w.step.chunked]
+        stall = self.config.prefill_stall
         if not chunks:
             self._decode_cost.add(decode, forward_ms)
-        elif decode and self.config.prefill_stall and self._decode_cost.line() is not None:
+            if decode and stall:
+                self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, forward_ms, 0.0)
+        elif decode and stall and self._decode_cost.line() is not None:
             alone_ms = self._decode_cost.predict(decode)
             prompt, tokens = chunks[0]
-            prompt.next_chunk = next_chunk(tokens, forward_ms - alone_ms, (self.config.prefill_stall - 1) * alone_ms)
+            added_ms = max(0.0, forward_ms - alone_ms)
+            self._chunk_cost.add(sum(n for _, n in chunks), added_ms)
+            self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, alone_ms, added_ms)
+            prompt.next_chunk = next_chunk(tokens, added_ms, (stall - 1) * alone_ms)
 
     def _step(self, batch: list[tuple[Work, int]]) -> None:
         now = time.perf_counter()
@@ -430,6 +366,7 @@ class Scheduler:
         self._batch_sessions.observe(len(batch))
         self._batch_tokens.observe(tokens)
         finished: list[Work] = []
+        segments = logits = rows = None
         try:
             segments = [work.segment(n) for work, n in batch]
             launched = time.perf_counter()
@@ -464,8 +401,11 @@ class Scheduler:
             for work in finished:
                 self._pending.remove(work)
             metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
-        for work in finished:
-            work.done.set()
+        # Hold no reference to a finished work past its completion: its caller may free its slot at once.
+        segments = logits = rows = work = None
+        batch.clear()
+        while finished:
+            finished.pop().complete()
 
 
 def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role: str, max_context: int,

@@ -81,3 +81,17 @@ def start_laps() -> None:
     state = _state()
     state.stack[-1][1] = 0.0
     state.mark = time.thread_time()
+
+
+def snapshot() -> dict[str, float]:
+    """"role/hop" -> CPU seconds charged so far in this process, and "process" -> the process's CPU time."""
+    spent = {f"{s.labels['role']}/{s.labels['hop']}": s.value
+             for family in metrics.CPU_SECONDS.collect() for s in family.samples if s.name.endswith("_total")}
+    spent["process"] = time.process_time()
+    return spent
+
+
+def since(before: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by hop (and the process's) since snapshot() gave before; hops that spent none left out."""
+    spent = {name: seconds - before.get(name, 0.0) for name, seconds in snapshot().items()}
+    return {name: seconds for name, seconds in spent.items() if seconds > 0}

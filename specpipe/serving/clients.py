@@ -18,6 +18,7 @@ from specpipe.runtime.lifecycle import call_timeout, check_cancelled, current_ca
 from specpipe.serving import convert
 from specpipe.serving.security import Tls, bearer_metadata
 from specpipe.serving.server import MAX_MESSAGE_BYTES
+from specpipe.serving.verify_stream import VerifyMux
 from specpipe.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc, generation_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 CHANNEL_OPTIONS = (
@@ -123,7 +124,11 @@ class Client:
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
     def close(self) -> None:
+        self._close_streams()
         self._channel.close()
+
+    def _close_streams(self) -> None:
+        """Streams of this client's (VerifierClient's rounds)."""
 
     def __enter__(self):
         return self
@@ -133,12 +138,16 @@ class Client:
 
 
 class VerifierClient(Client):
-    """specpipe.core.protocols.Verifier over gRPC."""
+    """specpipe.core.protocols.Verifier over gRPC. Rounds go over one stream shared by every session
+    (specpipe.serving.verify_stream), or as unary calls with stream False or against a verifier that
+    serves no stream."""
 
     def __init__(self, target: str, timeout_s: float | None = None, wait_for_ready: bool = False,
-                 hop_delay_ms: float = 0.0, tls: Tls | None = None):
+                 hop_delay_ms: float = 0.0, tls: Tls | None = None, stream: bool = True):
         super().__init__(target, timeout_s, wait_for_ready, hop_delay_ms, tls)
         self._stub = verifier_pb2_grpc.VerifierStub(self._channel)
+        self._mux = VerifyMux(lambda requests: self._stub.VerifyStream(requests, wait_for_ready=self.wait_for_ready),
+                              to_specpipe_error) if stream and not hop_delay_ms else None
 
     def info(self) -> types.ModelInfo:
         return convert.model_info_from_proto(self._call(self._stub.Info, verifier_pb2.VerifierInfoRequest()))
@@ -159,10 +168,22 @@ class VerifierClient(Client):
                     draft=convert.draft_to_proto(draft),
                     sampling=convert.sampling_to_proto(sampling),
                 )
+            if self._mux is not None:
+                try:
+                    reply = self._mux.verify(request, call_timeout(self.timeout_s, f"{self.target} verify"))
+                    return convert.verify_result_from_proto(reply)
+                except errors.SpecpipeError as err:
+                    if err.code != "UNIMPLEMENTED":
+                        raise
+                    self._mux = None  # a verifier without the stream: unary calls from now on
             return convert.verify_result_from_proto(self._call(self._stub.Verify, request))
 
     def release(self, session_id: str) -> bool:
         return self._call(self._stub.Release, common_pb2.ReleaseRequest(session_id=session_id)).released
+
+    def _close_streams(self) -> None:
+        if self._mux is not None:
+            self._mux.close()
 
     def load(self, timeout_s: float | None = None):
         """The replica's load (specpipe.serving.replicas.VerifierLoad), for least-loaded routing."""

@@ -170,12 +170,15 @@ def verify_result_from_proto(msg: verifier_pb2.VerifyReply) -> types.VerifyResul
 
 # --- generation.proto --------------------------------------------------------------------------
 
+_ROUND_FIELDS = tuple(f.name for f in fields(types.RoundStats))  # every chunk carries one: no asdict() a round
+
+
 def round_to_proto(stats: types.RoundStats) -> generation_pb2.RoundStats:
-    return generation_pb2.RoundStats(**asdict(stats))
+    return generation_pb2.RoundStats(**{name: getattr(stats, name) for name in _ROUND_FIELDS})
 
 
 def round_from_proto(msg: generation_pb2.RoundStats) -> types.RoundStats:
-    return types.RoundStats(**{f.name: getattr(msg, f.name) for f in fields(types.RoundStats)})
+    return types.RoundStats(**{name: getattr(msg, name) for name in _ROUND_FIELDS})
 
 
 def chunk_to_proto(chunk: types.GenerationChunk) -> generation_pb2.GenerateChunk:

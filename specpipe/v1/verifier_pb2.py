@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specpipe.v1 import common_pb2 as specpipe_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecpipe/v1/verifier.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"\x15\n\x13VerifierInfoRequest\"<\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\nprompt_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\"7\n\x0cPrefillReply\x12\x13\n\x0b\x63ontext_len\x18\x01 \x01(\x05\x12\x12\n\nprefill_ms\x18\x02 \x01(\x01\"\x8e\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63ontext_len\x18\x02 \x01(\x05\x12%\n\x05\x64raft\x18\x03 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.specpipe.v1.SamplingParams\"\xe0\x01\n\x0bVerifyReply\x12\x1b\n\x0f\x61\x63\x63\x65pted_tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x1a\n\x0e\x61\x63\x63\x65pted_nodes\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x18\n\x10\x63orrection_token\x18\x03 \x01(\x05\x12\x0f\n\x07\x65ntropy\x18\x04 \x01(\x02\x12\x17\n\x0bnode_argmax\x18\x05 \x03(\x05\x42\x02\x10\x01\x12\x11\n\tverify_ms\x18\x06 \x01(\x01\x12\x13\n\x0b\x63ontext_len\x18\x07 \x01(\x05\x12\x16\n\x0e\x62\x61tch_sessions\x18\x08 \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\t \x01(\x05\"\r\n\x0bLoadRequest\"H\n\tLoadReply\x12\x15\n\ropen_sessions\x18\x01 \x01(\x05\x12\x14\n\x0cmax_sessions\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x32\xcc\x02\n\x08Verifier\x12@\n\x04Info\x12 .specpipe.v1.VerifierInfoRequest\x1a\x16.specpipe.v1.ModelInfo\x12\x41\n\x07Prefill\x12\x1b.specpipe.v1.PrefillRequest\x1a\x19.specpipe.v1.PrefillReply\x12>\n\x06Verify\x12\x1a.specpipe.v1.VerifyRequest\x1a\x18.specpipe.v1.VerifyReply\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReply\x12\x38\n\x04Load\x12\x18.specpipe.v1.LoadRequest\x1a\x16.specpipe.v1.LoadReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecpipe/v1/verifier.proto\x12\x0bspecpipe.v1\x1a\x18specpipe/v1/common.proto\"\x15\n\x13VerifierInfoRequest\"<\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\nprompt_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\"7\n\x0cPrefillReply\x12\x13\n\x0b\x63ontext_len\x18\x01 \x01(\x05\x12\x12\n\nprefill_ms\x18\x02 \x01(\x01\"\x8e\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63ontext_len\x18\x02 \x01(\x05\x12%\n\x05\x64raft\x18\x03 \x01(\x0b\x32\x16.specpipe.v1.DraftTree\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.specpipe.v1.SamplingParams\"\xe0\x01\n\x0bVerifyReply\x12\x1b\n\x0f\x61\x63\x63\x65pted_tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x1a\n\x0e\x61\x63\x63\x65pted_nodes\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x18\n\x10\x63orrection_token\x18\x03 \x01(\x05\x12\x0f\n\x07\x65ntropy\x18\x04 \x01(\x02\x12\x17\n\x0bnode_argmax\x18\x05 \x03(\x05\x42\x02\x10\x01\x12\x11\n\tverify_ms\x18\x06 \x01(\x01\x12\x13\n\x0b\x63ontext_len\x18\x07 \x01(\x05\x12\x16\n\x0e\x62\x61tch_sessions\x18\x08 \x01(\x05\x12\x14\n\x0c\x62\x61tch_tokens\x18\t \x01(\x05\"8\n\x0bVerifyBatch\x12)\n\x06rounds\x18\x01 \x03(\x0b\x32\x19.specpipe.v1.TaggedVerify\"H\n\x0cTaggedVerify\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.specpipe.v1.VerifyRequest\"C\n\x10VerifyBatchReply\x12/\n\x07replies\x18\x01 \x03(\x0b\x32\x1e.specpipe.v1.TaggedVerifyReply\"h\n\x11TaggedVerifyReply\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\'\n\x05reply\x18\x02 \x01(\x0b\x32\x18.specpipe.v1.VerifyReply\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\r\n\x0bLoadRequest\"H\n\tLoadReply\x12\x15\n\ropen_sessions\x18\x01 \x01(\x05\x12\x14\n\x0cmax_sessions\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x32\x99\x03\n\x08Verifier\x12@\n\x04Info\x12 .specpipe.v1.VerifierInfoRequest\x1a\x16.specpipe.v1.ModelInfo\x12\x41\n\x07Prefill\x12\x1b.specpipe.v1.PrefillRequest\x1a\x19.specpipe.v1.PrefillReply\x12>\n\x06Verify\x12\x1a.specpipe.v1.VerifyRequest\x1a\x18.specpipe.v1.VerifyReply\x12K\n\x0cVerifyStream\x12\x18.specpipe.v1.VerifyBatch\x1a\x1d.specpipe.v1.VerifyBatchReply(\x01\x30\x01\x12\x41\n\x07Release\x12\x1b.specpipe.v1.ReleaseRequest\x1a\x19.specpipe.v1.ReleaseReply\x12\x38\n\x04Load\x12\x18.specpipe.v1.LoadRequest\x1a\x16.specpipe.v1.LoadReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,10 +50,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST']._serialized_end=354
   _globals['_VERIFYREPLY']._serialized_start=357
   _globals['_VERIFYREPLY']._serialized_end=581
-  _globals['_LOADREQUEST']._serialized_start=583
-  _globals['_LOADREQUEST']._serialized_end=596
-  _globals['_LOADREPLY']._serialized_start=598
-  _globals['_LOADREPLY']._serialized_end=670
-  _globals['_VERIFIER']._serialized_start=673
-  _globals['_VERIFIER']._serialized_end=1005
+  _globals['_VERIFYBATCH']._serialized_start=583
+  _globals['_VERIFYBATCH']._serialized_end=639
+  _globals['_TAGGEDVERIFY']._serialized_start=641
+  _globals['_TAGGEDVERIFY']._serialized_end=713
+  _globals['_VERIFYBATCHREPLY']._serialized_start=715
+  _globals['_VERIFYBATCHREPLY']._serialized_end=782
+  _globals['_TAGGEDVERIFYREPLY']._serialized_start=784
+  _globals['_TAGGEDVERIFYREPLY']._serialized_end=888
+  _globals['_LOADREQUEST']._serialized_start=890
+  _globals['_LOADREQUEST']._serialized_end=903
+  _globals['_LOADREPLY']._serialized_start=905
+  _globals['_LOADREPLY']._serialized_end=977
+  _globals['_VERIFIER']._serialized_start=980
+  _globals['_VERIFIER']._serialized_end=1389
 # @@protoc_insertion_point(module_scope)

@@ -61,6 +61,38 @@ class VerifyReply(_message.Message):
     batch_tokens: int
     def __init__(self, accepted_tokens: _Optional[_Iterable[int]] = ..., accepted_nodes: _Optional[_Iterable[int]] = ..., correction_token: _Optional[int] = ..., entropy: _Optional[float] = ..., node_argmax: _Optional[_Iterable[int]] = ..., verify_ms: _Optional[float] = ..., context_len: _Optional[int] = ..., batch_sessions: _Optional[int] = ..., batch_tokens: _Optional[int] = ...) -> None: ...
 
+class VerifyBatch(_message.Message):
+    __slots__ = ("rounds",)
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    rounds: _containers.RepeatedCompositeFieldContainer[TaggedVerify]
+    def __init__(self, rounds: _Optional[_Iterable[_Union[TaggedVerify, _Mapping]]] = ...) -> None: ...
+
+class TaggedVerify(_message.Message):
+    __slots__ = ("tag", "request")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    request: VerifyRequest
+    def __init__(self, tag: _Optional[int] = ..., request: _Optional[_Union[VerifyRequest, _Mapping]] = ...) -> None: ...
+
+class VerifyBatchReply(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[TaggedVerifyReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[TaggedVerifyReply, _Mapping]]] = ...) -> None: ...
+
+class TaggedVerifyReply(_message.Message):
+    __slots__ = ("tag", "reply", "code", "message")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    reply: VerifyReply
+    code: int
+    message: str
+    def __init__(self, tag: _Optional[int] = ..., reply: _Optional[_Union[VerifyReply, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class LoadRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

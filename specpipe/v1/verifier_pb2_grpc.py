@@ -51,6 +51,11 @@ class VerifierStub:
                 request_serializer=specpipe_dot_v1_dot_verifier__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=specpipe_dot_v1_dot_verifier__pb2.VerifyReply.FromString,
                 _registered_method=True)
+        self.VerifyStream = channel.stream_stream(
+                '/specpipe.v1.Verifier/VerifyStream',
+                request_serializer=specpipe_dot_v1_dot_verifier__pb2.VerifyBatch.SerializeToString,
+                response_deserializer=specpipe_dot_v1_dot_verifier__pb2.VerifyBatchReply.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specpipe.v1.Verifier/Release',
                 request_serializer=specpipe_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -87,6 +92,15 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyStream(self, request_iterator, context):
+        """Verify rounds of many sessions over one stream (one per orchestrator and replica): the rounds of a
+        message join the verifier's queue together, and each reply message carries the rounds that finished
+        together (one forward's). A round's failure is its own status in its reply, never the stream's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -117,6 +131,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=specpipe_dot_v1_dot_verifier__pb2.VerifyRequest.FromString,
                     response_serializer=specpipe_dot_v1_dot_verifier__pb2.VerifyReply.SerializeToString,
+            ),
+            'VerifyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyStream,
+                    request_deserializer=specpipe_dot_v1_dot_verifier__pb2.VerifyBatch.FromString,
+                    response_serializer=specpipe_dot_v1_dot_verifier__pb2.VerifyBatchReply.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -211,6 +230,33 @@ class Verifier:
             '/specpipe.v1.Verifier/Verify',
             specpipe_dot_v1_dot_verifier__pb2.VerifyRequest.SerializeToString,
             specpipe_dot_v1_dot_verifier__pb2.VerifyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specpipe.v1.Verifier/VerifyStream',
+            specpipe_dot_v1_dot_verifier__pb2.VerifyBatch.SerializeToString,
+            specpipe_dot_v1_dot_verifier__pb2.VerifyBatchReply.FromString,
             options,
             channel_credentials,
             insecure,
