@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from dataclasses import replace
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from orchestrator.adaptive import FREE_DRAFTERS, STOP_CONFIDENCE, SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
@@ -48,6 +48,7 @@ from specpipe.core.types import (
     ProposeResult,
     RoundStats,
     SpeculationOptions,
+    VerifyResult,
 )
 from specpipe.core.verification import check_token_ids
 from specpipe.runtime import cpu
@@ -68,7 +69,7 @@ class Load:
             self.active += 1
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.active -= 1
 
@@ -76,7 +77,7 @@ class Load:
 class Generator:
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         verifier: Verifier,
         drafters: Mapping[str, Drafter],
         defaults: SpeculationOptions = SpeculationOptions(),
@@ -223,10 +224,11 @@ class Generator:
         fitted = fit_nodes(proposal.draft, gen.window_room(self.info.max_context))
         return proposal if fitted is proposal.draft else replace(proposal, draft=fitted)
 
-    def _emit(self, gen: Generation, proposal: ProposeResult, result, resolution: Resolution, idle_ms: float,
-              start: float, laps: Laps) -> GenerationChunk:
+    def _emit(self, gen: Generation, proposal: ProposeResult, result: VerifyResult, resolution: Resolution,
+              idle_ms: float, start: float, laps: Laps) -> GenerationChunk:
         """The round's chunk for the client: its verified tokens, the new text and what it cost (laps:
         where its time went, taken for this round)."""
+        assert gen.detokenizer is not None  # Generation.open gives one
         new_tokens, delta = gen.emit(result, gen.detokenizer, self.info.eos_token_ids)
         laps.lap("emit")
         round_ms = (time.perf_counter() - start) * 1e3
