@@ -17,18 +17,19 @@ import threading
 import time
 import uuid
 from dataclasses import replace
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from orchestrator.adaptive import FREE_DRAFTERS, STOP_CONFIDENCE, SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
 from orchestrator.detokenize import Detokenizer
 from orchestrator.generation import Generation
+from orchestrator.inputs import chat_ids, check_input
 from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
 from orchestrator.policies import AdaptivePolicy, DraftPolicy, FixedPolicy, Verified
 from orchestrator.predictors import new_predictor, new_shared
 from orchestrator.schedules import Branch, Proposer, Round, Schedule, Sequential
 from orchestrator.spans import Traced
-from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_generation, check_prompt_text
+from specpipe.config.limits import DEFAULT_LIMITS, Limits, check_generation
 from specpipe.core.errors import FailedPrecondition, InvalidArgument, SpecpipeError
 from specpipe.core.protocols import Drafter, NgramCache, Verifier
 from specpipe.core.sampling import check_sampling
@@ -48,6 +49,7 @@ from specpipe.core.types import (
     ProposeResult,
     RoundStats,
     SpeculationOptions,
+    VerifyResult,
 )
 from specpipe.core.verification import check_token_ids
 from specpipe.runtime import cpu
@@ -69,7 +71,7 @@ class Load:
             self.active += 1
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         with self._lock:
             self.active -= 1
 
@@ -77,7 +79,7 @@ class Load:
 class Generator:
     def __init__(
         self,
-        tokenizer,
+        tokenizer: Any,
         verifier: Verifier,
         drafters: Mapping[str, Drafter],
         defaults: SpeculationOptions = SpeculationOptions(),
@@ -112,23 +114,13 @@ class Generator:
         messages: Sequence[tuple[str, str]] | None = None,
         token_ids: Sequence[int] | None = None,
     ) -> tuple[int, ...]:
-        """Prompt token ids from exactly one of: raw text, chat messages (chat template), token ids."""
-        if sum(x is not None for x in (prompt, messages, token_ids)) != 1:
-            raise InvalidArgument("give exactly one of prompt, messages or token_ids")
+        """Prompt token ids from exactly one of: raw text, chat messages (chat template; their content
+        is text, orchestrator/inputs.py), token ids."""
+        check_input(prompt, messages, token_ids, self.limits)
         if token_ids is not None:
             return tuple(token_ids)
         if messages is not None:
-            if not messages or not any(content for _, content in messages):
-                raise InvalidArgument("messages are empty")
-            check_prompt_text("".join(content for _, content in messages), self.limits)
-            if getattr(self.tokenizer, "chat_template", None):
-                chat = [{"role": role, "content": content} for role, content in messages]
-                ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-                return tuple(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-            prompt = "\n".join(content for _, content in messages)  # a base model: plain text
-        if not prompt:
-            raise InvalidArgument("prompt is empty")
-        check_prompt_text(prompt, self.limits)
+            return chat_ids(self.tokenizer, messages)
         return tuple(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def validate(self, request: GenerationRequest) -> None:
@@ -250,10 +242,11 @@ class Generator:
         fitted = fit_nodes(proposal.draft, gen.window_room(self.info.max_context))
         return proposal if fitted is proposal.draft else replace(proposal, draft=fitted)
 
-    def _emit(self, gen: Generation, proposal: ProposeResult, result, resolution: Resolution, idle_ms: float,
-              start: float, laps: Laps) -> GenerationChunk:
+    def _emit(self, gen: Generation, proposal: ProposeResult, result: VerifyResult, resolution: Resolution,
+              idle_ms: float, start: float, laps: Laps) -> GenerationChunk:
         """The round's chunk for the client: its verified tokens, the new text and what it cost (laps:
         where its time went, taken for this round)."""
+        assert gen.detokenizer is not None  # Generation.open gives one
         spans = gen.spans
         with spans.detokenize():  # with the stop strings
             new_tokens, delta = gen.emit(result, gen.detokenizer, self.info.eos_token_ids)

@@ -82,7 +82,8 @@ class Proposer:
     def warm(self, context: Sequence[int], epoch: int) -> None:
         """Have the drafter feed context without drafting (a proposal of draft_len 0)."""
         try:
-            self.drafter.propose(replace(self.template, context=tuple(context), draft_len=0, epoch=epoch))
+            if self.drafter is not None:
+                self.drafter.propose(replace(self.template, context=tuple(context), draft_len=0, epoch=epoch))
         except Exception as err:  # the next draft feeds the context itself
             if not isinstance(err, Aborted):
                 log.warning("drafter warm-up failed", extra={"session_id": self.template.session_id, "error": str(err)})
@@ -156,18 +157,20 @@ Round = Callable[[], VerifyResult]  # a round sent to the verifier: its verdict 
 def send_round(verifier: Verifier, gen: Generation, proposal: ProposeResult) -> Round:
     """The round sent now where the verifier can send without waiting (verify_async: the stream of
     rounds), so the caller streams the previous round's tokens while the verifier checks this one;
-    otherwise verified now."""
+    otherwise verified when its verdict is asked for (in process there is no write to overlap)."""
     args = (gen.session_id, len(gen.context), proposal.draft, gen.request.sampling)
     start = getattr(verifier, "verify_async", None)
     if start is not None:
         return cast(Round, start(*args))
-    result = verifier.verify(*args)
-    return lambda: result
+    return lambda: verifier.verify(*args)
 
 
 class Schedule(Protocol):
-    epoch: int
     prefill_ms: float  # the verifier's prefill call, once first() has returned
+
+    @property
+    def epoch(self) -> int:
+        """The session's rollbacks so far (a drafter aborts proposals of an older epoch)."""
 
     def first(self, gen: Generation, draft_len: int) -> ProposeResult:
         """Open the verifier's session (prefill) and draft the first round."""
@@ -197,7 +200,8 @@ class Sequential:
         self.prefill_ms = prefill(self._verifier, gen)
         return self._warmer.next_draft(gen.context, draft_len, self.epoch, gen.room())
 
-    def start(self, gen, proposal, as_drafted, hypotheses, draft_len) -> Round:
+    def start(self, gen: Generation, proposal: ProposeResult, as_drafted: ProposeResult, hypotheses: int,
+              draft_len: Callable[[int], int]) -> Round:
         sent = send_round(self._verifier, gen, proposal)
 
         def verdict() -> VerifyResult:
@@ -207,7 +211,8 @@ class Sequential:
 
         return verdict
 
-    def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
+    def next(self, gen: Generation, proposal: ProposeResult, result: VerifyResult, draft_len: Callable[[], int],
+             verify_start: float, verify_end: float) -> tuple[ProposeResult, Resolution]:
         return self._warmer.next_draft(gen.context, draft_len(), self.epoch, gen.room()), NO_SPECULATION
 
     def close(self) -> None:
@@ -221,6 +226,7 @@ class Branch:
         self._pool = pool
         self._eos = set(eos)
         self.prefill_ms = 0.0
+        assert proposer.drafter is not None  # the branch schedule runs with a drafter (Generator._branch)
         self._scheduler = BranchScheduler(pool, proposer.drafter, predictor, proposer.template, proposer.failed)
         self._warmer = Warmer(pool, proposer)
 
@@ -240,7 +246,8 @@ class Branch:
         self.prefill_ms = prefilling.result()
         return proposal
 
-    def start(self, gen, proposal, as_drafted, hypotheses, draft_len) -> Round:
+    def start(self, gen: Generation, proposal: ProposeResult, as_drafted: ProposeResult, hypotheses: int,
+              draft_len: Callable[[int], int]) -> Round:
         """Send the round (over the stream: at once; otherwise verified on a pool thread) while this thread
         starts the pre-drafts; without pre-drafts (a free drafter's round) as the sequential schedule does."""
 
@@ -258,7 +265,8 @@ class Branch:
         self._scheduler.speculate(gen.context, proposal, hypotheses, hypothesis_draft_len)
         return sent
 
-    def next(self, gen, proposal, result, draft_len, verify_start, verify_end) -> tuple[ProposeResult, Resolution]:
+    def next(self, gen: Generation, proposal: ProposeResult, result: VerifyResult, draft_len: Callable[[], int],
+             verify_start: float, verify_end: float) -> tuple[ProposeResult, Resolution]:
         resolution = self._scheduler.resolve(proposal, result, verify_start, verify_end)
         if resolution.proposal is not None:  # pre-drafted after the context
             self._warmer.drafted(len(gen.context))

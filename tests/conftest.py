@@ -22,11 +22,11 @@ KINDS = {  # marker -> the test files of that kind (every test file has one; pyp
     "golden": ("test_golden_embedded", "test_golden_grpc", "test_golden_ngram", "test_golden_smollm2", "test_compile",
                "test_batching", "test_draft_batching", "test_branch", "test_adaptive", "test_sampling_e2e",
                "test_sampling_schedules", "test_context_window", "test_drafter_warm_up", "test_generator_errors"),
-    "faults": ("test_faults", "test_failover", "test_fuzz", "test_cache_soak"),
+    "faults": ("test_faults", "test_failover", "test_fuzz", "test_cache_soak", "test_http_hardening"),
     "deploy": ("test_k8s_manifests", "test_k8s_ray", "test_dockerfile", "test_image", "test_up_replicas",
                "test_ray_serve", "test_ray_cli", "test_auto_prepare", "test_cache_cmd",
                "test_observability_up"),
-    "bench": ("test_bench", "test_loadtest"),
+    "bench": ("test_bench", "test_loadtest", "test_aiperf"),
 }
 KIND_OF = {name: kind for kind, names in KINDS.items() for name in names}
 

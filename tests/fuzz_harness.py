@@ -106,3 +106,33 @@ def call(method, request, metadata=(), replies: list | None = None) -> tuple[grp
 
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
            grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE}
+
+
+# --- HTTP bodies no schema describes -----------------------------------------------------------------
+
+SURROGATES = st.sampled_from(["\\ud800", "\\udfff", "\\udc00\\ud800", "\\ud83d\\ude00", "\\u0000", "\\u202e"])
+HTTP_FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_k", "seed", "stop", "user",
+               "cache_salt", "stream", "n", "logit_bias", "width", "role", "content", "\\ud800"]
+
+
+def _json_text(escape: str, text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + escape + '"'
+
+
+def http_bodies() -> st.SearchStrategy[bytes]:
+    """Raw request bodies: JSON-like documents whose strings may hold escaped lone surrogates, nested up
+    to far past any parser's limit, with NaN / huge numbers / invalid UTF-8 among them."""
+    strings = st.builds(_json_text, SURROGATES, st.text(max_size=8))
+    numbers = st.sampled_from(["0", "-1", "1e999", "NaN", "Infinity", "2147483648", "18446744073709551616", "0.5"])
+    scalars = st.one_of(strings, numbers, st.sampled_from(['"tiny"', "true", "null", '""']))
+
+    def nest(value: str, depth: int) -> str:
+        return "[" * depth + value + "]" * depth
+
+    def document(fields, values, depth, tail) -> bytes:
+        members = ", ".join(f'"{name}": {value}' for name, value in zip(fields, values))
+        return nest("{" + members + "}", depth).encode() + tail
+
+    return st.builds(document, st.lists(st.sampled_from(HTTP_FIELDS), min_size=1, max_size=6),
+                     st.lists(scalars, min_size=6, max_size=6), st.sampled_from([0, 0, 0, 1, 199, 200, 5000]),
+                     st.sampled_from([b"", b"", b"\xff", b"\xed\xa0\x80", b"}"]))

@@ -5,6 +5,7 @@ health service still answers while every generation slot is taken."""
 from __future__ import annotations
 
 import contextlib
+import pathlib
 import threading
 
 import pytest
@@ -107,3 +108,92 @@ def test_orchestrator_refuses_streams_beyond_its_slots_and_health_answers(verifi
             list(client.generate(token_ids=[4, 5], max_new_tokens=4))
         assert_serving(client)
         long_stream.close()
+
+
+# --- one queue for both APIs: threads (gRPC) and the event loop (HTTP) ------------------------------
+
+def test_a_freed_slot_passes_to_the_first_waiter_whichever_api():
+    """FIFO across thread and event-loop waiters; the queue depth counts both; full means full for both."""
+    import asyncio
+
+    from specpipe.runtime import metrics
+
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=2))
+    order: list[str] = []
+    depth = metrics.QUEUE_DEPTH.labels(role="orchestrator")
+
+    async def scenario():
+        first = admission.admit()
+        thread_waiter = asyncio.get_running_loop().run_in_executor(None, lambda: admission.admit(timeout_s=10))
+        while admission.waiting < 1:
+            await asyncio.sleep(0.005)
+        loop_waiter = asyncio.ensure_future(admission.admit_async(timeout_s=10))
+        while admission.waiting < 2:
+            await asyncio.sleep(0.005)
+        assert depth._value.get() == 2
+        with pytest.raises(ResourceExhausted):  # a third waiter, from either side
+            await admission.admit_async()
+        with pytest.raises(ResourceExhausted):
+            admission.admit()
+        first.release()
+        second = await thread_waiter  # the thread came first
+        order.append("thread")
+        assert not loop_waiter.done() and admission.running == 1
+        second.release()
+        third = await loop_waiter
+        order.append("loop")
+        third.release()
+        third.release()  # idempotent
+
+    asyncio.run(scenario())
+    assert order == ["thread", "loop"] and admission.running == 0 and admission.waiting == 0
+    assert depth._value.get() == 0
+
+
+def test_a_waiter_that_leaves_the_queue_frees_its_place():
+    """An HTTP client that disconnects while queued (its task cancelled), a gRPC client that cancels:
+    neither holds a place nor a slot afterwards."""
+    import asyncio
+
+    from specpipe.core.errors import Cancelled
+    from specpipe.runtime.lifecycle import Cancellation
+
+    admission = Admission(AdmissionConfig(max_sessions=1, max_queue=1))
+
+    async def scenario():
+        held = admission.admit()
+        waiter = asyncio.ensure_future(admission.admit_async())
+        while admission.waiting < 1:
+            await asyncio.sleep(0.005)
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        assert admission.waiting == 0
+        cancellation = Cancellation()
+        asyncio.get_running_loop().call_later(0.05, cancellation.cancel)
+        with pytest.raises(Cancelled):
+            await asyncio.to_thread(admission.admit, None, cancellation)
+        assert admission.waiting == 0
+        held.release()
+
+    asyncio.run(scenario())
+    assert admission.running == 0
+    with admission.slot():  # the one slot is free
+        assert admission.running == 1
+
+
+def test_up_hands_admission_caps_and_http_bounds_to_its_orchestrator():
+    """`specpipe up --max-sessions ... --limit-... --http-...`: the orchestrator it starts is configured so."""
+    from specpipe.cli.main import build_parser
+    from specpipe.cli.up_cmd import up_config
+    from specpipe.config.services import orchestrator_config
+
+    up = build_parser().parse_args(["up", "--preset", "tiny", "--max-sessions", "3", "--max-queue", "0",
+                                    "--limit-new-tokens", "99", "--http-header-timeout", "2.5",
+                                    "--http-max-connections", "7"])
+    flags = up_config(vars(up), pathlib.Path(".")).speculation
+    served = build_parser().parse_args(["serve", "orchestrator", "--verifier-addr", "127.0.0.1:1", *flags])
+    config = orchestrator_config(vars(served))
+    assert (config.admission.max_sessions, config.admission.max_queue) == (3, 0)
+    assert config.limits.max_new_tokens == 99
+    assert (config.http.header_timeout_s, config.http.max_connections) == (2.5, 7)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from specpipe.config.limits import Limits
 from specpipe.core.types import SpeculationOptions
 from specpipe.v1 import cache_pb2, common_pb2, drafter_pb2, generation_pb2, verifier_pb2
-from tests.fuzz_harness import ALLOWED, call, messages
+from tests.fuzz_harness import ALLOWED, call, http_bodies, messages
 
 LIMITS = Limits(max_prompt_tokens=64, max_new_tokens=12, max_draft_len=8, max_width=3, max_hypotheses=4,
                 max_prompt_chars=512)  # small caps: a valid case stays cheap
@@ -193,3 +193,92 @@ def _grpc_module(module):
     import importlib
 
     return importlib.import_module(module.__name__ + "_grpc")
+
+
+# --- the HTTP API: schemathesis on its OpenAPI schema, and raw JSON from hypothesis -------------------
+
+HTTP_OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
+                   ("GET", "/health")]
+HTTP_EXAMPLES = {"POST": 40, "GET": 5}  # per operation and generation mode; the slow suite: SLOW_FACTOR times
+SLOW_FACTOR = 15
+
+
+@pytest.fixture(scope="module")
+def http_api(fuzz_services):
+    """The OpenAI-compatible API over the fuzzed generator, and its schema as schemathesis reads it."""
+    import schemathesis
+
+    from specpipe.config.limits import HttpLimits
+    from tests.http_harness import api
+
+    generator = fuzz_services["Generation"].servicer._path.generator
+    with api(generator, limits=HttpLimits(header_timeout_s=5, body_timeout_s=5, request_timeout_s=30),
+             max_request_bytes=1 << 16) as server:
+        yield server, schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+
+
+def fuzz_http(http_api, method: str, path: str, examples: int) -> None:
+    """Schema-based cases, valid and invalid: never a 5xx, the status, headers and body as the schema
+    says, within the request's timeout; the server healthy afterwards. A share of the valid ones keep
+    two of their fields beside the served model and a short answer, so they reach the generator."""
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.generation import GenerationMode
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    from tests.http_harness import MODEL, assert_healthy
+
+    server, schema = http_api
+    operation = schema[path][method]
+    statuses: set[int] = set()
+
+    def run(mode: GenerationMode) -> None:
+        @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=operation.as_strategy(mode), data=st.data())
+        def case(case, data):
+            if mode == GenerationMode.POSITIVE and isinstance(case.body, dict) and data.draw(st.booleans()):
+                keep = data.draw(st.sets(st.sampled_from(sorted(case.body)), max_size=2))
+                short = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+                case.body = {**short, "max_tokens": 4, **{k: case.body[k] for k in keep}, "model": MODEL}
+            response = case.call(base_url=server.url, timeout=30)
+            case.validate_response(response, checks=[not_a_server_error, status_code_conformance,
+                                                      content_type_conformance, response_schema_conformance])
+            statuses.add(response.status_code)
+
+        case()
+
+    run(GenerationMode.POSITIVE)
+    if method == "POST":  # a GET takes no input to get wrong
+        run(GenerationMode.NEGATIVE)
+    assert 200 in statuses and (method == "GET" or 400 in statuses), statuses
+    assert_healthy(server, {"model": MODEL, "prompt": "hi", "max_tokens": 4})
+
+
+@pytest.mark.parametrize("method, path", HTTP_OPERATIONS, ids=[f"{m} {p}" for m, p in HTTP_OPERATIONS])
+def test_fuzz_http(http_api, method, path):
+    fuzz_http(http_api, method, path, HTTP_EXAMPLES[method])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, path", HTTP_OPERATIONS, ids=[f"{m} {p}" for m, p in HTTP_OPERATIONS])
+def test_fuzz_http_longer(http_api, method, path):
+    fuzz_http(http_api, method, path, HTTP_EXAMPLES[method] * SLOW_FACTOR)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(raw=http_bodies())
+def test_fuzz_http_raw_bodies(http_api, raw):
+    """Bytes no schema describes (lone surrogates anywhere, deep nesting, NaN, invalid UTF-8, huge
+    numbers, duplicate keys): a 4xx in the OpenAI shape, never a 5xx."""
+    import httpx
+
+    server, _ = http_api
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        answer = httpx.post(f"{server.url}{path}", content=raw, timeout=30)
+        assert answer.status_code < 500, (raw[:200], answer.text)
+        if answer.status_code != 200:
+            assert set(answer.json()["error"]) == {"message", "type", "param", "code"}

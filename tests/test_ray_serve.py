@@ -138,6 +138,9 @@ def test_ray_serves_the_openai_api_through_its_http_proxy(app, references):
     assert answer.json()["choices"][0]["text"] == "".join(c.text for c in chunks)
     assert answer.json()["usage"]["completion_tokens"] == len(expected)
     assert httpx.get(f"{HTTP['url']}/v1/models").json()["data"][0]["id"] == "tiny"
+    refused = httpx.post(f"{HTTP['url']}/v1/completions", json={"model": "tiny", "prompt": "hi", "n": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"  # the same app as `specpipe up`'s
+    assert httpx.put(f"{HTTP['url']}/v1/models").json()["error"]["type"] == "invalid_request_error"
 
 
 @pytest.mark.slow

@@ -150,3 +150,26 @@ def test_a_root_span_is_sampled_only_where_a_generation_enters():
     assert exporter_names({"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
                           None) == ["otlp_proto_http", "console"]
     assert exporter_names({"OTEL_TRACES_EXPORTER": "none"}, None) == []
+
+
+def test_an_http_clients_traceparent_is_the_parent_of_its_generation(traced, tiny_generator):
+    """The one place an HTTP request enters takes its `traceparent` header into the request's context;
+    the streamed answer is the one the untraced API gives."""
+    import httpx
+
+    from tests.http_harness import MODEL, api
+
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 6, "temperature": 0}
+    with api(tiny_generator) as server:
+        traced_answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60,
+                                   headers={"traceparent": f"00-{trace_id}-{parent_id}-01"}).json()
+    tracing.shutdown()
+    spans = spans_of(traced)
+    (generation,) = [s for s in spans if s["name"] == "generation"]
+    assert generation["context"]["trace_id"] == f"0x{trace_id}" and generation["parent_id"] == f"0x{parent_id}"
+    assert {s["context"]["trace_id"] for s in spans} == {f"0x{trace_id}"}
+    tracing.configure(TracingConfig(), "test")
+    with api(tiny_generator) as server:
+        plain = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    assert traced_answer["choices"][0]["text"] == plain["choices"][0]["text"]

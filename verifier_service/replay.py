@@ -23,6 +23,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from specpipe.config.limits import DEFAULT_LIMITS, Limits
 from specpipe.config.services import BatchConfig
@@ -47,7 +50,7 @@ class Entry:
     finish: str                  # eos | length
     prompt_id: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if len(self.entropy) != len(self.output_ids):
             raise InvalidArgument(f"transcript entry {self.prompt_id!r}: {len(self.output_ids)} tokens but "
                                   f"{len(self.entropy)} entropies")
@@ -161,6 +164,7 @@ def replay_forward(segments: Sequence) -> list[Scores | None]:
         scores = None
         if segment.logit_rows:
             positions = segment.positions.tolist()
+            ancestors: list[Sequence[int]]
             if positions[-1] - positions[0] == len(ids) - 1:  # a chain: each row sees the rows before it
                 ancestors = [range(i + 1) for i in range(len(ids))]
             else:
@@ -189,10 +193,11 @@ class TranscriptVerifier(SessionVerifier):
         return TokenSlot(self.transcript.entry(prompt_ids), self._info.eos_token_ids[0] if self._info.eos_token_ids
                          else UNKNOWN)
 
-    def _scores(self, rows: Scores, sampling: SamplingParams) -> Scores:
+    def _scores(self, rows: torch.Tensor | Scores, sampling: SamplingParams) -> Scores:
+        assert isinstance(rows, Scores)  # replay_forward's rows
         return rows
 
-    def _keep_path(self, cache: TokenSlot, prefix_len: int, nodes: Sequence[int]) -> None:
+    def _keep_path(self, cache: Any, prefix_len: int, nodes: Sequence[int]) -> None:
         cache.keep_tree_path(prefix_len, nodes)
 
     def _begin(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams,

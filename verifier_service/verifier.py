@@ -43,7 +43,7 @@ from specpipe.core.verification import (
 )
 from specpipe.engine import cores, runner
 from specpipe.engine.costmodel import ForwardCurve
-from specpipe.engine.kv import SlotKV, new_slot
+from specpipe.engine.kv import new_slot
 from specpipe.engine.models import load_model, model_info
 from specpipe.engine.scheduler import Scheduler, Step, Work, one_step, serving_scheduler
 from specpipe.runtime import cpu, metrics, tracing
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Session:
     context: list[int]
-    cache: runner.Cache | SlotKV
+    cache: Any  # a SlotKV, a runner cache (one session per forward) or a replay's TokenSlot
     ready: bool = False  # prefilled; a session is registered (and counted) before its prefill runs
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -74,6 +74,11 @@ class PendingRound:
     work: Work | None = None    # submitted: its scheduler work
     tag: int = 0                # submitted: the caller's tag (RoundRequest)
     span: Any = None            # submitted and traced: the round's span here (specpipe.runtime.tracing)
+
+
+def _tell(done: Callable[[PendingRound], None], pending: PendingRound) -> Callable[[Work], None]:
+    """A work's on_done that tells done of its round."""
+    return lambda work: done(pending)
 
 
 def entropy(logits: torch.Tensor) -> float:
@@ -155,12 +160,12 @@ class SessionVerifier:
                                         "release finished sessions, retry later or add verifier replicas")
             self._sessions[session_id] = session
 
-    def _new_cache(self, prompt_ids: Sequence[int]):
+    def _new_cache(self, prompt_ids: Sequence[int]) -> Any:
         """A new session's cache (empty)."""
         raise NotImplementedError
 
-    def _step(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
-              ) -> Step:
+    def _step(self, cache: Any, token_ids: list[int], tree_parents: Sequence[int] | None = None,
+              prompt: bool = False) -> Step:
         """A prompt (chunked, no logits) or a round's [root] + draft nodes (tree_parents: a tree's, None: a chain)."""
         if prompt:
             return Step(tuple(token_ids), chunked=True)
@@ -169,8 +174,8 @@ class SessionVerifier:
         return Step(tuple(token_ids), positions=tree_position_ids(tree_parents, cache.length)[0],
                     allowed=tree_allowed(tree_parents, 0), logit_rows=len(token_ids))  # [n, n]: root + ancestors
 
-    def _forward(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
-                 ) -> tuple[torch.Tensor | Scores | None, float, tuple[int, int]]:
+    def _forward(self, cache: Any, token_ids: list[int], tree_parents: Sequence[int] | None = None,
+                 prompt: bool = False) -> tuple[torch.Tensor | Scores | None, float, tuple[int, int]]:
         """Feed token_ids after the cached positions (see _step). Returns the rows of a round (logits
         [n, vocab], or Scores), the forward time in ms, and the (sessions, tokens) of the (last)
         forward it took part in."""
@@ -179,13 +184,15 @@ class SessionVerifier:
         # a prefill whose caller left stops between chunks (docs/security.md, "Session lifecycle")
         cancellation = current_cancellation() if prompt else None
         step = self._step(cache, token_ids, tree_parents, prompt)
+        assert self._scheduler is not None  # ModelVerifier's unbatched path forwards on its own
         work = self._scheduler.run(Work(cache, one_step(step), cancellation))
         return work.result, work.forward_ms, (work.batch_sessions, work.batch_tokens)
 
     def _scores(self, rows: torch.Tensor | Scores, sampling: SamplingParams) -> Scores:
+        assert isinstance(rows, torch.Tensor)  # a model's logits
         return Scores.of(rows)
 
-    def _keep_path(self, cache, prefix_len: int, nodes: Sequence[int]) -> None:
+    def _keep_path(self, cache: Any, prefix_len: int, nodes: Sequence[int]) -> None:
         runner.keep_tree_path(cache, prefix_len, nodes)
 
     def verify(self, session_id: str, context_len: int, draft: Draft, sampling: SamplingParams) -> VerifyResult:
@@ -206,7 +213,9 @@ class SessionVerifier:
         round's forward is over, and finish(pending) then gives its result. A round whose session has one
         in flight is refused (FAILED_PRECONDITION), as is any that fails its checks; per round, the pending
         round or why it was refused. Batched verifiers only (batched)."""
+        assert self._scheduler is not None, "rounds are submitted to a batched verifier only"
         out: list[PendingRound | Exception] = []
+        pendings: list[tuple[int, PendingRound, Work]] = []
         for request in rounds:
             try:
                 pending = self._begin(request.session_id, request.context_len, request.draft, request.sampling,
@@ -219,15 +228,16 @@ class SessionVerifier:
                 pending.span = tracing.start("verify", tracing.remote(request.traceparent),
                                              {"specpipe.drafted": len(request.draft)}, kind="server")
             tree = request.draft.parents if not request.draft.is_chain else None
-            pending.work = Work(pending.session.cache, one_step(self._step(pending.session.cache, pending.fed, tree)),
-                                on_done=lambda work, p=pending: done(p), trace=pending.span)
+            work = Work(pending.session.cache, one_step(self._step(pending.session.cache, pending.fed, tree)),
+                        on_done=_tell(done, pending), trace=pending.span)
+            pending.work = work
+            pendings.append((len(out), pending, work))
             out.append(pending)
-        taken = [i for i, p in enumerate(out) if isinstance(p, PendingRound)]
-        for i, refused in zip(taken, self._scheduler.submit([out[i].work for i in taken])):
+        for (i, pending, _), refused in zip(pendings, self._scheduler.submit([w for _, _, w in pendings])):
             if refused is not None:
-                out[i].session.lock.release()
-                if out[i].span is not None:
-                    out[i].span.end()
+                pending.session.lock.release()
+                if pending.span is not None:
+                    pending.span.end()
                 out[i] = refused
         return out
 
@@ -247,6 +257,7 @@ class SessionVerifier:
 
     def _finished(self, pending: PendingRound) -> VerifyResult:
         work = pending.work
+        assert work is not None  # submitted
         if work.error is not None:
             pending.session.lock.release()
             raise work.error
@@ -284,22 +295,25 @@ class SessionVerifier:
             raise
         return PendingRound(session, draft, sampling, [context[-1], *draft.tokens])
 
-    def _finish(self, pending: PendingRound, rows, verify_ms: float, batch: tuple[int, int]) -> VerifyResult:
+    def _finish(self, pending: PendingRound, rows: torch.Tensor | Scores | None, verify_ms: float,
+                batch: tuple[int, int]) -> VerifyResult:
         """The verdict of a round whose forward is over: accept / reject, roll back, the reply; frees the session."""
         try:
             return self._verdict(pending.session, pending.draft, pending.sampling, rows, verify_ms, batch)
         finally:
             pending.session.lock.release()
 
-    def _verdict(self, session: _Session, draft: Draft, sampling: SamplingParams, rows, verify_ms: float,
-                 batch: tuple[int, int]) -> VerifyResult:
+    def _verdict(self, session: _Session, draft: Draft, sampling: SamplingParams, rows: torch.Tensor | Scores | None,
+                 verify_ms: float, batch: tuple[int, int]) -> VerifyResult:
         past_len = len(session.context) - 1
         metrics.VERIFY_MS.labels(draft_nodes=draft_nodes_label(len(draft))).observe(
             verify_ms, tracing.exemplar(tracing.current()) if tracing.ACTIVE else None)
+        assert rows is not None  # a round has rows: [root] + its draft nodes
         scores = self._scores(rows, sampling)
         if sampling.greedy:
             accepted_nodes, correction = verify_greedy(draft.tokens, draft.parents, scores.argmax)
         else:
+            assert scores.logits is not None  # sampling verifies a model's logits
             probs = warp(scores.logits, sampling)
             delta, correction = rejection_sample_chain(
                 draft.tokens, draft.q, probs, sampling.seed, len(session.context)
@@ -374,7 +388,7 @@ class ModelVerifier(SessionVerifier):
         super().__init__(info, scheduler, max_sessions, session_ttl_s, limits)
 
     @classmethod
-    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs) -> ModelVerifier:
+    def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs: Any) -> ModelVerifier:
         model = load_model(spec, device, dtype)
         return cls(model, model_info(spec, model), **kwargs)
 
@@ -382,11 +396,11 @@ class ModelVerifier(SessionVerifier):
     def model(self) -> PreTrainedModel:
         return self._model
 
-    def _new_cache(self, prompt_ids: Sequence[int]):
+    def _new_cache(self, prompt_ids: Sequence[int]) -> Any:
         return new_slot(self._model, self._info.max_context) if self.batched else self._runner.new_cache()
 
-    def _forward(self, cache, token_ids: list[int], tree_parents: Sequence[int] | None = None, prompt: bool = False,
-                 ) -> tuple[torch.Tensor | None, float, tuple[int, int]]:
+    def _forward(self, cache: Any, token_ids: list[int], tree_parents: Sequence[int] | None = None,
+                 prompt: bool = False) -> tuple[torch.Tensor | Scores | None, float, tuple[int, int]]:
         if self._scheduler is not None or not token_ids:
             return super()._forward(cache, token_ids, tree_parents, prompt)
         start = time.perf_counter()

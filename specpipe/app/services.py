@@ -50,11 +50,13 @@ def orchestrator_service(config: OrchestratorConfig, parts: Parts | None = None)
     return service(*(parts or orchestrator_parts(config)))
 
 
-def openai_app(parts: Parts, auth_token: str | None, max_request_bytes: int,
+def openai_app(parts: Parts, auth_token: str | None, config: OrchestratorConfig,
                draining: Callable[[], bool] = lambda: False) -> Any:
     """The OpenAI-compatible HTTP API over the same generator and admission (orchestrator.openai_api)."""
     from orchestrator.openai_api import ApiConfig, create_app
+    from orchestrator.request_path import RequestPath
 
     generator, admission = parts
-    config = ApiConfig(generator.info.model_name, generator.info.max_context, auth_token, max_request_bytes)
-    return create_app(generator, admission, config, draining)
+    api = ApiConfig(generator.info.model_name, auth_token, config.limits.max_request_bytes,
+                    config.http.request_timeout_s)
+    return create_app(RequestPath(generator, admission), api, draining)

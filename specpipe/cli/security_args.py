@@ -1,15 +1,19 @@
 """Flags of the hardening settings (docs/security.md): input caps, one flag per specpipe.config.limits.Limits
-field (--limit-prompt-tokens for max_prompt_tokens, ...), the session TTL of the verifier and the
-drafter, the learned store's learning, and TLS / mTLS, reflection and the bearer token."""
+field (--limit-prompt-tokens for max_prompt_tokens, ...), the HTTP API's bounds on its clients
+(HttpLimits: --http-header-timeout, ...), the session TTL of the verifier and the drafter, the learned
+store's learning, and TLS / mTLS, reflection and the bearer token."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import fields, replace
+from typing import Any
 
 from specpipe.cli.options import add_setting
-from specpipe.config.limits import LIMIT_PREFIX, Limits
+from specpipe.config.limits import HTTP_PREFIX, LIMIT_PREFIX, HttpLimits, Limits
 from specpipe.config.services import TLS_PREFIX, OrchestratorConfig, ServeConfig, TlsFiles, VerifierConfig, tls_files
+from specpipe.core.settings import settings_of
 from specpipe.serving.security import Tls, read_token
 
 
@@ -21,6 +25,27 @@ def add_limit_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("input caps (beyond one: INVALID_ARGUMENT before any work)")
     for f in fields(Limits):
         add_setting(group, Limits, f.name, flag=flag(f.name), prefix=LIMIT_PREFIX, metavar="N")
+
+
+def http_flag(key: str) -> str:
+    return "--http-" + key.replace("_", "-")
+
+
+def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
+    """--http-header-timeout, --http-body-timeout, --http-request-timeout, --http-max-connections."""
+    group = parser.add_argument_group("HTTP API: slow clients and floods (docs/http-api.md)")
+    for key in settings_of(HttpLimits):
+        add_setting(group, HttpLimits, key, flag=http_flag(key), prefix=HTTP_PREFIX)
+
+
+def http_limit_flags(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The flags of add_http_limit_args as given (values: the parsed flags; `specpipe up` hands them on)."""
+    return tuple(part for key in settings_of(HttpLimits) for part in (http_flag(key), str(values[HTTP_PREFIX + key])))
+
+
+def limit_flags(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The flags of add_limit_args as given."""
+    return tuple(part for f in fields(Limits) for part in (flag(f.name), str(values[LIMIT_PREFIX + f.name])))
 
 
 def add_session_ttl_arg(parser: argparse.ArgumentParser) -> None:

@@ -43,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             options.add_hop_delay_arg(group)
             options.add_speculation_args(sub)  # by --drafter-addr
             security_args.add_learn_global_arg(sub)
+            security_args.add_http_limit_args(sub)
         if role in ("verifier", "orchestrator"):
             options.add_admission_args(sub, role)
         security_args.add_limit_args(sub)
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace) -> None:
     if server.http_port is not None:
         from specpipe.serving.http import HttpServer
 
-        app = services.openai_app(parts, token, config.limits.max_request_bytes, lambda: handle.draining)
-        http = HttpServer(app, server.host, server.http_port, configs.tls_files(vars(args)))
+        app = services.openai_app(parts, token, config, lambda: handle.draining)
+        http = HttpServer(app, server.host, server.http_port, configs.tls_files(vars(args)), config.http)
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(READY_LINE.format(role=args.role, address=handle.address, metrics=metrics)
           + (f" and {http.url}" if http else ""), flush=True)

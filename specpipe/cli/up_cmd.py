@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.add_speculation_args(parser, drafter=DRAFTER_WITH_MODEL)
     options.add_hop_delay_arg(parser)
     security_args.add_learn_global_arg(parser)
+    options.add_admission_args(parser, "orchestrator")  # the orchestrator's; the verifier's: --verifier-flags
+    security_args.add_limit_args(parser)  # the orchestrator's input caps
+    security_args.add_http_limit_args(parser)
     options.add_tracing_args(parser)
     parser.set_defaults(func=run)
 
@@ -65,6 +68,12 @@ def up_config(values: dict[str, Any], log_dir: pathlib.Path) -> UpConfig:
     return UpConfig(**{
         **given_settings(values, UpConfig), "model": model_config(values), "log_dir": log_dir,
         "http_port": None if values["http_port"] < 0 else values["http_port"],
-        "speculation": options.speculation_flags(speculation(values)) + passed_on,
+        "speculation": options.speculation_flags(speculation(values)) + passed_on + orchestrator_flags(values),
         "verifier_flags": tuple(shlex.split(values["verifier_flags"])), "tracing": tracing_config(values),
     })
+
+
+def orchestrator_flags(values: dict[str, Any]) -> tuple[str, ...]:
+    """The orchestrator's admission, input caps and HTTP bounds, as `up` was given them."""
+    return (("--max-sessions", str(values["max_sessions"]), "--max-queue", str(values["max_queue"]))
+            + security_args.limit_flags(values) + security_args.http_limit_flags(values))

@@ -8,8 +8,8 @@ and hold a model busy until its deadline (issue 20). docs/security.md lists the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.settings import setting
@@ -34,8 +34,9 @@ class Limits:
     max_session_id_chars: int = setting(  # the orchestrator's: tenant/request id-suffix
         512, "characters of a session id")
     max_prompt_chars: int = setting(1 << 20, "characters of a text prompt")  # before tokenising
-    max_request_bytes: int = setting(  # the server's receive limit
-        8 << 20, "bytes of one gRPC request message (beyond: RESOURCE_EXHAUSTED)")
+    max_request_bytes: int = setting(  # the gRPC server's receive limit, the HTTP API's body cap
+        8 << 20, "bytes of one request: a gRPC message (beyond: RESOURCE_EXHAUSTED) or an HTTP body (beyond: 413, "
+        "a Content-Length over it refused before any byte is read)")
 
     def __post_init__(self) -> None:
         bad = [name for name, value in vars(self).items() if value < 1]
@@ -51,37 +52,66 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-def at_most(value: int, cap: int, what: str) -> None:
+HTTP_PREFIX = "http_"  # an HTTP bound's key in a mapping of settings: http_header_timeout (--http-header-timeout)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """How the HTTP API bounds its clients (docs/http-api.md, "Overload and slow clients"); 0 = no bound."""
+
+    header_timeout_s: float = setting(
+        10.0, "a request's headers must arrive within S seconds of its first byte, else 408 and the connection "
+        "closes; 0: no bound", key="header_timeout", metavar="S")
+    body_timeout_s: float = setting(30.0, "a request's body must arrive within S seconds of its headers, else 408; "
+                                    "0: no bound", key="body_timeout", metavar="S")
+    request_timeout_s: float = setting(
+        600.0, "an HTTP request's deadline, as a gRPC client's: its wait for a generation slot and its generation "
+        "end by then; 0: none", key="request_timeout", metavar="S")
+    max_connections: int = setting(
+        512, "open HTTP connections per process; one more is answered 503 and closed at once, so a flood of them "
+        "leaves the gRPC API its file descriptors; 0: no cap", metavar="N")
+
+    def __post_init__(self) -> None:
+        bad = [name for name, value in vars(self).items() if value < 0]
+        if bad:
+            raise ValueError(f"HTTP limits must be >= 0: {', '.join(bad)}")
+
+
+DEFAULT_HTTP = HttpLimits()
+
+
+def at_most(value: int, cap: int, what: str, field: str | None = None) -> None:
+    """field: the request field at fault (SpecpipeError.field)."""
     if value > cap:
-        raise InvalidArgument(f"{what} is {value}; this server allows at most {cap}")
+        raise InvalidArgument(f"{what} is {value}; this server allows at most {cap}", field=field)
 
 
 def check_id(value: str, what: str, limits: Limits) -> None:
     cap = limits.max_session_id_chars if what == "session_id" else limits.max_id_chars
-    at_most(len(value), cap, f"{what} length")
+    at_most(len(value), cap, f"{what} length", what)
 
 
 def check_generation(request: GenerationRequest, limits: Limits) -> None:
     """The sizes of a generation request: before the prompt is scanned or anything is opened."""
     spec = request.speculation
     check_id(request.request_id, "request_id", limits)
-    at_most(len(request.prompt_ids), limits.max_prompt_tokens, "prompt tokens")
-    at_most(request.max_new_tokens, limits.max_new_tokens, "max_new_tokens")
-    at_most(spec.draft_len, limits.max_draft_len, "draft_len")
-    at_most(spec.width, limits.max_width, "width")
+    at_most(len(request.prompt_ids), limits.max_prompt_tokens, "prompt tokens", "prompt")
+    at_most(request.max_new_tokens, limits.max_new_tokens, "max_new_tokens", "max_new_tokens")
+    at_most(spec.draft_len, limits.max_draft_len, "draft_len", "speculation.draft_len")
+    at_most(spec.width, limits.max_width, "width", "speculation.width")
     if spec.hypotheses != ALL_HYPOTHESES:
-        at_most(spec.hypotheses, limits.max_hypotheses, "hypotheses")
+        at_most(spec.hypotheses, limits.max_hypotheses, "hypotheses", "speculation.hypotheses")
     check_stops(request.stop, limits)
 
 
 def check_stops(stop: Sequence[str], limits: Limits) -> None:
-    at_most(len(stop), limits.max_stops, "the number of stop strings")
+    at_most(len(stop), limits.max_stops, "the number of stop strings", "stop")
     longest = max((len(s) for s in stop), default=0)
-    at_most(longest, limits.max_stop_chars, "the longest stop string's length")
+    at_most(longest, limits.max_stop_chars, "the longest stop string's length", "stop")
 
 
-def check_prompt_text(text: str, limits: Limits) -> None:
-    at_most(len(text), limits.max_prompt_chars, "prompt characters")
+def check_prompt_text(text: str, limits: Limits, field: str = "prompt") -> None:
+    at_most(len(text), limits.max_prompt_chars, "prompt characters", field)
 
 
 def check_prefill(session_id: str, prompt_ids: Sequence[int], limits: Limits) -> None:

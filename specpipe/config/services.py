@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from specpipe.config.limits import DEFAULT_LIMITS, LIMIT_PREFIX, Limits
+from specpipe.config.limits import DEFAULT_LIMITS, HTTP_PREFIX, LIMIT_PREFIX, HttpLimits, Limits
 from specpipe.config.presets import DEFAULT_PRESET, PRESETS, ModelSpec, model_specs
 from specpipe.core import settings
 from specpipe.core.errors import InvalidArgument
@@ -313,6 +313,7 @@ class OrchestratorConfig:
     learn_global: bool = _learn_global()  # finished outputs feed their tenant's learned store (docs/security.md)
     tls: TlsFiles | None = None
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    http: HttpLimits = field(default_factory=HttpLimits)  # the OpenAI-compatible API's bounds on its clients
     tracing: TracingConfig = field(default_factory=TracingConfig)
     ttft_slo_ms: float = setting(
         2000.0, "the time-to-first-token objective: exported as specpipe_ttft_slo_ms, which the dashboard draws and "
@@ -467,6 +468,14 @@ def limits_config(values: Mapping[str, Any]) -> Limits:
         raise InvalidArgument(str(err)) from None
 
 
+def http_limits(values: Mapping[str, Any]) -> HttpLimits:
+    """The HTTP API's bounds: http_<key> (--http-header-timeout for header_timeout_s, ...)."""
+    try:
+        return HttpLimits(**given_settings(values, HttpLimits, HTTP_PREFIX))
+    except ValueError as err:
+        raise InvalidArgument(str(err)) from None
+
+
 def tracing_config(values: Mapping[str, Any]) -> TracingConfig:
     return TracingConfig(**given_settings(values, TracingConfig))
 
@@ -539,7 +548,8 @@ def orchestrator_config(values: Mapping[str, Any], drafter_service: bool = False
     """drafter_service: a drafter service drafts whatever the drafter_addr says (the Ray application)."""
     return OrchestratorConfig(
         model=model_config(values), speculation=speculation(values, drafter_service), limits=limits_config(values),
-        tls=tls_files(values), admission=admission_config(values), tracing=tracing_config(values),
+        tls=tls_files(values), admission=admission_config(values), http=http_limits(values),
+        tracing=tracing_config(values),
         **given_settings(values, OrchestratorConfig))
 
 
@@ -569,7 +579,8 @@ SETTINGS = {
     "verifier": _MODEL | _LIMITS | _TRACING | _keys(BatchConfig) | _keys(VerifierConfig),
     "drafter": _MODEL | _LIMITS | _TLS | _TRACING | _keys(DrafterConfig),
     "orchestrator": (_MODEL | _LIMITS | _TLS | _TRACING | _keys(SpeculationOptions) | _keys(AdmissionConfig)
-                     | _keys(OrchestratorConfig) - _PEERS),
+                     | _keys(OrchestratorConfig) - _PEERS
+                     | {HTTP_PREFIX + "request_timeout"}),  # on Ray the HTTP server is Serve's proxy: its own bounds
 }
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 class SpecpipeError(Exception):
     code = "INTERNAL"  # name of a grpc.StatusCode
 
-    def __init__(self, message: str = "", code: str | None = None):
+    def __init__(self, message: str = "", code: str | None = None, field: str | None = None):
         super().__init__(message)
         if code is not None:
             self.code = code
+        self.field = field  # the request field at fault, where known (a GenerationRequest field's dotted name)
 
 
 class InvalidArgument(SpecpipeError):

@@ -117,11 +117,11 @@ def check_sampling(params: SamplingParams) -> None:
     """Raise InvalidArgument for settings that describe no distribution."""
     from specpipe.core.errors import InvalidArgument
 
-    if not params.temperature >= 0:
-        raise InvalidArgument(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
+    if not 0 <= params.temperature < float("inf"):
+        raise InvalidArgument(f"temperature must be a finite number >= 0 (0 = greedy), got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise InvalidArgument(f"top_p must be in (0, 1], got {params.top_p}")
-    if params.top_k < 0:
-        raise InvalidArgument(f"top_k must be >= 0 (0 = off), got {params.top_k}")
+    if not 0 <= params.top_k < 2**31:
+        raise InvalidArgument(f"top_k must be in [0, 2**31) (0 = off), got {params.top_k}")
     if not 0 <= params.seed < 2**64:
         raise InvalidArgument(f"seed must be in [0, 2**64), got {params.seed}")

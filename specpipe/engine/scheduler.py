@@ -26,7 +26,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -133,13 +133,20 @@ class Work:
             except Exception:  # the caller's hand-off: it must not take the scheduler down
                 log.exception("a work's on_done failed")
 
+    @property
+    def current(self) -> Step:
+        """The current step: a queued work has one (step is None once its coroutine returned)."""
+        assert self.step is not None
+        return self.step
+
     def left(self) -> tuple[bool, int]:
         """(chunked, tokens left) of the current step, for plan_batch."""
-        return self.step.chunked, len(self.step.token_ids) - self.fed
+        step = self.current
+        return step.chunked, len(step.token_ids) - self.fed
 
     def segment(self, n: int) -> Segment:
         """The next n tokens of the current step as a segment of a batched forward."""
-        step, start = self.step, self.kv.length
+        step, start = self.current, self.kv.length
         positions = step.positions if step.positions is not None else consecutive(start, n)
         allowed = step.allowed if step.allowed is not None else causal(n)
         return Segment(self.kv, step.token_ids[self.fed : self.fed + n], positions, allowed, step.logit_rows)
@@ -169,8 +176,10 @@ class Scheduler:
         """forward: the batched forward (specpipe.engine.batched.service_forward: batched_forward, or in the
         graphs mode a BatchGraphs'); model may be None where forward and attention (attention_weight of
         the model's config) are given (a replayed verifier, verifier_service/replay.py)."""
+        if forward is None or attention is None:
+            assert model is not None, "a scheduler without a model needs its forward and attention weight"
         self._model = model
-        self._forward = forward or (lambda segments: batched_forward(model, segments))
+        self._forward = forward or (lambda segments: batched_forward(cast(PreTrainedModel, model), segments))
         self.config = config
         self._role = role
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
@@ -182,7 +191,7 @@ class Scheduler:
         self._chunk_cost = LinearFit(decay=0.9)  # ms a prompt chunk adds beside whole steps, against its tokens
         self._alone_ms: dict[tuple[int, int], Ewma] = {}  # forwards of whole steps alone, by step_shape
         self._chunk_credit_ms = 0.0  # specpipe.engine.planner.chunk_credit
-        self._attention = attention if attention is not None else attention_weight(model.config)
+        self._attention = attention if attention is not None else attention_weight(cast(PreTrainedModel, model).config)
         self._pending: list[Work] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -337,7 +346,7 @@ class Scheduler:
     def _turnaround(self, work: Work) -> None:
         """A decoding session's next round has started: learn how long it took to come back."""
         last = self._last_steps.get(id(work.kv)) if self._last_steps is not None else None
-        if last is not None and not work.step.chunked:
+        if last is not None and not work.current.chunked:
             turnaround_s = max(0.0, work.enqueued - last[1])
             self._turnarounds.append(turnaround_s)
             metrics.VERIFY_TURNAROUND_MS.observe(turnaround_s * 1e3)
@@ -345,10 +354,10 @@ class Scheduler:
     def _steer_chunks(self, batch: list[tuple[Work, int]], works: list[float], forward_ms: float) -> None:
         """Learn the time of forwards of whole steps alone and what a prompt chunk adds to them; size
         the prompt's next chunk by the time this one added (next_chunk), and keep the chunk credit."""
-        decode = sum(work for (w, _), work in zip(batch, works) if not w.step.chunked)
-        chunks = [(w, n) for w, n in batch if w.step.chunked]
+        decode = sum(work for (w, _), work in zip(batch, works) if not w.current.chunked)
+        chunks = [(w, n) for w, n in batch if w.current.chunked]
         stall = self.config.prefill_stall
-        shape = step_shape([n for w, n in batch if not w.step.chunked])
+        shape = step_shape([n for w, n in batch if not w.current.chunked])
         if not chunks:
             self._decode_cost.add(decode, forward_ms)
             self._alone_ms.setdefault(shape, Ewma(0.8)).add(forward_ms)
@@ -374,8 +383,22 @@ class Scheduler:
                               start_ns=start_ns).end(end_time=end_ns)
 
     def _step(self, batch: list[tuple[Work, int]]) -> None:
+        """Run one forward of the batch and advance its works; complete those that are done. No local
+        holds a work past its completion (its caller may free its slot at once): the works' own
+        bookkeeping runs in helpers whose frames are gone by then."""
         now = time.perf_counter()
         self._graced = False
+        self._start(batch, now)
+        finished = self._run_forward(batch, now)
+        with self._cond:
+            for done in finished:
+                self._pending.remove(done)
+            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
+        batch.clear()
+        while finished:
+            finished.pop().complete()
+
+    def _start(self, batch: list[tuple[Work, int]], now: float) -> None:
         for work, _ in batch:
             if not work.started:
                 work.started = True
@@ -385,12 +408,13 @@ class Scheduler:
                 if work.trace is not None:
                     tracing.start("queue", work.trace, {"specpipe.role": self._role},
                                   start_ns=wall_ns(work.enqueued)).end(end_time=wall_ns(now))
+
+    def _run_forward(self, batch: list[tuple[Work, int]], now: float) -> list[Work]:
+        """The forward of the batch; the works it finished (or failed)."""
         tokens = sum(n for _, n in batch)
         works = [self._work(work, n) for work, n in batch]
         self._batch_sessions.observe(len(batch))
         self._batch_tokens.observe(tokens)
-        finished: list[Work] = []
-        segments = logits = rows = None
         try:
             segments = [work.segment(n) for work, n in batch]
             launched = time.perf_counter()
@@ -399,39 +423,32 @@ class Scheduler:
         except Exception as err:  # a bad forward fails its requests, never the scheduler
             for work, _ in batch:
                 work.error = err
-            finished = [work for work, _ in batch]
-        else:
-            ended = time.perf_counter()
-            forward_ms = (ended - now) * 1e3
-            self._forward_seconds.inc(ended - launched)  # the busy share: the forward alone
-            self._forwards.inc()
-            if tracing.ACTIVE:
-                self._trace_forward(batch, launched, ended, tokens)
-            self._steer_chunks(batch, works, forward_ms)
-            self._cost.add(sum(works), forward_ms)
-            for (work, n), rows, done in zip(batch, logits, works):
-                if self._last_steps is not None and not work.step.chunked:
-                    self._last_steps[id(work.kv)] = (weakref.ref(work.kv), ended, done)
-                work.fed += n
-                work.forward_ms += forward_ms
-                work.batch_sessions, work.batch_tokens = len(batch), tokens
-                if work.fed < len(work.step.token_ids):
-                    continue
-                try:
-                    work.advance(rows)
-                except Exception as err:  # the request's own error (a stale epoch): it alone fails
-                    work.error = err
-                if work.step is None or work.error is not None:
-                    finished.append(work)
-        with self._cond:
-            for work in finished:
-                self._pending.remove(work)
-            metrics.QUEUE_DEPTH.labels(role=self._role).set(len(self._pending))
-        # Hold no reference to a finished work past its completion: its caller may free its slot at once.
-        segments = logits = rows = work = None
-        batch.clear()
-        while finished:
-            finished.pop().complete()
+            return [work for work, _ in batch]
+        ended = time.perf_counter()
+        forward_ms = (ended - now) * 1e3
+        self._forward_seconds.inc(ended - launched)  # the busy share: the forward alone
+        self._forwards.inc()
+        if tracing.ACTIVE:
+            self._trace_forward(batch, launched, ended, tokens)
+        self._steer_chunks(batch, works, forward_ms)
+        self._cost.add(sum(works), forward_ms)
+        finished = []
+        for (work, n), rows, done in zip(batch, logits, works):
+            step = work.current
+            if self._last_steps is not None and not step.chunked:
+                self._last_steps[id(work.kv)] = (weakref.ref(work.kv), ended, done)
+            work.fed += n
+            work.forward_ms += forward_ms
+            work.batch_sessions, work.batch_tokens = len(batch), tokens
+            if work.fed < len(step.token_ids):
+                continue
+            try:
+                work.advance(rows)
+            except Exception as err:  # the request's own error (a stale epoch): it alone fails
+                work.error = err
+            if work.step is None or work.error is not None:
+                finished.append(work)
+        return finished
 
 
 def wall_ns(perf_s: float) -> int:

@@ -10,11 +10,10 @@ standard grpc.health.v1 health check, so the same clients and probes work as aga
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
 import time
-from typing import Any, AsyncIterator, Iterator, NoReturn
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, NoReturn
 
 from grpc_health.v1 import health_pb2
 from ray import serve
@@ -23,8 +22,7 @@ from specpipe.config.services import DrafterConfig, OrchestratorConfig, Verifier
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 from specpipe.rayserve.handles import HandleDrafter, HandleVerifier, serve_replicas
 from specpipe.runtime import metrics, tracing
-
-_END = object()
+from specpipe.serving.streams import ThreadStream
 
 
 @contextlib.contextmanager
@@ -102,21 +100,18 @@ class DrafterDeployment:
 
 class ServeContext:
     """The grpc.ServicerContext calls the Generation servicer makes, over Serve's RayServegRPCContext.
-    abort() sets the status before raising: Serve's proxy then sends that status, not INTERNAL."""
+    abort() sets the status before raising: Serve's proxy then sends that status, not INTERNAL. A
+    client that goes away closes the servicer's stream (ThreadStream), so the call is active until then."""
 
     def __init__(self, grpc_context: Any, timeout_s: float | None) -> None:
         self._context = grpc_context
         self._deadline = time.monotonic() + timeout_s if timeout_s else None
-        self._stopped = threading.Event()
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def is_active(self) -> bool:
-        return not self._stopped.is_set()
-
-    def stop(self) -> None:
-        self._stopped.set()
+        return True
 
     def code(self) -> Any:
         return self._context.code() if self._context is not None else None
@@ -132,39 +127,13 @@ class RpcAborted(Exception):
     """The RPC ended with the status set on its context."""
 
 
-async def stream_in_thread(chunks: Iterator, context: ServeContext) -> AsyncIterator:
-    """Run a blocking generator in a thread of its own and yield what it yields. When the client
-    goes away (Serve cancels this), the servicer sees is_active() False at its next round and ends,
-    which releases the generation's sessions."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
-
-    def pump() -> None:
-        try:
-            for item in chunks:
-                loop.call_soon_threadsafe(queue.put_nowait, (item, None))
-            loop.call_soon_threadsafe(queue.put_nowait, (_END, None))
-        except BaseException as err:  # re-raised on the event loop, with the status set on the context
-            loop.call_soon_threadsafe(queue.put_nowait, (_END, err))
-
-    threading.Thread(target=pump, name="specpipe-generate", daemon=True).start()
-    try:
-        while True:
-            item, err = await queue.get()
-            if item is _END:
-                if err is not None:
-                    raise err
-                return
-            yield item
-    finally:
-        context.stop()
-
-
 @serve.deployment(name="Orchestrator")
+@serve.ingress()
 class OrchestratorDeployment:
     async def __init__(self, verifier: Any, drafter: Any, config: OrchestratorConfig) -> None:  # type: ignore[misc]  # Serve awaits an async constructor
         from orchestrator.admission import Admission
-        from orchestrator.openai_api import ApiConfig, OpenAIApi
+        from orchestrator.openai_api import ApiConfig, create_app
+        from orchestrator.request_path import RequestPath
         from orchestrator.servicer import GenerationServicer
         from specpipe.app.wiring import ngram_cache, served_generator
         from specpipe.engine.cores import set_threads
@@ -182,16 +151,18 @@ class OrchestratorDeployment:
                                      config.learn_global)
         admission = Admission(config.admission)  # one for both APIs
         self._servicer = GenerationServicer(generator, admission)
-        self._http = OpenAIApi(generator, admission, ApiConfig(generator.info.model_name, generator.info.max_context,
-                                                               max_request_bytes=config.limits.max_request_bytes))
+        self._app = create_app(RequestPath(generator, admission), ApiConfig(
+            generator.info.model_name, None, config.limits.max_request_bytes, config.http.request_timeout_s))
 
-    async def __call__(self, request: Any) -> Any:
+    def __serve_build_asgi_app__(self) -> Any:
         """Serve's HTTP proxy: the OpenAI-compatible API (docs/http-api.md)."""
-        return await self._http.route(request)
+        return self._app
 
     async def Generate(self, request: Any, grpc_context: Any = None) -> AsyncIterator[Any]:
+        """Serve's gRPC proxy: the servicer's blocking stream on a thread of its own (a client that goes
+        away ends it after the current round, which releases the generation's sessions)."""
         context = ServeContext(grpc_context, self._timeout_s)
-        async for chunk in stream_in_thread(self._servicer.Generate(request, context), context):
+        async for chunk in ThreadStream(self._servicer.Generate(request, context), name="specpipe-generate"):
             yield chunk
 
     def Check(self, request: Any, grpc_context: Any = None) -> health_pb2.HealthCheckResponse:

@@ -137,6 +137,8 @@ def zero(counter: Counter, *label_sets: dict[str, str]) -> None:
     (an alert on a child that appears with its first count would miss it)."""
     for labels in label_sets:
         counter.labels(**labels)
+HTTP_REFUSED = Counter("specpipe_http_refused_total", "HTTP connections and requests the server refused before the "
+                       "application read them: beyond --http-max-connections, headers or body too slow", ["reason"])
 
 # The pipeline's own cost (docs/pipeline.md): busy share and CPU time by hop, and the simulated clock.
 FORWARD_SECONDS = Counter("specpipe_forward_seconds_total", "Wall time of a role's model forwards (simulated ones at "

@@ -57,7 +57,7 @@ def to_specpipe_error(err: grpc.RpcError) -> errors.SpecpipeError:
 
 
 @contextlib.contextmanager
-def rpc_errors():
+def rpc_errors() -> Iterator[None]:
     try:
         yield
     except grpc.RpcError as err:
@@ -65,7 +65,7 @@ def rpc_errors():
 
 
 @contextlib.contextmanager
-def encoding(what: str):
+def encoding(what: str) -> Iterator[None]:
     """A value the wire cannot carry (a token id beyond int32, a negative seed) is a bad argument."""
     try:
         yield
@@ -100,7 +100,7 @@ class Client:
         self.hop_delay_s = hop_delay_ms / 1e3
         self._channel = channel(target, tls)
 
-    def _call(self, method, request, timeout_s: float | None = None, cancellable: bool = False):
+    def _call(self, method: Any, request: Any, timeout_s: float | None = None, cancellable: bool = False) -> Any:
         """cancellable: a long call (a prefill), cancelled when the caller of the RPC it serves goes away
         (specpipe.runtime.lifecycle), and bounded only by that caller's deadline, not by the per-call one: its
         time grows with the prompt and with the verifier's load (chunks cut short while others decode),
@@ -147,10 +147,10 @@ class Client:
     def _close_streams(self) -> None:
         """Streams of this client's (VerifierClient's rounds)."""
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -232,7 +232,7 @@ class VerifierClient(Client):
         if self._mux is not None:
             self._mux.close()
 
-    def load(self, timeout_s: float | None = None):
+    def load(self, timeout_s: float | None = None) -> Any:
         """The replica's load (specpipe.serving.replicas.VerifierLoad), for least-loaded routing."""
         from specpipe.serving.replicas import VerifierLoad
 
@@ -311,7 +311,7 @@ class GenerationClient(Client):
         return self._chunks(call)
 
     @staticmethod
-    def _chunks(call) -> Iterator[types.GenerationChunk]:
+    def _chunks(call: Any) -> Iterator[types.GenerationChunk]:
         try:
             with rpc_errors():
                 for msg in call:

@@ -116,15 +116,13 @@ class ReplicatedVerifier:
         stream of rounds), its result when the returned call is made, with the same failover; the session
         is held until then."""
         session = self._session(session_id)
+        if getattr(self.replicas.client(session.address), "verify_async", None) is None:
+            return lambda: self.verify(session_id, context_len, draft, sampling)  # a client that cannot send ahead
         session.lock.acquire()
         try:
             self._before_round(session_id, session, context_len)
             address = session.address
-            start = getattr(self.replicas.client(address), "verify_async", None)
-            if start is None:
-                verified = self._rounds(session_id, session, (context_len, draft, sampling), self.max_failovers + 1)
-                session.lock.release()
-                return lambda: verified
+            start = self.replicas.client(address).verify_async
             self.replicas.note_call(address, +1)
             try:
                 pending = start(session_id, context_len, draft, sampling)
