@@ -117,8 +117,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               ((rate("specpipe_cache_failures_total", "call"), "{{call}}"),)),
     )),
     ("Serving health", (
-        Panel("Admission rejections", "Requests refused before any work, by role and reason.",
-              ((rate("specpipe_admission_rejections_total", "role, reason"), "{{role}} {{reason}}"),)),
+        Panel("Admission rejections", "Requests refused before any work, by role and reason; HTTP connections and "
+              "requests the server refused before the API read them (too many, too slow).",
+              ((rate("specpipe_admission_rejections_total", "role, reason"), "{{role}} {{reason}}"),
+               (rate("specpipe_http_refused_total", "reason"), "http {{reason}}"))),
         Panel("Replicas", "The replicas each role's routing sees, by state (the least across orchestrators).",
               (("min by (role, state) (specpipe_replicas)", "{{role}} {{state}}"),)),
         Panel("Failovers", "Replicas marked failed, sessions moved to another verifier replica, proposals retried "
