@@ -34,7 +34,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     def _accept(self, request: generation_pb2.GenerateRequest, context: Any) -> Call:
         source, generation = convert.generate_request_from_proto(request, self._path.generator.defaults)
-        metadata: Any = getattr(context, "invocation_metadata", tuple)()  # Ray Serve's gRPC context has none
+        metadata: Any = getattr(context, "invocation_metadata", tuple)()  # a context without it: none
         generation = replace(generation, tenant=tenant_from_metadata(metadata))
         return self._path.accept(source, generation, client_time_left(context.time_remaining()),
                                  current_cancellation(), traceparent=traceparent_from_metadata(metadata))

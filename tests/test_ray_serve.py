@@ -199,14 +199,16 @@ def test_ray_health_and_errors(app):
 
 @pytest.mark.slow
 def test_ray_a_generation_is_one_trace_across_the_deployments(app):
-    """The handles carry each call's trace context: the orchestrator's generation, the verifier's and the
+    """A gRPC client's traceparent reaches the orchestrator through Serve's proxy, and the handles carry
+    each call's trace context: the orchestrator's generation, the verifier's and the
     drafter's deployment calls (and their forwards) in one trace, each span's parent in it."""
     import json
     import time
 
     generate(app, tuple(b"def f(x):"), BRANCH["model"], max_new_tokens=8)
+    trace_id, parent_id = "%032x" % 0x5EC1A1, "%016x" % 0x9A2E47
     list(app.generate(token_ids=tuple(b"print(1)"), max_new_tokens=8, speculation=BRANCH["model"],
-                      request_id="ray-traced"))
+                      request_id="ray-traced", traceparent=f"00-{trace_id}-{parent_id}-01"))
     expected = {("specpipe-orchestrator", "round"), ("specpipe-verifier", "Verifier.verify"),
                 ("specpipe-verifier", "forward"), ("specpipe-drafter", "Drafter.propose")}
     deadline = time.monotonic() + 60
@@ -223,3 +225,4 @@ def test_ray_a_generation_is_one_trace_across_the_deployments(app):
         time.sleep(1)
     assert expected <= names, names
     assert not orphans
+    assert roots[0]["context"]["trace_id"] == f"0x{trace_id}" and roots[0]["parent_id"] == f"0x{parent_id}"

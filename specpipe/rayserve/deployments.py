@@ -116,6 +116,10 @@ class ServeContext:
     def code(self) -> Any:
         return self._context.code() if self._context is not None else None
 
+    def invocation_metadata(self) -> Any:
+        """The client's metadata as Serve's proxy passed it on (its tenant, its traceparent)."""
+        return self._context.invocation_metadata() if self._context is not None else ()
+
     def abort(self, code: Any, details: str) -> NoReturn:
         if self._context is not None:
             self._context.set_code(code)
