@@ -192,3 +192,19 @@ def test_a_round_past_its_deadline_reopens_the_session_on_a_lone_replica(referen
                   for t in chunk.token_ids]
         assert tokens == reference
         assert failovers("deadline_exceeded") == before + 1
+
+
+def test_replicas_that_are_all_full_refuse_with_resource_exhausted_at_once():
+    """Full is not down: the caller backs off (RESOURCE_EXHAUSTED, HTTP 429) without waiting out a reopen."""
+    import functools
+
+    from specpipe.core.errors import ResourceExhausted
+    from verifier_service.verifier import ModelVerifier
+
+    with replicas(2, 1, verifier_class=functools.partial(ModelVerifier, max_sessions=1)) as (_, _, generator):
+        verifier = generator.verifier
+        verifier.prefill("a", PROMPT)
+        verifier.prefill("b", PROMPT)
+        with pytest.raises(ResourceExhausted, match="full"):
+            verifier.prefill("c", PROMPT)
+        assert verifier.release("a") and verifier.release("b")

@@ -13,6 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 CPU_COUNTER = "specpipe_cpu_seconds_total"
+# The verifier's histograms whose mean over a level says why its forwards are not full: how long a session
+# takes to come back after its round's forward (the orchestrator's turn), and how long work waits for one.
+MEANS = {"specpipe_verify_turnaround_ms": "a session's turnaround (ms)",
+         "specpipe_queue_wait_ms": "queue wait (ms)"}
 Key = tuple[str, tuple[tuple[str, str], ...]]  # metric sample name, its labels sorted
 
 
@@ -36,6 +40,7 @@ class LevelCost:
     hop_cpu_s: dict = field(default_factory=dict)      # "service/role/hop" -> CPU s in the window
     process_cpu_s: dict = field(default_factory=dict)  # process -> CPU s in the window
     overruns: float = 0.0          # simulated forwards whose real compute overran the curve
+    means: dict = field(default_factory=dict)  # the verifier's MEANS over the window (name -> ms)
 
     def per_token_us(self, seconds: float) -> float | None:
         return seconds / self.tokens * 1e6 if self.tokens else None
@@ -52,6 +57,10 @@ def parse_counters(text: str) -> dict[Key, float]:
 
     out: dict[Key, float] = {}
     for family in text_string_to_metric_families(text):
+        if family.type == "histogram" and family.name in MEANS:  # its sum and count: a mean over a window
+            for s in family.samples:
+                if s.name.endswith(("_sum", "_count")):
+                    out[(s.name, tuple(sorted(s.labels.items())))] = s.value
         if family.type != "counter" and family.name != "process_cpu_seconds":
             continue
         for s in family.samples:
@@ -116,10 +125,16 @@ def level_cost(samples: Sequence[Sample], users: int, start: float, end: float) 
     verifiers = [svc for svc in services if svc.startswith("verifier")]
     forward_s = summed("specpipe_forward_seconds_total", "verifier", role="verifier")
     busy = forward_s / seconds / len(verifiers) if verifiers and seconds > 0 else None
+    means = {}
+    for name in MEANS:
+        labels = {"role": "verifier"} if name == "specpipe_queue_wait_ms" else {}
+        count = summed(f"{name}_count", "verifier", **labels)
+        if count:
+            means[name] = summed(f"{name}_sum", "verifier", **labels) / count
     return LevelCost(users, seconds, summed("specpipe_emitted_tokens_total", "orchestrator"),
                      summed("specpipe_rounds_total", "orchestrator"),
                      summed("specpipe_forwards_total", "verifier", role="verifier"), busy, hops, process_cpu,
-                     summed("specpipe_simulated_overruns_total", "verifier"))
+                     summed("specpipe_simulated_overruns_total", "verifier"), means)
 
 
 def level_costs(samples: Sequence[Sample], windows: Mapping[int, tuple[float, float]]) -> list[LevelCost]:
@@ -161,6 +176,10 @@ def markdown_table(costs: Sequence[LevelCost], clock: str = "") -> str:
         "-" if c.busy_share is None else f"{100 * c.busy_share:.0f}%" for c in costs) + " |")
     rows.append("| tokens per verifier forward | " + " | ".join(
         f"{c.tokens / c.forwards:.1f}" if c.forwards else "-" for c in costs) + " |")
+    for name, label in MEANS.items():
+        if any(name in c.means for c in costs):
+            rows.append(f"| verifier: {label} | " + " | ".join(
+                f"{c.means[name]:.1f}" if name in c.means else "-" for c in costs) + " |")
     rows.append("| CPU ms per round, all processes | " + " | ".join(
         f"{1e3 * sum(c.process_cpu_s.values()) / c.rounds:.2f}" if c.rounds else "-" for c in costs) + " |")
     if any(c.overruns for c in costs):
@@ -172,5 +191,5 @@ def markdown_table(costs: Sequence[LevelCost], clock: str = "") -> str:
 
 def to_json(costs: Sequence[LevelCost]) -> list[dict]:
     return [{"users": c.users, "seconds": c.seconds, "tokens": c.tokens, "rounds": c.rounds, "forwards": c.forwards,
-             "busy_share": c.busy_share, "cores_busy": c.cores_busy, "overruns": c.overruns,
+             "busy_share": c.busy_share, "cores_busy": c.cores_busy, "overruns": c.overruns, "means": c.means,
              "hop_cpu_s": c.hop_cpu_s, "process_cpu_s": c.process_cpu_s} for c in costs]

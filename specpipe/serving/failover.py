@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from specpipe.core.errors import FailedPrecondition, SpecpipeError, Unavailable
+from specpipe.core.errors import FailedPrecondition, ResourceExhausted, SpecpipeError, Unavailable
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 from specpipe.runtime import metrics
 from specpipe.runtime.lifecycle import check_cancelled, time_left
@@ -204,16 +204,19 @@ class ReplicatedVerifier:
     def _open(self, session_id: str, context: Sequence[int], avoid: str | None) -> str:
         """Prefill context on the least-loaded replica that takes it; avoid only as a last resort.
         When every replica is down (a lone verifier restarting), retry with backoff for up to
-        reopen_wait_s, never past the client's deadline; then UNAVAILABLE. A full replica
-        (RESOURCE_EXHAUSTED everywhere) is not waited for."""
+        reopen_wait_s, never past the client's deadline; then UNAVAILABLE. Replicas that are up but
+        full are not waited for: RESOURCE_EXHAUSTED, the caller's cue to back off (not to fail over)."""
         give_up = time.monotonic() + self.reopen_wait_s
         pause = BACKOFF_S[0]
         while True:
             address, errors, all_down = self._try_open(session_id, context, avoid)
             if address is not None:
                 return address
+            if errors and not all_down:
+                raise ResourceExhausted(f"every verifier replica of {self.replicas.target} that is up is full: "
+                                        + "; ".join(errors))
             wait = min(pause, give_up - time.monotonic(), time_left())
-            if not (errors and all_down) or wait <= 0:
+            if not errors or wait <= 0:
                 raise Unavailable(f"no verifier replica of {self.replicas.target} took the session: "
                                   + ("; ".join(errors) or "none known"))
             time.sleep(wait)
