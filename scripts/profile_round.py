@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--drafter", default=None, help="the drafter (default: the product's)")
     parser.add_argument("--schedule", default=None, help="the schedule (default: the product's)")
-    parser.add_argument("--verifier-weights", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--verifier-weights", default="fp32", choices=("fp32", "bf16", "int8"))
     parser.add_argument("--top", type=int, default=15, help="profile lines to print (default: %(default)s)")
     args = parser.parse_args()
     values = {"preset": args.preset, "verifier_weights": args.verifier_weights}

@@ -238,13 +238,16 @@ def test_a_linear_layer_computes_a_row_the_same_among_any_number_of_rows_from_mi
                 in_features, out_features)
 
 
-@pytest.mark.parametrize("mode", ["eager", "packed"])
+@pytest.mark.parametrize("mode", ["eager", "packed", "packed bf16", "packed int8"])
 def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
+    """A session's logits alone == among batch mates, bit for bit, and == transformers' forward of the
+    same model (packed: with its weights packed in fp32, bf16 or int8, each a model of its own)."""
     model = tiny_model()
-    if mode == "packed":
+    if mode != "eager":
         from specpipe.engine import native
+        from specpipe.engine.runner import PACKED_WEIGHTS
 
-        native.pack_linears(model, torch.float32)
+        native.pack_linears(model, PACKED_WEIGHTS[(mode.split()[1:] or ["fp32"])[0]])
     ids = list(range(10, 70))
     with torch.inference_mode():
         reference = model(torch.tensor([ids])).logits[0]  # [60, vocab]
@@ -531,8 +534,10 @@ def test_verify_after_batched_tree_rollback_matches_a_fresh_prefill():
 
 
 @pytest.mark.slow
-def test_concurrent_sessions_equal_verifier_greedy_smollm2():
-    """A real Llama-family model: four chats at once through the batched verifier, each == generate()."""
+@pytest.mark.parametrize("forward", [{}, {"mode": "packed", "weights": "int8"}], ids=["eager", "packed int8"])
+def test_concurrent_sessions_equal_verifier_greedy_smollm2(forward):
+    """A real Llama-family model: four chats at once through the batched verifier, each == generate()
+    of the same verifier (packed int8: the int8 model's)."""
     from drafter_service.model_drafter import ModelDrafter
     from specpipe.config.presets import model_specs
     from specpipe.engine import packaged
@@ -541,7 +546,7 @@ def test_concurrent_sessions_equal_verifier_greedy_smollm2():
 
     packaged.prepare("smollm2-135m", progress=False)
     verifier_spec, drafter_spec = model_specs("smollm2")
-    verifier = ModelVerifier.load(verifier_spec, batch=BatchConfig(prefill_chunk=8))
+    verifier = ModelVerifier.load(verifier_spec, batch=BatchConfig(prefill_chunk=8), **forward)
     assert verifier.batched
     tokenizer = load_tokenizer(verifier_spec)
     generator = Generator(tokenizer, verifier, {"model": ModelDrafter.load(drafter_spec)})

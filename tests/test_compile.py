@@ -79,21 +79,28 @@ def test_slot_bounds_the_context(model):
     assert runner.served_info(info, runner.Runner(model)).max_context == info.max_context
 
 
-@pytest.fixture(scope="module", params=["packed", "packed bf16", "graphs", "graphs unbatched"])
+COMPILED = {  # fixture param -> (mode, batching, the verifier's weights, the drafter's weights)
+    "packed": ("packed", True, "fp32", "int8"),
+    "packed bf16": ("packed", True, "bf16", "bf16"),
+    "packed int8": ("packed", True, "int8", "int8"),
+    "graphs": ("graphs", True, "fp32", "fp32"),
+    "graphs unbatched": ("graphs", False, "fp32", "fp32"),
+}
+
+
+@pytest.fixture(scope="module", params=list(COMPILED))
 def compiled(request, tiny_tokenizer):
     """A compiled verifier and drafter (tiny preset) behind one generator over an in-memory store
-    (packed: the drafter's weights in int8, as --draft-weights auto packs them; packed bf16: the
-    verifier's packed weights in bf16, a model of its own that speculation must reproduce exactly,
-    and the drafter's in bf16)."""
+    (packed: the drafter's weights in int8, as --draft-weights auto packs them; packed bf16 / int8:
+    the verifier's packed weights in bf16 / int8, each a model of its own that speculation must
+    reproduce exactly, and the drafter's in the same)."""
     from drafter_service.model_drafter import ModelDrafter
     from specpipe.config.presets import model_specs
     from verifier_service.verifier import ModelVerifier
 
     verifier_spec, drafter_spec = model_specs("tiny")
-    mode, batching = request.param.split()[0], not request.param.endswith("unbatched")
-    weights = "bf16" if request.param.endswith("bf16") else "fp32"
+    mode, batching, weights, drafter_weights = COMPILED[request.param]
     verifier = ModelVerifier.load(verifier_spec, mode=mode, buckets=BUCKETS, batching=batching, weights=weights)
-    drafter_weights = {"packed": "int8", "packed bf16": "bf16"}.get(request.param, "fp32")
     drafter = ModelDrafter.load(drafter_spec, mode=mode, buckets=BUCKETS, batching=batching, weights=drafter_weights)
     return generator_with(InMemoryNgramCache(), tiny_tokenizer, verifier, drafter)
 
@@ -114,7 +121,7 @@ def test_compiled_verifier_alone_equals_generate(compiled, references, eager_ref
     for prompt, (ids, expected) in references.items():
         tokens, _ = run(compiled, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("none")))
         assert tokens == expected
-        if fp32:  # here no token changes between eager and compiled fp32 (bf16 weights are another model)
+        if fp32:  # here no token changes between eager and compiled fp32 (bf16, int8 weights are other models)
             assert expected == eager_references[prompt][1]
 
 
@@ -211,6 +218,8 @@ def test_a_model_that_is_not_here_is_a_clear_error_never_a_download(source):
      "--draft-weights bf16 packs the drafter's weights"),
     (["generate", "--compile", "off", "--verifier-weights", "bf16", "--prompt", "hi"],
      "--verifier-weights bf16 packs the verifier's weights"),
+    (["generate", "--compile", "off", "--verifier-weights", "int8", "--prompt", "hi"],
+     "--verifier-weights int8 packs the verifier's weights"),
     (["bench", "--forward-curve", "--acceptance", "1.5"], "--acceptance takes rates in [0, 1]"),
     (["bench", "--forward-curve", "--acceptance", "high"], "--acceptance takes rates in [0, 1]"),
 ])

@@ -153,3 +153,46 @@ def smollm2_compiled(smollm2):
     verifier = ModelVerifier.load(verifier_spec, mode="packed")
     drafter = ModelDrafter.load(drafter_spec, mode="packed")
     return Generator(generator.tokenizer, verifier, {"model": drafter}), verifier
+
+
+@pytest.fixture(scope="module")
+def smollm2_int8(smollm2):
+    """The verifier packed in int8 (--verifier-weights int8): a model of its own, whose greedy decoding
+    alone is what speculation must reproduce; the drafter in int8 as --draft-weights auto packs it."""
+    from drafter_service.model_drafter import ModelDrafter
+    from orchestrator.generator import Generator
+    from specpipe.config.presets import model_specs
+    from verifier_service.verifier import ModelVerifier
+
+    generator, _ = smollm2
+    verifier_spec, drafter_spec = model_specs("smollm2")
+    verifier = ModelVerifier.load(verifier_spec, mode="packed", weights="int8")
+    drafter = ModelDrafter.load(drafter_spec, mode="packed", weights="int8")
+    return Generator(generator.tokenizer, verifier, {"model": drafter}), verifier
+
+
+@pytest.mark.parametrize(
+    "speculation, chats",
+    [
+        pytest.param(SpeculationOptions(drafter="model", draft_len=4, adaptive="off"), CHATS[:2], id="chain branch"),
+        pytest.param(SpeculationOptions(drafter="model", draft_len=4, schedule="sequential", adaptive="off"),
+                     CHATS[2:], id="chain sequential", marks=pytest.mark.slow),
+        pytest.param(SpeculationOptions(drafter="model", draft_len=3, width=3, adaptive="off"), CHATS[:2],
+                     id="tree k=3 width=3", marks=pytest.mark.slow),
+        pytest.param(SpeculationOptions(drafter="model"), CHATS[2:], id="default (adaptive)", marks=pytest.mark.slow),
+    ],
+)
+def test_smollm2_int8_verifier_speculative_equals_its_greedy(smollm2_int8, speculation, chats):
+    """--verifier-weights int8: speculative == the int8 verifier alone == transformers generate() on
+    the int8-packed model, token for token."""
+    generator, verifier = smollm2_int8
+    drafted = accepted = 0
+    for chat in chats:
+        ids = generator.encode(messages=[("user", chat)])
+        expected = reference_greedy(verifier.model, ids, MAX_NEW_TOKENS)
+        alone, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("none")))
+        tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
+        assert tokens == alone == expected, chat
+        drafted += sum(c.round.drafted for c in chunks)
+        accepted += sum(c.round.accepted for c in chunks)
+    assert 0 < accepted < drafted

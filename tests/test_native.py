@@ -1,6 +1,7 @@
 """The packed small-M GEMM behind `--compile on` on CPU (specpipe.engine.native): exact against a float64
-reference for every row count, row block and panel tail, with fp32 and bf16 weights; batch
-invariant bit for bit; threads change nothing; a packed model gives the eager model's logits; no
+reference for every row count, row block and panel tail, with fp32, bf16 and int8 weights; batch
+invariant bit for bit (a row alone, in a draft of up to 33 rows, among other sessions' rows); threads
+change nothing; a packed model gives the eager model's logits; no
 compiler is a clear error."""
 
 import json
@@ -58,6 +59,32 @@ def test_int8_weights_keep_each_rows_largest_value():
     assert q.dtype == torch.int8 and q.abs().amax(dim=1).tolist() == [127, 0, 127]
     torch.testing.assert_close(scale, torch.tensor([2.0 / 127, 1.0, 3.0 / 127]))
     assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2
+
+
+MAX_DRAFT_ROWS = 33  # [root] + a draft of 32: the most rows a verification feeds one session
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_gets_the_same_bits_alone_in_a_draft_and_among_sessions(dtype, threads):
+    """The property that makes speculation lossless on packed weights: a token's output row is the
+    same bits when it is computed alone (a decode step, M = 1), at any place in a draft of k rows
+    (k = 1..33: one row block, several, partial ones, chunked over K), or in a forward with other
+    sessions' rows before and after it."""
+    torch.manual_seed(7)
+    n, k = 200, 1100  # K > 512: several row blocks take the chunks of K in turn; N not a whole panel
+    w, b = torch.randn(n, k), torch.randn(n)
+    weight, scale, _ = packed_in(w, dtype)
+    rows = torch.randn(MAX_DRAFT_ROWS, k)
+    mates = torch.randn(2 * MAX_DRAFT_ROWS, k)
+    torch.set_num_threads(threads)
+    alone = torch.stack([native.packed_linear(rows[i : i + 1], weight, n, b, scale)[0] for i in range(len(rows))])
+    for draft in range(1, MAX_DRAFT_ROWS + 1):
+        assert torch.equal(native.packed_linear(rows[:draft], weight, n, b, scale), alone[:draft]), draft
+        before = draft % 7  # other sessions' rows around the draft, a different number each time
+        batch = torch.cat([mates[:before], rows[:draft], mates[before : before + draft]])
+        together = native.packed_linear(batch, weight, n, b, scale)
+        assert torch.equal(together[before : before + draft], alone[:draft]), draft
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])

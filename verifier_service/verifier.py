@@ -374,7 +374,7 @@ class ModelVerifier(SessionVerifier):
                  batching: bool = True, limits: Limits = DEFAULT_LIMITS, weights: str = "fp32",
                  cost_model: ForwardCurve | None = None):
         """batching: False runs one session per forward even where batching is supported (to compare);
-        weights: the packed linear layers' (fp32, or bf16 in packed mode: the verifier as configured,
+        weights: the packed linear layers' (fp32, or bf16 or int8 in packed mode: the verifier as configured,
         which is what speculation is lossless against); cost_model: every forward held to its curve's
         time (a load test's simulated device; batched forwards only)."""
         self._model = model

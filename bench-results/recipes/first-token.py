@@ -17,7 +17,7 @@ from specpipe.config.services import generator_config
 from specpipe.core.types import GenerationRequest
 
 parser = arm_parser(__doc__, limit=3)
-parser.add_argument("--verifier-weights", default="fp32", choices=("fp32", "bf16"))
+parser.add_argument("--verifier-weights", default="fp32", choices=("fp32", "bf16", "int8"))
 parser.set_defaults(suite="humaneval", max_new_tokens=16)
 args = parser.parse_args()
 

@@ -19,7 +19,7 @@ from specpipe.engine.models import load_model
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--preset", default="qwen-coder")
-parser.add_argument("--verifier-weights", default="fp32", choices=("fp32", "bf16"))
+parser.add_argument("--verifier-weights", default="fp32", choices=("fp32", "bf16", "int8"))
 parser.add_argument("--draft-weights", default="bf16", choices=("fp32", "bf16"))
 parser.add_argument("--tokens", type=int, default=150, help="the prompt's length")
 parser.add_argument("--threads", type=int, default=2)

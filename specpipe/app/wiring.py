@@ -66,7 +66,7 @@ def drafter_forward(model: ModelConfig) -> dict:
 
 
 def verifier_weights(model: ModelConfig) -> str:
-    """The verifier's packed weights (fp32 or bf16: the CPU kernel only)."""
+    """The verifier's packed weights (fp32, or bf16 or int8: the CPU kernel only)."""
     if model.verifier_weights != "fp32" and forward_mode(model) != "packed":
         raise InvalidArgument(f"--verifier-weights {model.verifier_weights} packs the verifier's weights: it needs the "
                               "CPU kernel (--compile on, or auto with a C compiler) and a CPU --device")

@@ -170,8 +170,9 @@ def run_forward_curve(config: BenchConfig) -> int:
     curves: dict[str, dict[int, float]] = {}
     for role, spec in zip(("verifier", "drafter"), model.specs()):
         runners = {}
-        # a model each: packed changes its model in place; the verifier packed in bf16 too (--verifier-weights)
-        forwards = [(mode, "fp32") for mode in modes] + [("packed", "bf16")] * (
+        # a model each: packed changes its model in place; the verifier packed in bf16 and int8 too
+        # (--verifier-weights)
+        forwards = [(mode, "fp32") for mode in modes] + [("packed", "bf16"), ("packed", "int8")] * (
             role == "verifier" and "packed" in modes
         )
         for mode, weights in forwards:
@@ -182,7 +183,7 @@ def run_forward_curve(config: BenchConfig) -> int:
         del runners
     print(curve.curve_markdown(curves))
     bounds = {mode: curve.bounds_table(curves[f"verifier {mode}"], curves[f"drafter {mode.split()[0]}"][1], acceptances)
-              for mode in (*modes, *(["packed bf16"] if "verifier packed bf16" in curves else []))}
+              for mode in (*modes, *(f"packed {w}" for w in ("bf16", "int8") if f"verifier packed {w}" in curves))}
     print()
     print(curve.bounds_markdown(bounds))
     if config.plot:
