@@ -227,3 +227,36 @@ def test_a_read_only_home_builds_the_kernel_elsewhere_or_runs_eager(tmp_path):
     refused = _generate(read_only_home, str(blocked / "user"), "--compile", "on")
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "no directory is writable" in refused.stderr and "SPECPIPE_KERNELS" in refused.stderr, refused.stderr
+
+
+def _tied_model() -> torch.nn.Module:
+    """A random 2-layer Qwen2 whose lm_head is its input embedding (tie_word_embeddings, as SmolLM2
+    and Qwen2.5-Coder have)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_a_tied_model_embeds_from_its_packed_lm_head(dtype):
+    """Packed, a tied model keeps one copy of its vocabulary's weights: the embedding reads the packed
+    lm_head's columns, the fp32 embedding is gone. fp32: the embedding's exact values, so the logits
+    stay the eager model's; bf16 / int8: each token's row as the lm_head rounded it."""
+    eager, packed = _tied_model(), _tied_model()
+    embedding = eager.get_input_embeddings().weight.detach()
+    native.pack_linears(packed, dtype)
+    embed = packed.get_input_embeddings()
+    assert isinstance(embed, native.PackedEmbedding)
+    assert embed.packed.data_ptr() == packed.get_output_embeddings().packed.data_ptr()
+    assert not any(isinstance(m, torch.nn.Embedding) for m in packed.modules())
+    ids = torch.tensor([[0, 5, 17, 31, 32, 33, 299]])  # panel edges on every vector width (P = 16, 32, 48)
+    _, _, stored = packed_in(embedding, dtype)
+    assert torch.equal(embed(ids)[0], stored[ids[0]])
+    with torch.inference_mode():
+        logits = packed(ids).logits
+        if dtype == torch.float32:
+            torch.testing.assert_close(logits, eager(ids).logits, atol=1e-4, rtol=1e-4)

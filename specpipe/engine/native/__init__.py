@@ -25,7 +25,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -222,6 +222,26 @@ class PackedLinear(nn.Module):
                 f"weights={self.packed.dtype}")
 
 
+class PackedEmbedding(nn.Module):
+    """A tied model's input embedding read from its packed lm_head: token v's embedding is the packed
+    weight's column v (times its scale in int8), so the model keeps one copy of the vocabulary's
+    weights, in the packed dtype, rather than an fp32 one beside it. fp32: the embedding's own values;
+    bf16 and int8: the lm_head's rounded ones (that model's embedding)."""
+
+    def __init__(self, head: PackedLinear):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.register_buffer("packed", head.packed)  # the head's tensor, not a copy
+        self.register_buffer("scale", head.scale)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat, p = ids.reshape(-1), self.packed.shape[2]
+        rows = self.packed[flat // p, :, flat % p].float()  # [tokens, embedding_dim]
+        if self.scale is not None:
+            rows = rows * self.scale[flat, None]
+        return rows.view(*ids.shape, self.embedding_dim)
+
+
 class PackedGroup:
     """Packed linear layers of one input side by side in one weight (a layer's q/k/v projections, an
     MLP's gate and up), run as one GEMM: one kernel call and one pass over the input instead of one
@@ -290,16 +310,34 @@ def group_projections(model: nn.Module) -> int:
     return made
 
 
+def _embeddings(model: nn.Module) -> tuple[Any, Any]:
+    """A transformers model's (input embedding, lm_head); None where model has none."""
+    none = lambda: None  # noqa: E731
+    return getattr(model, "get_input_embeddings", none)(), getattr(model, "get_output_embeddings", none)()
+
+
+def _tied_embedding(model: nn.Module) -> bool:
+    """Whether model's lm_head shares its weight with the input embedding (tie_word_embeddings)."""
+    inputs, outputs = _embeddings(model)
+    return (type(inputs) is nn.Embedding and type(outputs) is nn.Linear
+            and outputs.weight.untyped_storage().data_ptr() == inputs.weight.untyped_storage().data_ptr())
+
+
 def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
     """Replace every fp32 CPU nn.Linear in model by a PackedLinear with weights in dtype, one at a
     time (so peak memory grows by one layer), and group the projections that share an input
-    (group_projections); returns how many linear layers were replaced."""
+    (group_projections); returns how many linear layers were replaced. A tied model's input
+    embedding then reads the packed lm_head (PackedEmbedding), and its fp32 weight is freed."""
     library()  # build (or find) the kernel first: a missing compiler fails before anything changes
+    tied = _tied_embedding(model)
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
                 setattr(parent, name, PackedLinear(child, dtype))
                 replaced += 1
+    head = _embeddings(model)[1]
+    if tied and type(head) is PackedLinear:
+        getattr(model, "set_input_embeddings")(PackedEmbedding(head))
     group_projections(model)
     return replaced
