@@ -99,7 +99,8 @@ class ModelDrafter:
 
     @classmethod
     def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs: Any) -> ModelDrafter:
-        model = load_model(spec, device, dtype)
+        packed = kwargs.get("weights", "fp32") if kwargs.get("mode") == "packed" else None
+        model = load_model(spec, device, dtype, packed)
         return cls(model, model_info(spec, model), **kwargs)
 
     @property

@@ -121,17 +121,18 @@ def load_verifier(config: VerifierConfig) -> Any:
                                          config.session_ttl_s, config.batch, config.limits)
     model = config.model
     spec, mode = model.specs()[0], forward_mode(model)
-    loaded = load_weights("verifier", spec, model)
+    loaded = load_weights("verifier", spec, model, verifier_weights(model) if mode == "packed" else None)
     with startup.step(forward_step("verifier", mode, verifier_weights(model))):
         return ModelVerifier(loaded, model_info(spec, loaded), mode=mode, weights=verifier_weights(model),
                              max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
                              limits=config.limits, session_ttl_s=config.session_ttl_s, cost_model=curve)
 
 
-def load_weights(role: str, spec: ModelSpec, model: ModelConfig) -> Any:
-    """The role's model, its weights loaded (a start-up step of their own: transformers' bar shows them)."""
+def load_weights(role: str, spec: ModelSpec, model: ModelConfig, packed: str | None = None) -> Any:
+    """The role's model, its weights loaded (a start-up step of their own: transformers' bar shows them);
+    packed: the weights its linear layers are packed in (a GGUF model is packed as it is read)."""
     with startup.step(f"loading the {role}'s weights ({spec.label}, {model.torch_dtype} on {model.device})"):
-        return load_model(spec, model.device, model.torch_dtype)
+        return load_model(spec, model.device, model.torch_dtype, packed)
 
 
 def forward_step(role: str, mode: str, weights: str = "fp32") -> str:
@@ -145,7 +146,7 @@ def load_drafter(spec: ModelSpec, model: ModelConfig, forward: dict[str, Any], *
     """The ModelDrafter of spec (forward: drafter_forward's options), in two start-up steps."""
     from drafter_service.model_drafter import ModelDrafter
 
-    loaded = load_weights("drafter", spec, model)
+    loaded = load_weights("drafter", spec, model, forward["weights"] if forward["mode"] == "packed" else None)
     with startup.step(forward_step("drafter", forward["mode"], forward["weights"])):
         return ModelDrafter(loaded, model_info(spec, loaded), **forward, **kwargs)
 

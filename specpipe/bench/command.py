@@ -177,7 +177,8 @@ def run_forward_curve(config: BenchConfig) -> int:
         )
         for mode, weights in forwards:
             label = f"{role} {mode}" + (f" {weights}" if weights != "fp32" else "")
-            runners[label] = Runner(load_model(spec, model.device, model.torch_dtype), mode, weights=weights)
+            loaded = load_model(spec, model.device, model.torch_dtype, weights if mode == "packed" else None)
+            runners[label] = Runner(loaded, mode, weights=weights)
             runners[label].warm_up(progress=True)
         curves.update(curve.forward_curves(runners, desc=f"T(k) {role}"))
         del runners

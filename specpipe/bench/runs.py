@@ -131,7 +131,7 @@ def _load(config: BenchConfig, role: int, weights: str | None = None) -> Any:
     from specpipe.engine.models import load_model
 
     model_config = config.model
-    model = load_model(model_config.specs()[role], model_config.device, model_config.torch_dtype)
+    model = load_model(model_config.specs()[role], model_config.device, model_config.torch_dtype, weights)
     if weights is not None:
         from specpipe.engine import native
         from specpipe.engine.runner import PACKED_WEIGHTS

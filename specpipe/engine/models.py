@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -76,6 +77,16 @@ def _local_dir(source: str) -> str:
     return str(packaged.model_dir(source)) if source in packaged.PACKAGED else source
 
 
+def _gguf(source: str) -> Path | None:
+    """A packaged model's GGUF file, where its folder holds one (prepared since models load from GGUF)."""
+    from specpipe.engine import packaged
+
+    if source not in packaged.PACKAGED:
+        return None
+    gguf = packaged.model_dir(source) / packaged.GGUF_FILE
+    return gguf if gguf.is_file() else None
+
+
 def _from_local(loader, source: str, **kwargs):
     """loader.from_pretrained on local files only (a packaged model's folder, a path, or an id in
     the local Hugging Face cache): a model that is not here is a clear error, never a download."""
@@ -90,13 +101,23 @@ def _from_local(loader, source: str, **kwargs):
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_model(spec: ModelSpec, device: str = "cpu", dtype: str = "float32") -> PreTrainedModel:
+def load_model(spec: ModelSpec, device: str = "cpu", dtype: str = "float32",
+               packed: str | None = None) -> PreTrainedModel:
     """dtype: the weights' and activations' type, a key of DTYPES (bfloat16 for a GPU; float32 on a
-    CPU, where bf16 is no faster)."""
+    CPU, where bf16 is no faster). packed: the weights the caller packs the linear layers in (packed
+    mode, specpipe.engine.runner), or None; a model prepared as GGUF is then packed as it is read, so
+    its fp32 weights are never whole in memory (specpipe.engine.gguf_load)."""
     if dtype not in DTYPES:
         raise InvalidArgument(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if spec.source == "tiny":
         return tiny_model(spec.num_layers).to(device=device, dtype=DTYPES[dtype])
+    gguf = _gguf(spec.source)
+    if gguf is not None:
+        from specpipe.engine.gguf_load import load_gguf_model
+
+        if device == "cpu" and dtype == "float32":  # .to() would widen bf16 packed weights
+            return load_gguf_model(gguf, gguf.parent, packed, spec.num_layers)
+        return load_gguf_model(gguf, gguf.parent, None, spec.num_layers).to(device=device, dtype=DTYPES[dtype])
     from transformers.utils import logging as hf_logging
 
     overrides = {} if spec.num_layers is None else {"num_hidden_layers": spec.num_layers}
@@ -128,7 +149,7 @@ def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
 
 def model_info(spec: ModelSpec, model: PreTrainedModel) -> ModelInfo:
     """What a peer must know about a loaded model; the fingerprint ties drafts to one vocabulary."""
-    vocab_size = model.get_output_embeddings().weight.shape[0]
+    vocab_size = model.get_output_embeddings().out_features  # an nn.Linear or a PackedLinear
     fingerprint = hashlib.sha256(json.dumps([vocab_size, eos_token_ids(model)]).encode()).hexdigest()[:16]
     return ModelInfo(
         model_name=spec.label,

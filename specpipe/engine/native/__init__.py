@@ -199,14 +199,26 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         with torch.no_grad():
-            weight, scale = linear.weight.detach(), None
-            if dtype == torch.int8:
-                weight, scale = quantize_int8(weight)
-            self.register_buffer("packed", pack_weight(weight, dtype))
-            bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
-        self.register_buffer("bias", bias)
+            self._pack(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(), dtype, None)
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+           scale: torch.Tensor | None = None) -> PackedLinear:
+        """A PackedLinear over weight [N, K] and bias [N] with no nn.Linear first (a model read from
+        GGUF); int8 weights quantize_int8 gave come with their scales."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._pack(weight, bias, dtype, scale)
+        return layer
+
+    def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+              scale: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        if dtype == torch.int8 and scale is None:
+            weight, scale = quantize_int8(weight)
+        self.register_buffer("packed", pack_weight(weight, dtype))
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self.register_buffer("scale", scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -329,6 +341,9 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
     (group_projections); returns how many linear layers were replaced. A tied model's input
     embedding then reads the packed lm_head (PackedEmbedding), and its fp32 weight is freed."""
     library()  # build (or find) the kernel first: a missing compiler fails before anything changes
+    already = {m.packed.dtype for m in model.modules() if type(m) is PackedLinear} - {dtype}
+    if already:  # a model read from GGUF comes packed
+        raise ValueError(f"the model's linear layers are packed in {sorted(map(str, already))} already, not {dtype}")
     tied = _tied_embedding(model)
     replaced = 0
     for parent in list(model.modules()):

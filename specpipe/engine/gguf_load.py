@@ -1,0 +1,166 @@
+"""A model read straight from its GGUF file, one tensor at a time, its linear layers packed as they are
+read (specpipe.engine.native): no fp32 copy of the model is ever whole in memory, and no converted
+copy is written to disk.
+
+Each GGUF tensor is dequantized (gguf.dequantize, in chunks of rows) to the fp32 values that
+transformers' own GGUF loading gives, then packed in the weights asked for: fp32 as they are, bf16
+rounded, int8 requantized per output feature (native.quantize_int8, row by row, so chunking changes
+nothing). Norms and biases stay fp32. A tied model's input embedding reads the packed lm_head
+(native.PackedEmbedding). Tensor names come from gguf's own name map and the Llama q/k row order
+from transformers' tensor processor, so the model is the one `from_pretrained` builds from the same
+file (tests/test_gguf_load.py: the same logits, bit for bit).
+
+Parsing a GGUF's metadata (the vocabulary, the merges) takes gguf's reader seconds to tens of seconds,
+so the file is parsed once, when it is prepared: tensor_table() records where each tensor lies, and
+a load maps the file and reads the tensors from there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+
+from specpipe.engine import native
+
+CHUNK_ROWS = 4096  # rows dequantized at once: the fp32 transient of the largest tensor (the vocabulary)
+TABLE = "gguf-tensors.json"  # beside the GGUF: its architecture and where each tensor lies
+
+
+class Tensor(NamedTuple):
+    name: str
+    tensor_type: int  # a gguf.GGMLQuantizationType
+    data: np.ndarray  # as gguf's reader gives it: [rows, bytes of a row] for quantized types
+
+
+def tensor_table(gguf: Path) -> dict:
+    """The GGUF's architecture and its tensors (name, type, offset, shape, dtype): what load_gguf_model
+    reads, so that a load does not parse the file's metadata again."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf)
+    return {"architecture": str(reader.fields["general.architecture"].contents()),
+            "tensors": [{"name": t.name, "type": int(t.tensor_type), "offset": int(t.data_offset),
+                         "shape": list(t.data.shape), "dtype": t.data.dtype.str} for t in reader.tensors]}
+
+
+def _tensors(gguf: Path, table: dict) -> Iterator[Tensor]:
+    for entry in table["tensors"]:
+        data = np.memmap(gguf, dtype=np.dtype(entry["dtype"]), mode="r", offset=entry["offset"],
+                         shape=tuple(entry["shape"]))
+        yield Tensor(entry["name"], entry["type"], data)
+
+
+def _row_chunks(tensor: Tensor) -> Iterator[np.ndarray]:
+    """A GGUF tensor's rows as fp32, CHUNK_ROWS at a time ([rows, cols] each; a vector: one chunk)."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    qtype, data = GGMLQuantizationType(tensor.tensor_type), tensor.data
+    if data.ndim < 2:
+        yield np.asarray(dequantize(data, qtype), dtype=np.float32)
+        return
+    for start in range(0, data.shape[0], CHUNK_ROWS):
+        yield np.asarray(dequantize(data[start : start + CHUNK_ROWS], qtype), dtype=np.float32)
+
+
+def _linear_weight(tensor: Tensor, dtype: torch.dtype, reorder: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear layer's weight [N, K] from its GGUF tensor: (int8 and its scales [N], or fp32 and None).
+    reorder: the tensor processor's row permutation (Llama's q and k), applied after the per-row
+    quantization, which it commutes with."""
+    if dtype != torch.int8:
+        weight = np.concatenate(list(_row_chunks(tensor)))
+        return torch.from_numpy(np.ascontiguousarray(reorder(weight))), None
+    quantized, scales = zip(*(native.quantize_int8(torch.from_numpy(chunk)) for chunk in _row_chunks(tensor)))
+    weight, scale = torch.cat(quantized).numpy(), torch.cat(scales).numpy()[:, None]
+    return (torch.from_numpy(np.ascontiguousarray(reorder(weight))),
+            torch.from_numpy(np.ascontiguousarray(reorder(scale))[:, 0]))
+
+
+def _hf_names(model: PreTrainedModel, architecture: str) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name (the model's only: layers past num_layers drop)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == architecture)
+    name_map = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    names = {}
+    for hf_name in model.state_dict():
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = name_map.get_name(base)
+        if gguf_name is not None:
+            names.setdefault(f"{gguf_name}.{suffix}", hf_name)
+    return names
+
+
+def _set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    module_name, _, attribute = name.rpartition(".")
+    model.get_submodule(module_name)._parameters[attribute] = nn.Parameter(value, requires_grad=False)
+
+
+def load_gguf_model(gguf: Path, folder: Path, weights: str | None, num_layers: int | None = None) -> PreTrainedModel:
+    """The model of folder's config.json and generation_config.json with the GGUF file's weights (its
+    tensor table beside it, TABLE), its linear layers packed in weights (fp32, bf16 or int8:
+    specpipe.engine.runner.PACKED_WEIGHTS), or None: fp32 nn.Linear layers (eager); num_layers keeps
+    the first layers only (a drafter made of the verifier's first layers)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    from specpipe.engine.runner import PACKED_WEIGHTS
+
+    dtype = PACKED_WEIGHTS[weights] if weights is not None else None
+    table = json.loads((gguf.parent / TABLE).read_text())
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    if num_layers is not None:
+        config.num_hidden_layers = num_layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:num_layers]
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    processor = TENSOR_PROCESSORS.get(table["architecture"], TensorProcessor)(config=config.to_dict())
+    names = _hf_names(model, table["architecture"])
+    linears = {name for name, module in model.named_modules() if type(module) is nn.Linear and dtype is not None}
+    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+    # packed, a tied model's vocabulary is read once, as the lm_head
+    tied = {"token_embd.weight": head} if config.tie_word_embeddings and dtype is not None else {}
+    packed: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # linear layer -> (weight, scale)
+    for tensor in _tensors(gguf, table):
+        name = names.get(tensor.name)
+        if name is None:  # a layer past num_layers
+            continue
+        module_name = tied.get(tensor.name, name.rpartition(".")[0])
+        reorder = lambda rows, n=tensor.name: processor.process(weights=rows, name=n).weights  # noqa: E731
+        if module_name in linears and name.endswith(".weight"):
+            packed[module_name] = _linear_weight(tensor, dtype, reorder)
+        else:
+            values = reorder(np.concatenate(list(_row_chunks(tensor))))
+            _set_parameter(model, name, torch.from_numpy(np.ascontiguousarray(values)))
+    if dtype is None:
+        if config.tie_word_embeddings:
+            model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    else:
+        for module_name, (weight, scale) in packed.items():
+            bias = model.get_submodule(module_name).bias
+            layer = native.PackedLinear.of(weight, None if bias is None else bias.detach(), dtype, scale)
+            model.set_submodule(module_name, layer)
+        if config.tie_word_embeddings:
+            model.set_input_embeddings(native.PackedEmbedding(model.get_output_embeddings()))
+        native.group_projections(model)
+    _rebuild_buffers(model, config)
+    model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
+    return model.eval()
+
+
+def _rebuild_buffers(model: PreTrainedModel, config: Any) -> None:
+    """Buffers computed at construction (RoPE's inverse frequencies) were computed on the meta device:
+    construct their modules again on the CPU. Then nothing may be left on the meta device."""
+    for name, module in list(model.named_modules()):
+        if "rotary" in name and any(buffer.is_meta for buffer in module.buffers(recurse=False)):
+            model.set_submodule(name, type(module)(config=config))
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"the GGUF file leaves {left[:5]} unset")
