@@ -99,8 +99,8 @@ class ModelDrafter:
 
     @classmethod
     def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs: Any) -> ModelDrafter:
-        packed = kwargs.get("weights", "fp32") if kwargs.get("mode") == "packed" else None
-        model = load_model(spec, device, dtype, packed)
+        model = load_model(spec, device, dtype, runner.packed_on_load(kwargs.get("mode", "eager"),
+                                                                       kwargs.get("weights", "fp32")))
         return cls(model, model_info(spec, model), **kwargs)
 
     @property

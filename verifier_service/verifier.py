@@ -389,8 +389,8 @@ class ModelVerifier(SessionVerifier):
 
     @classmethod
     def load(cls, spec: ModelSpec, device: str = "cpu", dtype: str = "float32", **kwargs: Any) -> ModelVerifier:
-        packed = kwargs.get("weights", "fp32") if kwargs.get("mode") == "packed" else None
-        model = load_model(spec, device, dtype, packed)
+        model = load_model(spec, device, dtype, runner.packed_on_load(kwargs.get("mode", "eager"),
+                                                                       kwargs.get("weights", "fp32")))
         return cls(model, model_info(spec, model), **kwargs)
 
     @property

@@ -27,6 +27,7 @@ from specpipe.config.services import (
 )
 from specpipe.core.errors import InvalidArgument, SpecpipeError
 from specpipe.engine.models import load_model, load_tokenizer, model_info
+from specpipe.engine.runner import packed_on_load
 from specpipe.runtime.traced import traced_drafter, traced_store
 from specpipe.serving.security import Tls
 
@@ -121,7 +122,7 @@ def load_verifier(config: VerifierConfig) -> Any:
                                          config.session_ttl_s, config.batch, config.limits)
     model = config.model
     spec, mode = model.specs()[0], forward_mode(model)
-    loaded = load_weights("verifier", spec, model, verifier_weights(model) if mode == "packed" else None)
+    loaded = load_weights("verifier", spec, model, packed_on_load(mode, verifier_weights(model)))
     with startup.step(forward_step("verifier", mode, verifier_weights(model))):
         return ModelVerifier(loaded, model_info(spec, loaded), mode=mode, weights=verifier_weights(model),
                              max_sessions=config.max_sessions, batch=config.batch, batching=model.batching,
@@ -146,7 +147,7 @@ def load_drafter(spec: ModelSpec, model: ModelConfig, forward: dict[str, Any], *
     """The ModelDrafter of spec (forward: drafter_forward's options), in two start-up steps."""
     from drafter_service.model_drafter import ModelDrafter
 
-    loaded = load_weights("drafter", spec, model, forward["weights"] if forward["mode"] == "packed" else None)
+    loaded = load_weights("drafter", spec, model, packed_on_load(forward["mode"], forward["weights"]))
     with startup.step(forward_step("drafter", forward["mode"], forward["weights"])):
         return ModelDrafter(loaded, model_info(spec, loaded), **forward, **kwargs)
 

@@ -154,7 +154,7 @@ def run_forward_curve(config: BenchConfig) -> int:
     from specpipe.bench import curve
     from specpipe.bench.runs import pin
     from specpipe.engine.models import load_model
-    from specpipe.engine.runner import Runner
+    from specpipe.engine.runner import Runner, packed_on_load
 
     try:
         acceptances = [float(a) for a in config.acceptance.split(",") if a]
@@ -177,7 +177,7 @@ def run_forward_curve(config: BenchConfig) -> int:
         )
         for mode, weights in forwards:
             label = f"{role} {mode}" + (f" {weights}" if weights != "fp32" else "")
-            loaded = load_model(spec, model.device, model.torch_dtype, weights if mode == "packed" else None)
+            loaded = load_model(spec, model.device, model.torch_dtype, packed_on_load(mode, weights))
             runners[label] = Runner(loaded, mode, weights=weights)
             runners[label].warm_up(progress=True)
         curves.update(curve.forward_curves(runners, desc=f"T(k) {role}"))

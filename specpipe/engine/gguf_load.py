@@ -88,7 +88,7 @@ def _hf_names(model: PreTrainedModel, architecture: str) -> dict[str, str]:
 
     arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == architecture)
     name_map = get_tensor_name_map(arch, model.config.num_hidden_layers)
-    names = {}
+    names: dict[str, str] = {}
     for hf_name in model.state_dict():
         base, _, suffix = hf_name.rpartition(".")
         gguf_name = name_map.get_name(base)
@@ -107,12 +107,9 @@ def load_gguf_model(gguf: Path, folder: Path, weights: str | None, num_layers: i
     tensor table beside it, TABLE), its linear layers packed in weights (fp32, bf16 or int8:
     specpipe.engine.runner.PACKED_WEIGHTS), or None: fp32 nn.Linear layers (eager); num_layers keeps
     the first layers only (a drafter made of the verifier's first layers)."""
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
     from specpipe.engine.runner import PACKED_WEIGHTS
 
     dtype = PACKED_WEIGHTS[weights] if weights is not None else None
-    table = json.loads((gguf.parent / TABLE).read_text())
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     if num_layers is not None:
         config.num_hidden_layers = num_layers
@@ -121,24 +118,7 @@ def load_gguf_model(gguf: Path, folder: Path, weights: str | None, num_layers: i
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    processor = TENSOR_PROCESSORS.get(table["architecture"], TensorProcessor)(config=config.to_dict())
-    names = _hf_names(model, table["architecture"])
-    linears = {name for name, module in model.named_modules() if type(module) is nn.Linear and dtype is not None}
-    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
-    # packed, a tied model's vocabulary is read once, as the lm_head
-    tied = {"token_embd.weight": head} if config.tie_word_embeddings and dtype is not None else {}
-    packed: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}  # linear layer -> (weight, scale)
-    for tensor in _tensors(gguf, table):
-        name = names.get(tensor.name)
-        if name is None:  # a layer past num_layers
-            continue
-        module_name = tied.get(tensor.name, name.rpartition(".")[0])
-        reorder = lambda rows, n=tensor.name: processor.process(weights=rows, name=n).weights  # noqa: E731
-        if module_name in linears and name.endswith(".weight"):
-            packed[module_name] = _linear_weight(tensor, dtype, reorder)
-        else:
-            values = reorder(np.concatenate(list(_row_chunks(tensor))))
-            _set_parameter(model, name, torch.from_numpy(np.ascontiguousarray(values)))
+    packed = _read(model, gguf, dtype)
     if dtype is None:
         if config.tie_word_embeddings:
             model.get_output_embeddings().weight = model.get_input_embeddings().weight
@@ -153,6 +133,34 @@ def load_gguf_model(gguf: Path, folder: Path, weights: str | None, num_layers: i
     _rebuild_buffers(model, config)
     model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
     return model.eval()
+
+
+def _read(model: PreTrainedModel, gguf: Path, dtype: torch.dtype | None) -> dict[str, tuple[torch.Tensor, Any]]:
+    """Read the GGUF's tensors into model (on the meta device): each parameter set in fp32, except, where
+    dtype is given, the linear layers' weights, returned instead as layer -> (weight, int8 scales or
+    None) for packing."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    table = json.loads((gguf.parent / TABLE).read_text())
+    processor = TENSOR_PROCESSORS.get(table["architecture"], TensorProcessor)(config=model.config.to_dict())
+    names = _hf_names(model, table["architecture"])
+    linears = {name for name, module in model.named_modules() if type(module) is nn.Linear}
+    head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+    # packed, a tied model's vocabulary is read once, as the lm_head
+    tied = {"token_embd.weight": head} if model.config.tie_word_embeddings and dtype is not None else {}
+    packed = {}
+    for tensor in _tensors(gguf, table):
+        name = names.get(tensor.name)
+        if name is None:  # a layer past num_layers
+            continue
+        module_name = tied.get(tensor.name, name.rpartition(".")[0])
+        reorder = lambda rows, n=tensor.name: processor.process(weights=rows, name=n).weights  # noqa: E731
+        if dtype is not None and module_name in linears and name.endswith(".weight"):
+            packed[module_name] = _linear_weight(tensor, dtype, reorder)
+        else:
+            values = reorder(np.concatenate(list(_row_chunks(tensor))))
+            _set_parameter(model, name, torch.from_numpy(np.ascontiguousarray(values)))
+    return packed
 
 
 def _rebuild_buffers(model: PreTrainedModel, config: Any) -> None:

@@ -221,6 +221,12 @@ MODES = ("eager", "packed", "graphs")
 PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
+def packed_on_load(mode: str, weights: str = "fp32") -> str | None:
+    """What load_model is told to pack a GGUF model in as it reads it: the weights a Runner of mode
+    packs in (packed mode), else None."""
+    return weights if mode == "packed" else None
+
+
 class Runner:
     """Forward passes of one model in one of MODES. packed changes the model in place (its linear
     layers), so everything that runs the model, transformers generate() included, runs packed."""
