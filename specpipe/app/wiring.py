@@ -132,7 +132,8 @@ def load_verifier(config: VerifierConfig) -> Any:
 def load_weights(role: str, spec: ModelSpec, model: ModelConfig, packed: str | None = None) -> Any:
     """The role's model, its weights loaded (a start-up step of their own: transformers' bar shows them);
     packed: the weights its linear layers are packed in (a GGUF model is packed as it is read)."""
-    with startup.step(f"loading the {role}'s weights ({spec.label}, {model.torch_dtype} on {model.device})"):
+    how = f"{model.torch_dtype}, linear layers {packed} if read from GGUF" if packed else model.torch_dtype
+    with startup.step(f"loading the {role}'s weights ({spec.label}, {how} on {model.device})"):
         return load_model(spec, model.device, model.torch_dtype, packed)
 
 

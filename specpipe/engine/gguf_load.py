@@ -17,6 +17,9 @@ a load maps the file and reads the tensors from there.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,9 +100,31 @@ def _hf_names(model: PreTrainedModel, architecture: str) -> dict[str, str]:
     return names
 
 
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None where the C library has none."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _give_back_free_memory() -> None:
+    """Return the pages of a tensor's transients to the system. A layer's dequantized rows and their
+    temporaries are tens of MB, which glibc serves from its heap, between the packed layers that stay:
+    without this, resident memory after a load is about twice what the model holds."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
     module_name, _, attribute = name.rpartition(".")
-    model.get_submodule(module_name)._parameters[attribute] = nn.Parameter(value, requires_grad=False)
+    module = model.get_submodule(module_name)
+    if isinstance(module, native.PackedLinear):  # its bias, read after its weight: a buffer of the layer
+        setattr(module, attribute, value)
+    else:
+        module._parameters[attribute] = nn.Parameter(value, requires_grad=False)
 
 
 def load_gguf_model(gguf: Path, folder: Path, weights: str | None, num_layers: int | None = None) -> PreTrainedModel:
@@ -118,27 +143,24 @@ def load_gguf_model(gguf: Path, folder: Path, weights: str | None, num_layers: i
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    packed = _read(model, gguf, dtype)
+    _read(model, gguf, dtype)
     if dtype is None:
         if config.tie_word_embeddings:
             model.get_output_embeddings().weight = model.get_input_embeddings().weight
     else:
-        for module_name, (weight, scale) in packed.items():
-            bias = model.get_submodule(module_name).bias
-            layer = native.PackedLinear.of(weight, None if bias is None else bias.detach(), dtype, scale)
-            model.set_submodule(module_name, layer)
         if config.tie_word_embeddings:
             model.set_input_embeddings(native.PackedEmbedding(model.get_output_embeddings()))
-        native.group_projections(model)
+        native.group_projections(model)  # the layers' packed weights, copied side by side, are freed
+        _give_back_free_memory()
     _rebuild_buffers(model, config)
     model.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)
     return model.eval()
 
 
-def _read(model: PreTrainedModel, gguf: Path, dtype: torch.dtype | None) -> dict[str, tuple[torch.Tensor, Any]]:
+def _read(model: PreTrainedModel, gguf: Path, dtype: torch.dtype | None) -> None:
     """Read the GGUF's tensors into model (on the meta device): each parameter set in fp32, except, where
-    dtype is given, the linear layers' weights, returned instead as layer -> (weight, int8 scales or
-    None) for packing."""
+    dtype is given, the linear layers, each replaced by a PackedLinear as its weight is read (so no more
+    than one layer's unpacked weight is ever in memory)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     table = json.loads((gguf.parent / TABLE).read_text())
@@ -148,7 +170,6 @@ def _read(model: PreTrainedModel, gguf: Path, dtype: torch.dtype | None) -> dict
     head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
     # packed, a tied model's vocabulary is read once, as the lm_head
     tied = {"token_embd.weight": head} if model.config.tie_word_embeddings and dtype is not None else {}
-    packed = {}
     for tensor in _tensors(gguf, table):
         name = names.get(tensor.name)
         if name is None:  # a layer past num_layers
@@ -156,11 +177,13 @@ def _read(model: PreTrainedModel, gguf: Path, dtype: torch.dtype | None) -> dict
         module_name = tied.get(tensor.name, name.rpartition(".")[0])
         reorder = lambda rows, n=tensor.name: processor.process(weights=rows, name=n).weights  # noqa: E731
         if dtype is not None and module_name in linears and name.endswith(".weight"):
-            packed[module_name] = _linear_weight(tensor, dtype, reorder)
+            weight, scale = _linear_weight(tensor, dtype, reorder)
+            bias: Any = model.get_submodule(module_name).bias  # on the meta device until its tensor is read
+            model.set_submodule(module_name, native.PackedLinear.of(weight, bias, dtype, scale))
         else:
             values = reorder(np.concatenate(list(_row_chunks(tensor))))
             _set_parameter(model, name, torch.from_numpy(np.ascontiguousarray(values)))
-    return packed
+        _give_back_free_memory()
 
 
 def _rebuild_buffers(model: PreTrainedModel, config: Any) -> None:

@@ -160,7 +160,7 @@ def package_file(target: Path, relpath: str) -> Path:
     return path
 
 
-# --- GGUF assembly and conversion ------------------------------------------------------------------
+# --- GGUF assembly and the model folder ---------------------------------------------------------------
 
 def join_parts(parts: Sequence[Path], out: Path, sha256: str | None, size_bytes: int | None,
                progress: bool = True) -> str:

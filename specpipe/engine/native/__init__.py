@@ -218,7 +218,7 @@ class PackedLinear(nn.Module):
         if dtype == torch.int8 and scale is None:
             weight, scale = quantize_int8(weight)
         self.register_buffer("packed", pack_weight(weight, dtype))
-        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.register_buffer("scale", scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
