@@ -260,3 +260,19 @@ def test_a_tied_model_embeds_from_its_packed_lm_head(dtype):
         logits = packed(ids).logits
         if dtype == torch.float32:
             torch.testing.assert_close(logits, eager(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_an_untied_models_embedding_is_packed_in_narrow_weights(dtype):
+    """Untied, the embedding is a table of its own: packed in bf16 or int8 like the linear layers (its
+    rows rounded the same way), kept fp32 with fp32 weights (the eager model's values)."""
+    eager, packed = tiny_model(), tiny_model()
+    embedding = eager.get_input_embeddings().weight.detach()
+    native.pack_linears(packed, dtype)
+    embed = packed.get_input_embeddings()
+    ids = torch.tensor([[0, 5, 17, 31, 32, 33, 256]])
+    if dtype == torch.float32:
+        assert type(embed) is torch.nn.Embedding and torch.equal(embed.weight, embedding)
+    else:
+        assert isinstance(embed, native.PackedEmbedding)
+        assert torch.equal(embed(ids)[0], packed_in(embedding, dtype)[2][ids[0]])

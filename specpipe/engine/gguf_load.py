@@ -168,6 +168,7 @@ def _read(model: PreTrainedModel, gguf: Path, dtype: torch.dtype | None) -> None
     names = _hf_names(model, table["architecture"])
     linears = {name for name, module in model.named_modules() if type(module) is nn.Linear}
     head = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
+    embedding = next(name for name, module in model.named_modules() if module is model.get_input_embeddings())
     # packed, a tied model's vocabulary is read once, as the lm_head
     tied = {"token_embd.weight": head} if model.config.tie_word_embeddings and dtype is not None else {}
     for tensor in _tensors(gguf, table):
@@ -180,6 +181,9 @@ def _read(model: PreTrainedModel, gguf: Path, dtype: torch.dtype | None) -> None
             weight, scale = _linear_weight(tensor, dtype, reorder)
             bias: Any = model.get_submodule(module_name).bias  # on the meta device until its tensor is read
             model.set_submodule(module_name, native.PackedLinear.of(weight, bias, dtype, scale))
+        elif dtype in native.NARROW and module_name == embedding:  # as native.pack_linears packs it
+            weight, scale = _linear_weight(tensor, dtype, reorder)
+            model.set_submodule(module_name, native.PackedEmbedding(native.PackedLinear.of(weight, None, dtype, scale)))
         else:
             values = reorder(np.concatenate(list(_row_chunks(tensor))))
             _set_parameter(model, name, torch.from_numpy(np.ascontiguousarray(values)))

@@ -235,10 +235,11 @@ class PackedLinear(nn.Module):
 
 
 class PackedEmbedding(nn.Module):
-    """A tied model's input embedding read from its packed lm_head: token v's embedding is the packed
-    weight's column v (times its scale in int8), so the model keeps one copy of the vocabulary's
-    weights, in the packed dtype, rather than an fp32 one beside it. fp32: the embedding's own values;
-    bf16 and int8: the lm_head's rounded ones (that model's embedding)."""
+    """An input embedding read from a packed weight: token v's embedding is the packed weight's column v
+    (times its scale in int8). A tied model's reads its packed lm_head, so the model keeps one copy of
+    the vocabulary's weights, in the packed dtype, rather than an fp32 one beside it (fp32: the
+    embedding's own values; bf16, int8: the lm_head's rounded ones); an untied model packed in bf16 or
+    int8 packs its embedding alike (a quarter of the fp32 table in int8), its rows rounded the same way."""
 
     def __init__(self, head: PackedLinear):
         super().__init__()
@@ -322,6 +323,9 @@ def group_projections(model: nn.Module) -> int:
     return made
 
 
+NARROW = (torch.bfloat16, torch.int8)  # packed weights that round: an untied embedding is packed in them too
+
+
 def _embeddings(model: nn.Module) -> tuple[Any, Any]:
     """A transformers model's (input embedding, lm_head); None where model has none."""
     none = lambda: None  # noqa: E731
@@ -339,7 +343,8 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
     """Replace every fp32 CPU nn.Linear in model by a PackedLinear with weights in dtype, one at a
     time (so peak memory grows by one layer), and group the projections that share an input
     (group_projections); returns how many linear layers were replaced. A tied model's input
-    embedding then reads the packed lm_head (PackedEmbedding), and its fp32 weight is freed."""
+    embedding then reads the packed lm_head, an untied one packed in bf16 or int8 its own packed
+    table (PackedEmbedding), and the fp32 weight is freed."""
     library()  # build (or find) the kernel first: a missing compiler fails before anything changes
     already = {m.packed.dtype for m in model.modules() if type(m) is PackedLinear} - {dtype}
     if already:  # a model read from GGUF comes packed
@@ -351,8 +356,11 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
                 setattr(parent, name, PackedLinear(child, dtype))
                 replaced += 1
-    head = _embeddings(model)[1]
+    inputs, head = _embeddings(model)
     if tied and type(head) is PackedLinear:
         getattr(model, "set_input_embeddings")(PackedEmbedding(head))
+    elif type(inputs) is nn.Embedding and dtype in NARROW:
+        packed = PackedLinear.of(inputs.weight.detach(), None, dtype)
+        getattr(model, "set_input_embeddings")(PackedEmbedding(packed))
     group_projections(model)
     return replaced
