@@ -535,8 +535,8 @@ def test_concurrent_sessions_equal_verifier_greedy_smollm2():
     """A real Llama-family model: four chats at once through the batched verifier, each == generate()."""
     from drafter_service.model_drafter import ModelDrafter
     from specpipe.config.presets import model_specs
-    from specpipe.engine import packaged
     from specpipe.engine.models import load_tokenizer
+    from specpipe.models import packaged
     from tests.test_golden_smollm2 import CHATS
 
     packaged.prepare("smollm2-135m", progress=False)

@@ -249,7 +249,7 @@ def convert(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, progr
     # and save_pretrained refuses it ("quantized with gguf and is not serializable"); drop the quantizer
     # and its config so the saved folder is a plain fp32 model (docs/design.md, "Models"). transformers 5.x
     # always writes safetensors (safe_serialization is gone).
-    llm.hf_quantizer = None
+    llm.hf_quantizer = None  # type: ignore[assignment]  # nn.Module's __setattr__ stub takes tensors and modules
     del llm.config.quantization_config
     record = {
         "name": model.name, "requirements": list(model.requirements), "gguf_sha256": gguf_sha256,
