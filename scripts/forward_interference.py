@@ -26,10 +26,11 @@ from tqdm import tqdm
 from orchestrator.schedules import WARM_LAG
 from specpipe.config.presets import model_specs
 from specpipe.core.verification import tree_allowed, tree_position_ids
-from specpipe.engine import batched, native
+from specpipe.engine import batched
 from specpipe.engine.batched import Segment
 from specpipe.engine.kv import new_slot
 from specpipe.engine.models import load_model
+from specpipe.engine.native import toolchain
 from specpipe.engine.runner import Runner
 
 LOADS = ("idle", "decode", "catch-up")
@@ -42,7 +43,7 @@ def _model(spec, core: int):
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     model = load_model(spec, "cpu")
-    Runner(model, "packed" if native.unavailable() is None else "eager")  # packs the linears in place
+    Runner(model, "packed" if toolchain.unavailable() is None else "eager")  # packs the linears in place
     return model
 
 

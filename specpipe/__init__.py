@@ -1,10 +1,10 @@
 """specpipe: lossless speculative decoding as a distributed service: the shared layers.
 
 Lowest first (docs/design.md, "Layers"; import-linter checks the order, .importlinter):
-core < config < runtime < engine < v1 (generated stubs) < serving < the roles (orchestrator,
-drafter_service, verifier_service, cache_service, which never import each other) and devtools (local
-Redis launchers for development and tests) < app < bench, rayserve < cli. A layer imports only layers
-below it."""
+core < config < runtime < models (the packaged model files) < engine < v1 (generated stubs) < serving <
+the roles (orchestrator, drafter_service, verifier_service, cache_service, which never import each
+other) and devtools (local Redis launchers for development and tests) < app < bench, rayserve < cli. A
+layer imports only layers below it."""
 
 import os
 

@@ -197,3 +197,20 @@ def test_up_hands_admission_caps_and_http_bounds_to_its_orchestrator():
     assert (config.admission.max_sessions, config.admission.max_queue) == (3, 0)
     assert config.limits.max_new_tokens == 99
     assert (config.http.header_timeout_s, config.http.max_connections) == (2.5, 7)
+
+
+def test_up_gives_its_verifiers_room_for_every_orchestrators_sessions():
+    """Two orchestrators of 64 sessions each over one verifier of 64 refused the 65th session's prefill: the
+    verifiers `up` starts take every orchestrator's sessions, unless --verifier-flags caps them itself."""
+    from specpipe.cli.main import build_parser
+    from specpipe.cli.up_cmd import up_config
+    from specpipe.config.services import verifier_config
+
+    def served(*up_args: str) -> int:
+        up = build_parser().parse_args(["up", "--preset", "tiny", *up_args])
+        flags = up_config(vars(up), pathlib.Path(".")).verifier_flags
+        return verifier_config(vars(build_parser().parse_args(["serve", "verifier", *flags]))).max_sessions
+
+    assert served("--orchestrators", "2", "--max-sessions", "64") == 128
+    assert served("--max-sessions", "3") == 3
+    assert served("--orchestrators", "3", "--verifier-flags=--max-sessions=10 --gather-grace 0") == 10

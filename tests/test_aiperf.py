@@ -100,7 +100,7 @@ def run_aiperf(url: str, tokenizer: Path, out: Path) -> tuple[float, int, dict]:
 @pytest.mark.timeout(3600)
 def test_aiperf_agrees_with_the_harness(tmp_path):
     from specpipe.bench.loadruns import start_up
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     packaged.prepare("smollm2-135m", progress=False)
     # the prompts repeat: with finished answers learned, whichever tool ran second would be drafted from

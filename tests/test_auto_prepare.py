@@ -13,7 +13,7 @@ import pytest
 
 from specpipe.cli.main import build_parser, main
 from specpipe.cli.models_cmd import models_to_prepare, prepare_missing
-from specpipe.engine import packaged
+from specpipe.models import packaged
 
 QWEN = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]  # verifier, drafter
 

@@ -540,8 +540,8 @@ def test_concurrent_sessions_equal_verifier_greedy_smollm2(forward):
     of the same verifier (packed int8: the int8 model's)."""
     from drafter_service.model_drafter import ModelDrafter
     from specpipe.config.presets import model_specs
-    from specpipe.engine import packaged
     from specpipe.engine.models import load_tokenizer
+    from specpipe.models import packaged
     from tests.test_golden_smollm2 import CHATS
 
     packaged.prepare("smollm2-135m", progress=False)

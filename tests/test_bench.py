@@ -277,7 +277,7 @@ def test_time_parts_add_up_to_the_wall_time():
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
 def test_a_generation_reports_where_its_time_went(tiny_tokenizer, tiny_verifier, tiny_drafter, drafter):
     """Every round's parts are measured: they add up to the generation's wall time as its consumer
-    saw it, the prefill is the first round's, and the verify call holds the verifier's forward."""
+    saw it, the prefill is the first round's, and every round has its verifier's forward."""
     import time
 
     from cache_service.memory import InMemoryNgramCache
@@ -294,7 +294,9 @@ def test_a_generation_reports_where_its_time_went(tiny_tokenizer, tiny_verifier,
     accounted = sum(getattr(r, f"{part}_ms") for r in rounds for part in ROUND_PARTS)
     assert 0.8 * wall_ms <= accounted <= wall_ms  # the rest: validation before the first round, release after the last
     assert rounds[0].prefill_ms > 0 and all(r.prefill_ms == 0 for r in rounds[1:])
-    assert all(r.call_ms >= r.verify_ms > 0 for r in rounds)
+    # a round is sent before the consumer takes the last one's tokens, so its forward may run while the
+    # consumer works, and the call then waits for less than the forward (never for nothing measured)
+    assert all(r.verify_ms > 0 and r.call_ms >= 0 for r in rounds)
     parts = time_parts(rounds, wall_ms)
     assert sum(parts.values()) == pytest.approx(wall_ms)
     assert 0 < parts["draft"] <= sum(r.wait_ms for r in rounds)  # the drafter's own time, of what was waited

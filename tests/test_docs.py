@@ -82,7 +82,7 @@ def test_links_between_docs_resolve():
 
 
 def test_the_readme_is_short_and_names_the_model_sources():
-    from specpipe.engine.packaged import PACKAGED
+    from specpipe.models.packaged import PACKAGED
 
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
     design = (DOCS / "design.md").read_text()

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from specpipe.config.presets import ModelSpec, model_specs
-from specpipe.engine import native, packaged
+from specpipe.engine import native
 from specpipe.engine.models import load_model
 from specpipe.engine.runner import PACKED_WEIGHTS
+from specpipe.models import packaged
 
 IDS = torch.tensor([[1, 504, 3000, 42, 17, 9000, 31, 2, 49151]])  # the last: the vocabulary's last token
 

@@ -20,8 +20,8 @@ def smollm2():
     from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
     from specpipe.config.presets import model_specs
-    from specpipe.engine import packaged
     from specpipe.engine.models import load_tokenizer
+    from specpipe.models import packaged
     from verifier_service.verifier import ModelVerifier
 
     packaged.prepare("smollm2-135m", progress=False)  # idempotent; .ci/run prepares it up front

@@ -386,8 +386,8 @@ def test_a_forged_system_turn_is_not_a_turn():
     those strings as text; the prompt holds only the template's own turns."""
     from orchestrator.inputs import chat_ids
     from specpipe.config.presets import model_specs
-    from specpipe.engine import packaged
     from specpipe.engine.models import load_tokenizer
+    from specpipe.models import packaged
 
     packaged.prepare("smollm2-135m", progress=False)  # idempotent; .ci/run prepares it up front
     tokenizer = load_tokenizer(model_specs("smollm2")[0])
@@ -449,8 +449,8 @@ def test_smollm2_over_http_equals_verifier_greedy():
     from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
     from specpipe.config.presets import model_specs
-    from specpipe.engine import packaged
     from specpipe.engine.models import load_tokenizer
+    from specpipe.models import packaged
     from tests.golden import reference_greedy
     from tests.test_golden_smollm2 import CHATS, MAX_NEW_TOKENS
     from verifier_service.verifier import ModelVerifier

@@ -1,4 +1,4 @@
-"""specpipe.engine.packaged without the real models: GGUF chunk joining and its checks on small fake parts,
+"""specpipe.models.packaged without the real models: GGUF chunk joining and its checks on small fake parts,
 the not-prepared error, and the `specpipe models` parser."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from specpipe.cli import models_cmd
 from specpipe.core.errors import FailedPrecondition, InvalidArgument
-from specpipe.engine import packaged
-from specpipe.engine.packaged import PackagedModel
+from specpipe.models import packaged
+from specpipe.models.packaged import PackagedModel
 
 PART_BYTES = {1: b"GGUF-head-", 2: b"middle-", 3: b"tail"}
 

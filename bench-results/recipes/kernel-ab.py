@@ -23,6 +23,7 @@ from specpipe.config.presets import PRESETS, ModelSpec
 from specpipe.engine import native
 from specpipe.engine import runner as runners
 from specpipe.engine.models import load_model
+from specpipe.engine.native import toolchain
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--before", default="HEAD^", help="git revision of the first kernel")
@@ -41,7 +42,7 @@ def build(revision: str, directory: pathlib.Path) -> ctypes.CDLL:
     source.write_text(subprocess.run(["git", "show", f"{revision}:specpipe/engine/native/packed_gemm.c"],
                                      check=True, capture_output=True, text=True).stdout)
     target = source.with_suffix(".so")
-    subprocess.run(["cc", *native.FLAGS, "-fopenmp", str(source), "-o", str(target)], check=True)
+    subprocess.run(["cc", *toolchain.FLAGS, "-fopenmp", str(source), "-o", str(target)], check=True)
     native.build = lambda cc=None: target  # library() declares the kernels' argument types
     native.library.cache_clear()
     return native.library()

@@ -13,7 +13,7 @@ from arms import arm_parser, arm_prompts
 from transformers import AutoTokenizer
 
 from specpipe.core.ngram import context_lookup
-from specpipe.engine.packaged import model_dir
+from specpipe.models.packaged import model_dir
 
 parser = arm_parser(__doc__, limit=20)
 parser.add_argument("--tokenizer", default="qwen2.5-coder-1.5b", help="a packaged model's name")

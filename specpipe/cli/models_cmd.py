@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     preset = args.preset or environment().preset or _default_preset()
     if preset not in PRESETS:
@@ -63,7 +63,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     print(f"packaged models under {packaged.home()}:")
     rows = [("MODEL", "PRESET", "PREPARED", "SIZE", "PATH")]
@@ -119,9 +119,9 @@ def roles_to_load(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def models_to_prepare(args: argparse.Namespace) -> list[str]:
-    """Packaged model names (specpipe.engine.packaged) the command will load, prepared or not; a role given
+    """Packaged model names (specpipe.models.packaged) the command will load, prepared or not; a role given
     by a local folder or cached model id (--verifier / --draft-model) needs none."""
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     roles = roles_to_load(args)
     if not roles:
@@ -135,7 +135,7 @@ def models_to_prepare(args: argparse.Namespace) -> list[str]:
 def prepare_missing(args: argparse.Namespace) -> None:
     """Before a command runs: prepare each packaged model it will load that is not prepared yet, with
     progress on stderr, or with --no-prepare refuse, naming the command that prepares it."""
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     missing = [name for name in models_to_prepare(args) if not packaged.is_prepared(name)]
     if not missing:

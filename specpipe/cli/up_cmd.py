@@ -69,8 +69,17 @@ def up_config(values: dict[str, Any], log_dir: pathlib.Path) -> UpConfig:
         **given_settings(values, UpConfig), "model": model_config(values), "log_dir": log_dir,
         "http_port": None if values["http_port"] < 0 else values["http_port"],
         "speculation": options.speculation_flags(speculation(values)) + passed_on + orchestrator_flags(values),
-        "verifier_flags": tuple(shlex.split(values["verifier_flags"])), "tracing": tracing_config(values),
+        "verifier_flags": verifier_flags(values), "tracing": tracing_config(values),
     })
+
+
+def verifier_flags(values: dict[str, Any]) -> tuple[str, ...]:
+    """Every verifier replica's `serve verifier` flags: room for the sessions of all the orchestrators (one
+    replica takes them all when the others are gone), unless --verifier-flags sets --max-sessions itself."""
+    given = tuple(shlex.split(values["verifier_flags"]))
+    if any(flag.split("=")[0] == "--max-sessions" for flag in given):
+        return given
+    return ("--max-sessions", str(values["orchestrators"] * values["max_sessions"])) + given
 
 
 def orchestrator_flags(values: dict[str, Any]) -> tuple[str, ...]:

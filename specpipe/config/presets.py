@@ -1,6 +1,6 @@
 """Model presets: which verifier and drafter a name stands for (no torch here, so --help is fast).
 
-Model loading lives in specpipe.engine.models; the packaged real models in specpipe.engine.packaged.
+Model loading lives in specpipe.engine.models; the packaged real models in specpipe.models.packaged.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from specpipe.core.errors import InvalidArgument
 @dataclass(frozen=True)
 class Preset:
     name: str
-    verifier: str                  # packaged model name (specpipe.engine.packaged) or "tiny"
+    verifier: str                  # packaged model name (specpipe.models.packaged) or "tiny"
     drafter: str
     drafter_layers: int | None     # truncate the drafter to its first layers (self-speculation)
 

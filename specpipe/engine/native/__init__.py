@@ -1,122 +1,33 @@
 """Packed linear layers: the CPU side of `--compile on`.
 
 Every fp32 nn.Linear of a model is replaced by a PackedLinear whose weight is packed once into
-column panels and multiplied by packed_gemm.c, a small-M GEMM built for this CPU (cc -O3
--march=native) the first time it is needed and cached in the first writable of $SPECPIPE_KERNELS,
-$SPECPIPE_HOME/kernels and ~/.cache/specpipe/kernels (a models volume is often mounted read-only;
-the kernel's key includes the CPU, so it is built where it runs). Why: BLAS is
-slow exactly at the 1-32 rows that decoding and verification feed (packed_gemm.c says more), and
-torch.compile on CPU lowers fp32 linears to the same BLAS calls.
+column panels and multiplied by packed_gemm.c, a small-M GEMM built for this CPU the first time it is
+needed (specpipe.engine.native.toolchain). Why: BLAS is slow exactly at the 1-32 rows that decoding and
+verification feed (packed_gemm.c says more), and torch.compile on CPU lowers fp32 linears to the same
+BLAS calls.
 
-Weights are packed in fp32 (the verifier: its logits must be its own), in bf16 (half the bytes to
-stream per token, fp32 arithmetic) or, for a drafter, in int8 with a scale per output feature (a
-quarter of the bytes; round(w / scale), scale = max |w| of the feature's row / 127): a drafter's
-rounding changes which tokens it proposes, never which tokens are emitted.
+Weights are packed in fp32, in bf16 (half the bytes to stream per token, fp32 arithmetic) or in int8
+with a scale per output feature (a quarter of the bytes; round(w / scale), scale = max |w| of the
+feature's row / 127): a drafter's rounding changes which tokens it proposes, never which tokens are
+emitted; a verifier's (--verifier-weights) makes a model of its own, whose greedy decoding
+speculation reproduces.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
 
-from specpipe.config.env import environment
-from specpipe.core.errors import FailedPrecondition
 from specpipe.engine import cores
+from specpipe.engine.native.toolchain import build
 
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("packed_gemm.c")
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
-
-
-def _cpu_fingerprint() -> str:
-    """What -march=native compiles for: the CPU model and its feature flags."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine() + platform.processor()
-    keys = ("model name", "flags", "Features", "CPU part")
-    return platform.machine() + "".join(sorted({line for line in lines if line.split(":")[0].strip() in keys}))
-
-
-def _find_compiler() -> str | None:
-    cc = os.environ.get("CC")
-    return shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc")
-
-
-def has_compiler() -> bool:
-    """Whether a C compiler is there to build the kernel."""
-    return _find_compiler() is not None
-
-
-def kernel_dirs() -> list[Path]:
-    """Where the built kernel may be cached, first choice first."""
-    env = environment()
-    return [env.kernels] if env.kernels else [env.home / "kernels", Path.home() / ".cache" / "specpipe" / "kernels"]
-
-
-def _writable(directory: Path) -> bool:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(directory, os.W_OK | os.X_OK)
-
-
-def unavailable() -> str | None:
-    """None if the kernel can be built and cached here (what `--compile auto` asks); otherwise why not."""
-    if not has_compiler():
-        return "no C compiler (install gcc, or set CC)"
-    if not any(_writable(d) for d in kernel_dirs()):
-        return f"no writable directory for the kernel ({', '.join(map(str, kernel_dirs()))}; set SPECPIPE_KERNELS)"
-    return None
-
-
-def _compiler() -> str:
-    cc = _find_compiler()
-    if not cc:
-        raise FailedPrecondition("--compile on builds a small C kernel for this CPU and needs a C compiler: "
-                                 f"install gcc, or set CC (CC={os.environ.get('CC', '')!r})")
-    return cc
-
-
-def build(cc: str | None = None) -> Path:
-    """The kernel library for this CPU, compiled now unless a cached build exists."""
-    cc = cc or _compiler()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, *FLAGS, _cpu_fingerprint()]).encode())
-    name = f"packed_gemm-{key.hexdigest()[:16]}.so"
-    cached = next((d / name for d in kernel_dirs() if (d / name).exists()), None)
-    if cached is not None:
-        return cached
-    directory = next((d for d in kernel_dirs() if _writable(d)), None)
-    if directory is None:
-        raise FailedPrecondition(f"--compile on caches the packed GEMM kernel it builds, and no directory is "
-                                 f"writable ({', '.join(map(str, kernel_dirs()))}): set SPECPIPE_KERNELS to one")
-    target = directory / name
-    partial = target.with_suffix(f".{os.getpid()}.partial")
-    for openmp in (["-fopenmp"], []):  # threads over column panels where the compiler has OpenMP
-        proc = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
-        if proc.returncode == 0:
-            break
-    else:
-        raise FailedPrecondition(f"building the packed GEMM kernel failed ({cc}): {proc.stderr.strip()[-2000:]}")
-    os.replace(partial, target)  # atomic: a concurrent build of the same key writes the same bytes
-    log.info("built the packed GEMM kernel", extra={"path": str(target), "openmp": bool(openmp)})
-    return target
-
-
+Kernel = Callable[..., int]  # a ctypes kernel function: 0, or nonzero when out of memory
+BoundLinear = Callable[[torch.Tensor], torch.Tensor]
 WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "i8"}  # packed weight dtype -> kernel suffix
 
 
@@ -158,7 +69,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.contiguous()
 
 
-def _kernel(packed: torch.Tensor, scale: torch.Tensor | None):
+def _kernel(packed: torch.Tensor, scale: torch.Tensor | None) -> Kernel:
     """The kernel function for these packed weights (int8 ones with their scales)."""
     if (scale is None) != (packed.dtype != torch.int8):
         raise ValueError("int8 packed weights take their scales, and only they")
@@ -175,13 +86,13 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias
 
 
 def bound_linear(packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
-                 scale: torch.Tensor | None = None):
+                 scale: torch.Tensor | None = None) -> BoundLinear:
     """packed_linear over one weight as a function of x (float32, on the CPU), its kernel looked up
     once: what a forward that calls a layer every token binds once (specpipe.engine.batched)."""
     return functools.partial(_run, _kernel(packed, scale), packed, out_features, bias, scale)
 
 
-def _run(kernel, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, scale: torch.Tensor | None,
+def _run(kernel: Kernel, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, scale: torch.Tensor | None,
          x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     m, k = x.shape
@@ -197,7 +108,13 @@ def _run(kernel, packed: torch.Tensor, out_features: int, bias: torch.Tensor | N
 class PackedLinear(nn.Module):
     """An inference-only nn.Linear over a packed weight (the original weight is not kept)."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
+    in_features: int
+    out_features: int
+    packed: torch.Tensor  # buffers, typed here (nn.Module's attribute lookup is untyped)
+    bias: torch.Tensor | None
+    scale: torch.Tensor | None
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         with torch.no_grad():
             self._pack(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(), dtype, None)
@@ -225,7 +142,7 @@ class PackedLinear(nn.Module):
         y = packed_linear(x.reshape(-1, self.in_features), self.packed, self.out_features, self.bias, self.scale)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def bound(self):
+    def bound(self) -> BoundLinear:
         """This layer as bound_linear: x [M, in_features] -> [M, out_features]."""
         return bound_linear(self.packed, self.out_features, self.bias, self.scale)
 
@@ -241,7 +158,12 @@ class PackedEmbedding(nn.Module):
     embedding's own values; bf16, int8: the lm_head's rounded ones); an untied model packed in bf16 or
     int8 packs its embedding alike (a quarter of the fp32 table in int8), its rows rounded the same way."""
 
-    def __init__(self, head: PackedLinear):
+    num_embeddings: int
+    embedding_dim: int
+    packed: torch.Tensor  # buffers, typed here (nn.Module's attribute lookup is untyped)
+    scale: torch.Tensor | None
+
+    def __init__(self, head: PackedLinear) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
         self.register_buffer("packed", head.packed)  # the head's tensor, not a copy
@@ -262,7 +184,7 @@ class PackedGroup:
     still runs them one by one, on the same memory. Every output column is the same FMA chain as
     in its own layer: the group's outputs are the layers' bits."""
 
-    def __init__(self, linears: Sequence[PackedLinear]):
+    def __init__(self, linears: Sequence[PackedLinear]) -> None:
         self.out_features = [linear.out_features for linear in linears]
         padded = [linear.packed.shape[0] * linear.packed.shape[2] for linear in linears]  # panels pad to P
         self.starts = [sum(padded[:i]) for i in range(len(linears))]  # each layer's first output column
@@ -290,16 +212,17 @@ class PackedGroup:
         """Each layer's (first column, out_features) in the group's output."""
         return tuple(zip(self.starts, self.out_features))
 
-    def bound(self):
+    def bound(self) -> BoundLinear:
         """The group as bound_linear: x [M, K] -> [M, width], the layers' outputs side by side."""
         return bound_linear(self.packed, self.width, self.bias, self.scale)
 
 
-def groupable(linears: Sequence[nn.Module]) -> bool:
+def groupable(linears: Sequence[object]) -> TypeGuard[Sequence[PackedLinear]]:
     """Whether linears can run as one PackedGroup: packed, one input size and weight dtype, and all
     with a bias or none."""
-    return (all(type(linear) is PackedLinear for linear in linears)
-            and len({(linear.in_features, linear.packed.dtype, linear.bias is None) for linear in linears}) == 1)
+    packed = [linear for linear in linears if type(linear) is PackedLinear]
+    return (len(packed) == len(linears)
+            and len({(linear.in_features, linear.packed.dtype, linear.bias is None) for linear in packed}) == 1)
 
 
 GROUPS = {

