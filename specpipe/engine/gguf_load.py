@@ -5,10 +5,11 @@ copy is written to disk.
 Each GGUF tensor is dequantized (gguf.dequantize, in chunks of rows) to the fp32 values that
 transformers' own GGUF loading gives, then packed in the weights asked for: fp32 as they are, bf16
 rounded, int8 requantized per output feature (native.quantize_int8, row by row, so chunking changes
-nothing). Norms and biases stay fp32. A tied model's input embedding reads the packed lm_head
-(native.PackedEmbedding). Tensor names come from gguf's own name map and the Llama q/k row order
-from transformers' tensor processor, so the model is the one `from_pretrained` builds from the same
-file (tests/test_gguf_load.py: the same logits, bit for bit).
+nothing). Norms and biases stay fp32. A tied model's input embedding reads the packed lm_head, an
+untied one in bf16 or int8 its own packed table (native.PackedEmbedding, as native.pack_linears
+does). Tensor names come from gguf's own name map and the Llama q/k row order from transformers'
+tensor processor, so the model is the one `from_pretrained` builds from the same file
+(tests/test_gguf_load.py: the same logits, bit for bit).
 
 Parsing a GGUF's metadata (the vocabulary, the merges) takes gguf's reader seconds to tens of seconds,
 so the file is parsed once, when it is prepared: specpipe.models.packaged.tensor_table() records where
