@@ -115,3 +115,32 @@ def test_the_sessions_of_a_stream_that_ends_mid_round_are_freed():
                 assert "in flight" in str(err) and time.monotonic() < deadline
                 time.sleep(0.05)
         other.close()
+
+
+def test_a_released_sessions_kv_slot_is_freed_without_the_garbage_collector():
+    """Nothing the stream of rounds leaves behind holds a finished round's session: with the cyclic
+    garbage collector off, a released session's KV slot is freed as soon as the last reference goes
+    (a cycle through a round would keep every slot until the collector's next full pass: the
+    verifier's memory grew for minutes under steady load)."""
+    import gc
+    import weakref
+
+    with verifier_server() as (verifier, handle):
+        client = VerifierClient(handle.address, timeout_s=30.0)
+        gc.collect()
+        gc.disable()
+        try:
+            client.prefill("s", PROMPTS[0])
+            slot = weakref.ref(verifier._sessions["s"].cache)
+            context = len(PROMPTS[0])
+            for draft in (Draft((5, 6, 7), (-1, 0, 1)), Draft((5, 9, 6), (-1, -1, 0)), Draft()):
+                context = client.verify("s", context, draft, GREEDY).context_len
+            assert client._mux is not None  # the rounds went over the stream
+            client.release("s")
+            deadline = time.monotonic() + 5.0
+            while slot() is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert slot() is None
+        finally:
+            gc.enable()
+            client.close()

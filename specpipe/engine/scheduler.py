@@ -123,13 +123,16 @@ class Work:
         self.fed = 0
 
     def complete(self, error: BaseException | None = None) -> None:
-        """Done (with error, failed): wake its waiter and tell on_done."""
+        """Done (with error, failed): wake its waiter and tell on_done, once. The callback is dropped
+        first: it holds the round it tells of (which holds this work), and a cycle through a session's KV
+        slot would keep the slot until the garbage collector's next full pass."""
         if error is not None:
             self.error = error
         self.done.set()
-        if self.on_done is not None:
+        on_done, self.on_done = self.on_done, None
+        if on_done is not None:
             try:
-                self.on_done(self)
+                on_done(self)
             except Exception:  # the caller's hand-off: it must not take the scheduler down
                 log.exception("a work's on_done failed")
 

@@ -186,26 +186,29 @@ def serve_rounds(verifier: RoundVerifier, batches: Iterator[verifier_pb2.VerifyB
     ended = False
     try:
         while not (ended and outstanding.value == 0):
-            items = [_next(done)]
-            while True:  # the rounds of one forward finish together: one reply for them
-                try:
-                    items.append(done.get_nowait())
-                except queue.Empty:
-                    break
+            items = _finished(done)
             if _STOP in items:
                 return
-            replies = []
+            ended = ended or _END in items
             with cpu.hop("verifier", "stream"):
-                for item in items:
-                    if item is _END:
-                        ended = True
-                    else:
-                        replies.append(_reply(verifier, item[0], item[1], outstanding))
+                replies = [_reply(verifier, item[0], item[1], outstanding) for item in items if item is not _END]
+            del items  # the finished rounds (their sessions' KV slots) are not held while the next is awaited
             if replies:
                 yield verifier_pb2.VerifyBatchReply(replies=replies)
     finally:
         if not (ended and outstanding.value == 0):  # the caller left: free the sessions of rounds still running
             threading.Thread(target=_drain, args=(verifier, done, outstanding, ended), daemon=True).start()
+
+
+def _finished(done: queue.SimpleQueue[Any]) -> list[Any]:
+    """The next finished round (or end, or _STOP) and those that finished with it: the rounds of one
+    forward finish together, and leave in one reply."""
+    items = [_next(done)]
+    while True:
+        try:
+            items.append(done.get_nowait())
+        except queue.Empty:
+            return items
 
 
 def _next(done: queue.SimpleQueue[Any]) -> Any:
