@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> None:
     from specpipe.app import startup
     from specpipe.config import services as configs
     from specpipe.runtime import logs, tracing
+    from specpipe.runtime.lifecycle import freeze_startup_heap
 
     config = getattr(configs, CONFIGS[args.role])(vars(args))
     if args.role == "orchestrator":
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> None:
 
         app = services.openai_app(parts, token, config, lambda: handle.draining)
         http = HttpServer(app, server.host, server.http_port, configs.tls_files(vars(args)), config.http)
+    freeze_startup_heap()
     metrics = handle.metrics_port if handle.metrics_port is not None else "off"
     print(READY_LINE.format(role=args.role, address=handle.address, metrics=metrics)
           + (f" and {http.url}" if http else ""), flush=True)

@@ -22,6 +22,7 @@ from specpipe.config.services import DrafterConfig, OrchestratorConfig, Verifier
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult, SamplingParams, VerifyResult
 from specpipe.rayserve.handles import HandleDrafter, HandleVerifier, serve_replicas
 from specpipe.runtime import metrics, tracing
+from specpipe.runtime.lifecycle import freeze_startup_heap
 from specpipe.serving.streams import ThreadStream
 
 
@@ -55,6 +56,7 @@ class VerifierDeployment:
         set_threads(config.model.threads)
         tracing.configure(config.tracing, "verifier")
         self._verifier = load_verifier(config)
+        freeze_startup_heap()
 
     def info(self) -> ModelInfo:
         return self._verifier.info()
@@ -86,6 +88,7 @@ class DrafterDeployment:
         set_threads(config.model.threads)
         tracing.configure(config.tracing, "drafter")
         self._methods = DraftMethods(drafter_methods(config))
+        freeze_startup_heap()
 
     def info(self) -> ModelInfo:
         return self._methods.info()
@@ -157,6 +160,7 @@ class OrchestratorDeployment:
         self._servicer = GenerationServicer(generator, admission)
         self._app = create_app(RequestPath(generator, admission), ApiConfig(
             generator.info.model_name, None, config.limits.max_request_bytes, config.http.request_timeout_s))
+        freeze_startup_heap()
 
     def __serve_build_asgi_app__(self) -> Any:
         """Serve's HTTP proxy: the OpenAI-compatible API (docs/http-api.md)."""

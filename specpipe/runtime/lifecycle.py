@@ -1,5 +1,6 @@
 """Session lifecycle: the client's deadline carried to every internal call, idle sessions swept, a
-fresh random seed for a request that gives none (docs/security.md).
+fresh random seed for a request that gives none (docs/security.md); a service's start-up heap kept
+out of the garbage collector's full passes.
 
 The deadline lives in a context variable: the Generation servicer sets it from its call's remaining
 time, the gRPC clients read it (every verifier, drafter and cache call of that generation gets the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import gc
 import logging
 import secrets
 import threading
@@ -184,3 +186,14 @@ class Sweeper:
 def sweep_period(ttl_s: float) -> float:
     """A session lives at most ttl_s + one period: a quarter of the TTL, within [0.05 s, 30 s]."""
     return min(30.0, max(0.05, ttl_s / 4))
+
+
+def freeze_startup_heap() -> int:
+    """Move what is alive once a service has started (its model, torch's and transformers' modules:
+    some 400,000 objects) to the collector's permanent generation, as vLLM and SGLang do after their
+    warm-up. A full collection then walks only what serving made since: over the start-up heap it
+    held the GIL for 0.1-0.25 s on a CPU, every stream of the process waiting, to find nothing there.
+    Returns how many objects are frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
