@@ -192,7 +192,7 @@ def freeze_startup_heap() -> int:
     """Move what is alive once a service has started (its model, torch's and transformers' modules:
     some 400,000 objects) to the collector's permanent generation, as vLLM and SGLang do after their
     warm-up. A full collection then walks only what serving made since: over the start-up heap it
-    held the GIL for 0.1-0.25 s on a CPU, every stream of the process waiting, to find nothing there.
+    held the GIL for about 0.25 s on a CPU, every stream of the process waiting, to find nothing there.
     Returns how many objects are frozen."""
     gc.collect()
     gc.freeze()
