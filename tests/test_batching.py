@@ -238,10 +238,10 @@ def test_a_linear_layer_computes_a_row_the_same_among_any_number_of_rows_from_mi
                 in_features, out_features)
 
 
-@pytest.mark.parametrize("mode", ["eager", "packed", "packed bf16", "packed int8"])
+@pytest.mark.parametrize("mode", ["eager", "packed", "packed bf16", "packed int8", "packed w8a8"])
 def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
     """A session's logits alone == among batch mates, bit for bit, and == transformers' forward of the
-    same model (packed: with its weights packed in fp32, bf16 or int8, each a model of its own)."""
+    same model (packed: with its weights packed in fp32, bf16, int8 or W8A8, each a model of its own)."""
     model = tiny_model()
     if mode != "eager":
         from specpipe.engine import native

@@ -1,6 +1,6 @@
 """Packaged models read straight from their GGUF (specpipe.engine.gguf_load): the prepared folder keeps
 the GGUF as the wheels ship it, with nothing dequantized on disk, and the model read from it is the one
-transformers builds from the same file, bit for bit: eager, and packed in fp32, bf16 and int8 as it
+transformers builds from the same file, bit for bit: eager, and packed in fp32, bf16, int8 and W8A8 as it
 is read (against transformers' model packed afterwards), the preset's drafter (the first layers) too."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_read_eager_it_is_transformers_model(home, reference, monkeypatch):
     assert model.generation_config.eos_token_id == stamp["eos_token_ids"]
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
 def test_packed_as_it_is_read_it_is_transformers_model_packed(home, reference, weights, monkeypatch):
     """No nn.Linear is ever made: every layer is packed from the GGUF's rows, the tied embedding reads
     the packed lm_head; the logits are those of transformers' model packed the same way afterwards."""

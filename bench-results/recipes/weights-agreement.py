@@ -15,10 +15,11 @@ from orchestrator.inputs import chat_ids
 from specpipe.bench.prompts import load_suite
 from specpipe.config.presets import model_specs
 from specpipe.engine.models import load_model, load_tokenizer
+from specpipe.engine.runner import PACKED_WEIGHTS
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--preset", default="qwen-coder")
-parser.add_argument("--weights", default="int8", choices=("bf16", "int8"))
+parser.add_argument("--weights", default="int8", choices=[w for w in PACKED_WEIGHTS if w != "fp32"])
 parser.add_argument("--suites", default="humaneval,mtbench,gsm8k")
 parser.add_argument("--limit", type=int, default=6, help="prompts per suite")
 parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -34,8 +34,8 @@ from specpipe.core.types import (
 
 DTYPES = ("auto", "float32", "bfloat16")
 COMPILE = ("auto", "off", "on")
-DRAFT_WEIGHTS = ("auto", "fp32", "bf16", "int8")
-VERIFIER_WEIGHTS = ("fp32", "bf16", "int8")
+DRAFT_WEIGHTS = ("auto", "fp32", "bf16", "int8", "w8a8")
+VERIFIER_WEIGHTS = ("fp32", "bf16", "int8")  # not w8a8: rounding activations turns attention's last bits into tokens
 ON_OFF = ("on", "off")  # the choices of a bool setting's flag
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_SPECULATION = SpeculationOptions()  # the product's defaults (specpipe.core.types)
@@ -108,7 +108,8 @@ class ModelConfig:
         "compiler); off: eager", choices=COMPILE)
     draft_weights: str = setting(
         "auto", "the weights of the drafter's packed linear layers (CPU kernel only): bf16 streams half the bytes "
-        "per token, int8 (a scale per output feature) a quarter, with fp32 arithmetic; they change what the "
+        "per token, int8 (a scale per output feature) a quarter, with fp32 arithmetic; w8a8: int8 weights times "
+        "int8 activations (a scale per 64 features of a token) in integer dot products; they change what the "
         "drafter proposes, never what is emitted (the verifier's weights are --verifier-weights). auto: int8 when "
         "the CPU kernel runs, else fp32", choices=DRAFT_WEIGHTS)
     verifier_weights: str = setting(

@@ -63,10 +63,11 @@ def _row_chunks(tensor: Tensor) -> Iterator[np.ndarray]:
 
 
 def _linear_weight(tensor: Tensor, dtype: torch.dtype, reorder: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A linear layer's weight [N, K] from its GGUF tensor: (int8 and its scales [N], or fp32 and None).
+    """A linear layer's weight [N, K] from its GGUF tensor: (int8 and its scales [N] for the int8 and W8A8
+    packings, or fp32 and None).
     reorder: the tensor processor's row permutation (Llama's q and k), applied after the per-row
     quantization, which it commutes with."""
-    if dtype != torch.int8:
+    if dtype not in native.QUANTIZED:
         weight = np.concatenate(list(_row_chunks(tensor)))
         return torch.from_numpy(np.ascontiguousarray(reorder(weight))), None
     quantized, scales = zip(*(native.quantize_int8(torch.from_numpy(chunk)) for chunk in _row_chunks(tensor)))

@@ -218,7 +218,7 @@ def static_inputs(past_len: int, n: int, tree_parents: Sequence[int] | None, siz
 
 
 MODES = ("eager", "packed", "graphs")
-PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8, "w8a8": torch.uint8}
 
 
 def packed_on_load(mode: str, weights: str = "fp32") -> str | None:

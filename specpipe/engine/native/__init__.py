@@ -8,9 +8,10 @@ BLAS calls.
 
 Weights are packed in fp32, in bf16 (half the bytes to stream per token, fp32 arithmetic) or in int8
 with a scale per output feature (a quarter of the bytes; round(w / scale), scale = max |w| of the
-feature's row / 127): a drafter's rounding changes which tokens it proposes, never which tokens are
-emitted; a verifier's (--verifier-weights) makes a model of its own, whose greedy decoding
-speculation reproduces.
+feature's row / 127), multiplied in fp32 ("int8") or, with the activations quantized to int8 too,
+in integer dot products ("w8a8": uint8-packed, packed_gemm.c says how): a drafter's rounding changes
+which tokens it proposes, never which tokens are emitted; a verifier's (--verifier-weights) makes a
+model of its own, whose greedy decoding speculation reproduces.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ from specpipe.engine.native.toolchain import build
 
 Kernel = Callable[..., int]  # a ctypes kernel function: 0, or nonzero when out of memory
 BoundLinear = Callable[[torch.Tensor], torch.Tensor]
-WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "i8"}  # packed weight dtype -> kernel suffix
+# packed weight dtype -> kernel suffix; uint8: int8 weights for the W8A8 kernel (integer dot products)
+WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "i8", torch.uint8: "q8"}
+QUANTIZED = (torch.int8, torch.uint8)  # packed from quantize_int8's weights, with their scales
 
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
     lib.specpipe_panel_width.restype = ctypes.c_int
+    lib.specpipe_q8_block.restype = ctypes.c_int
     for suffix in WEIGHT_DTYPES.values():
         kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
         kernel.restype = ctypes.c_int
@@ -47,17 +51,45 @@ def panel_width() -> int:
     return library().specpipe_panel_width()
 
 
+@functools.lru_cache(maxsize=None)
+def q8_block() -> int:
+    """Input features per activation scale of the W8A8 kernel (its K is padded to a multiple)."""
+    return library().specpipe_q8_block()
+
+
+def padded_inputs(k: int, dtype: torch.dtype) -> int:
+    """K as a packed weight of dtype holds it: rounded up to q8_block() for W8A8, else k."""
+    block = q8_block() if dtype == torch.uint8 else 1
+    return -(-k // block) * block
+
+
 def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[N, K] -> [ceil(N / P), K, P] in dtype (float32, bfloat16, or int8 for weights quantize_int8
-    gave): column panels of P output features, zero-padded."""
+    gave): column panels of P output features, zero-padded. uint8 (W8A8, from quantize_int8's int8
+    weights): w + 128, four input features a column together, K padded to q8_block():
+    [ceil(N / P), Kp / 4, P, 4]."""
     if dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"packed weights are float32, bfloat16 or int8, not {dtype}")
+        raise ValueError(f"packed weights are float32, bfloat16, int8 or uint8 (W8A8), not {dtype}")
     n, k = weight.shape
-    p = panel_width()
+    p, kp = panel_width(), padded_inputs(k, dtype)
     panels = (n + p - 1) // p
+    if dtype == torch.uint8:
+        padded = torch.full((panels * p, kp), 128, dtype=torch.uint8)
+        padded[:n, :k] = (weight.to(torch.int16) + 128).to(torch.uint8)
+        return padded.view(panels, p, kp // 4, 4).transpose(1, 2).contiguous()
     padded = torch.zeros(panels * p, k, dtype=dtype)
     padded[:n] = weight
     return padded.view(panels, p, k).transpose(1, 2).contiguous()
+
+
+def unpack_columns(packed: torch.Tensor, columns: torch.Tensor, k: int) -> torch.Tensor:
+    """The packed weight's output columns (features) [len(columns), k] as stored: float, or int8 before
+    its scale (pack_weight's inverse, for the embeddings read from a packed table)."""
+    p = packed.shape[2]
+    if packed.dtype == torch.uint8:
+        rows = packed[columns // p, :, columns % p].reshape(len(columns), -1)[:, :k]
+        return (rows.to(torch.int16) - 128).to(torch.int8)
+    return packed[columns // p, :, columns % p]
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +103,8 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _kernel(packed: torch.Tensor, scale: torch.Tensor | None) -> Kernel:
     """The kernel function for these packed weights (int8 ones with their scales)."""
-    if (scale is None) != (packed.dtype != torch.int8):
-        raise ValueError("int8 packed weights take their scales, and only they")
+    if (scale is None) != (packed.dtype not in QUANTIZED):
+        raise ValueError("int8 (and W8A8) packed weights take their scales, and only they")
     return getattr(library(), f"specpipe_packed_linear_{WEIGHT_DTYPES[packed.dtype]}")
 
 
@@ -96,8 +128,9 @@ def _run(kernel: Kernel, packed: torch.Tensor, out_features: int, bias: torch.Te
          x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     m, k = x.shape
-    if k != packed.shape[1]:
-        raise ValueError(f"input has {k} features, the layer takes {packed.shape[1]}")
+    held = packed.shape[1] * (4 if packed.dtype == torch.uint8 else 1)
+    if padded_inputs(k, packed.dtype) != held:
+        raise ValueError(f"input has {k} features, the layer takes {held}")
     y = torch.empty(m, out_features, dtype=torch.float32)
     if kernel(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if scale is None else scale.data_ptr(),
               None if bias is None else bias.data_ptr(), y.data_ptr(), cores.threads()):
@@ -132,7 +165,7 @@ class PackedLinear(nn.Module):
     def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
               scale: torch.Tensor | None) -> None:
         self.out_features, self.in_features = weight.shape
-        if dtype == torch.int8 and scale is None:
+        if dtype in QUANTIZED and scale is None:
             weight, scale = quantize_int8(weight)
         self.register_buffer("packed", pack_weight(weight, dtype))
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
@@ -170,8 +203,8 @@ class PackedEmbedding(nn.Module):
         self.register_buffer("scale", head.scale)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat, p = ids.reshape(-1), self.packed.shape[2]
-        rows = self.packed[flat // p, :, flat % p].float()  # [tokens, embedding_dim]
+        flat = ids.reshape(-1)
+        rows = unpack_columns(self.packed, flat, self.embedding_dim).float()  # [tokens, embedding_dim]
         if self.scale is not None:
             rows = rows * self.scale[flat, None]
         return rows.view(*ids.shape, self.embedding_dim)
@@ -246,7 +279,8 @@ def group_projections(model: nn.Module) -> int:
     return made
 
 
-NARROW = (torch.bfloat16, torch.int8)  # packed weights that round: an untied embedding is packed in them too
+# packed weights that round: an untied embedding is packed in them too
+NARROW = (torch.bfloat16, torch.int8, torch.uint8)
 
 
 def _embeddings(model: nn.Module) -> tuple[Any, Any]:

@@ -17,6 +17,12 @@
  * row block or thread computes it: a token's logits do not depend on how many tokens share its
  * forward (batch invariance), so verifying k tokens at once gives each the bits of feeding it alone.
  *
+ * W8A8 (specpipe_packed_linear_q8): int8 weights and int8 activations, multiplied with integer dot
+ * products (AVX-512 VNNI where the CPU has it), as llama.cpp multiplies its quantized blocks. Each
+ * row of x is quantized per block of QB input features (a scale each, its largest |x| at 127); a
+ * block's dot product is an exact int32 sum, so it is the same whatever the order or vector width,
+ * and the blocks' scaled sums join one FMA chain per output in block order: batch-invariant too.
+ *
  * Built by specpipe.engine.native with the host compiler and -march=native; GNU C vector extensions pick
  * the host's vector width (AVX-512: 16 floats, AVX2: 8, NEON and SSE: 4).
  */
@@ -174,6 +180,147 @@ ROW_BLOCKS(i8, signed char, 1)
     }
 
 int specpipe_panel_width(void) { return P; }
+
+/* --- W8A8 ------------------------------------------------------------------------------------------
+ * Weights: int8 w with a scale per output column, stored as unsigned w + 128 (VNNI multiplies unsigned
+ * by signed bytes) in panels of P columns, 4 consecutive input features a column together:
+ * [ceil(N/P)][Kp/4][P][4], Kp = K rounded up to QB (padding: w = 0). Activations: a row's block b of
+ * QB features as signed bytes xq with scale xs; sum_k xq * (w + 128) - 128 * sum_k xq = sum_k xq * w.
+ */
+#define QB 64     /* input features per activation scale */
+#define QKC 2048  /* input features per chunk of a panel that several row blocks share (in L2) */
+#define QMR 6     /* rows a block: QMR x NV int32 sums, NV weight vectors and a broadcast in registers (8 rows
+                   * spilled the sums to the stack: twice the time) */
+
+int specpipe_q8_block(void) { return QB; }
+
+/* x [M][K] -> xq [M][Kp] (zero-padded), xs [M][Kp/QB] scales, xsum [M][Kp/QB] sums of xq. */
+static void quantize_rows(const float *x, size_t M, size_t K, size_t Kp, signed char *xq, float *xs, int *xsum) {
+    size_t nb = Kp / QB;
+    for (size_t r = 0; r < M; r++)
+        for (size_t b = 0; b < nb; b++) {
+            const float *xr = x + r * K;
+            size_t k0 = b * QB, k1 = K < k0 + QB ? K : k0 + QB;
+            float amax = 0.0f;
+            for (size_t k = k0; k < k1; k++) amax = amax > __builtin_fabsf(xr[k]) ? amax : __builtin_fabsf(xr[k]);
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (size_t k = k0; k < k0 + QB; k++) {
+                int q = k < k1 ? (int)__builtin_nearbyintf(xr[k] * inv) : 0;
+                q = q > 127 ? 127 : q < -127 ? -127 : q;
+                xq[r * Kp + k] = (signed char)q;
+                sum += q;
+            }
+            xs[r * nb + b] = amax / 127.0f;
+            xsum[r * nb + b] = sum;
+        }
+}
+
+/* Blocks b0..b1-1 of R rows over one panel (w: the panel at block b0): buf[r][c] += the block's exact
+ * integer dot * xs, block by block. */
+#if defined(__AVX512VNNI__) && VL == 16
+#define Q8_ROW_BLOCK(R)                                                                                    \
+    static void row_block_q8_##R(const signed char *xq, size_t Kp, size_t b0, size_t b1,                   \
+                                 const unsigned char *w, float *buf, const float *xs, const int *xsum,     \
+                                 size_t nb) {                                                              \
+        for (size_t b = b0; b < b1; b++) {                                                                 \
+            __m512i acc[R][NV];                                                                            \
+            for (int r = 0; r < R; r++)                                                                    \
+                for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_si512();                           \
+            const unsigned char *wb = w + (b - b0) * QB * P;                                               \
+            for (size_t q = 0; q < QB / 4; q++) {                                                          \
+                const unsigned char *wq = wb + q * P * 4;                                                  \
+                for (size_t o = 0; o < P * 4; o += 64) __builtin_prefetch(wq + 16 * P * 4 + o);            \
+                __m512i wv[NV];                                                                            \
+                for (int v = 0; v < NV; v++) wv[v] = _mm512_loadu_si512((const void *)(wq + v * 64));      \
+                for (int r = 0; r < R; r++) {                                                              \
+                    int x4;                                                                                \
+                    memcpy(&x4, xq + r * Kp + b * QB + q * 4, 4);                                          \
+                    __m512i xb = _mm512_set1_epi32(x4);                                                    \
+                    for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], wv[v], xb);    \
+                }                                                                                          \
+            }                                                                                              \
+            for (int r = 0; r < R; r++) {                                                                  \
+                __m512i corr = _mm512_set1_epi32(128 * xsum[r * nb + b]);                                  \
+                __m512 scale = _mm512_set1_ps(xs[r * nb + b]);                                             \
+                for (int v = 0; v < NV; v++) {                                                             \
+                    float *f = buf + r * P + v * VL;                                                       \
+                    __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], corr));                    \
+                    _mm512_store_ps(f, _mm512_fmadd_ps(dot, scale, _mm512_load_ps(f)));                    \
+                }                                                                                          \
+            }                                                                                              \
+            __asm__ volatile("" ::: "memory"); /* buf stays in memory: the registers are the int sums' */  \
+        }                                                                                                  \
+    }
+#else /* plain integer arithmetic: the same exact sums, the same FMA chain */
+#define Q8_ROW_BLOCK(R)                                                                                    \
+    static void row_block_q8_##R(const signed char *xq, size_t Kp, size_t b0, size_t b1,                   \
+                                 const unsigned char *w, float *buf, const float *xs, const int *xsum,     \
+                                 size_t nb) {                                                              \
+        for (size_t b = b0; b < b1; b++) {                                                                 \
+            const unsigned char *wb = w + (b - b0) * QB * P;                                               \
+            for (int r = 0; r < R; r++) {                                                                  \
+                const signed char *xb = xq + r * Kp + b * QB;                                              \
+                for (int c = 0; c < P; c++) {                                                              \
+                    int dot = 0;                                                                           \
+                    for (size_t q = 0; q < QB / 4; q++)                                                    \
+                        for (int i = 0; i < 4; i++) dot += (int)wb[(q * P + c) * 4 + i] * xb[q * 4 + i];   \
+                    dot -= 128 * xsum[r * nb + b];                                                         \
+                    buf[r * P + c] = __builtin_fmaf((float)dot, xs[r * nb + b], buf[r * P + c]);           \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+#endif
+Q8_ROW_BLOCK(1) Q8_ROW_BLOCK(2) Q8_ROW_BLOCK(3) Q8_ROW_BLOCK(4) Q8_ROW_BLOCK(5) Q8_ROW_BLOCK(6)
+static void (*const row_block_q8[QMR + 1])(const signed char *, size_t, size_t, size_t, const unsigned char *,
+                                           float *, const float *, const int *, size_t) = {
+    NULL, row_block_q8_1, row_block_q8_2, row_block_q8_3, row_block_q8_4, row_block_q8_5, row_block_q8_6};
+
+/* x [M][K] float, w packed as above, s [N] the weights' scales, b [N] or NULL: y = s * (xq . w) + b. */
+int specpipe_packed_linear_q8(const float *x, size_t M, size_t K, const unsigned char *w, size_t N, const float *s,
+                              const float *b, float *y, int threads) {
+    size_t Kp = (K + QB - 1) / QB * QB, nb = Kp / QB;
+    size_t chunk = M <= QMR ? nb : QKC / QB; /* blocks a row block runs before the next takes them */
+    long panels = (long)((N + P - 1) / P);
+    size_t bytes = (M * P * sizeof(float) + 63) / 64 * 64;
+    signed char *xq = malloc(M * Kp + 1);
+    float *xs = malloc(M * nb * sizeof(float) + 1);
+    int *xsum = malloc(M * nb * sizeof(int) + 1);
+    int failed = !(xq && xs && xsum);
+    if (!failed) quantize_rows(x, M, K, Kp, xq, xs, xsum);
+    _Pragma("omp parallel num_threads(threads) if (threads > 1)") {
+        float *buf = failed ? NULL : aligned_alloc(64, bytes);
+        if (!buf) {
+            _Pragma("omp atomic write") failed = 1;
+        }
+        _Pragma("omp for schedule(static)")
+        for (long j = 0; j < panels; j++) {
+            if (!buf) continue;
+            const unsigned char *panel = w + (size_t)j * Kp * P;
+            size_t col = (size_t)j * P, ncols = N - col < P ? N - col : P;
+            memset(buf, 0, bytes);
+            for (size_t b0 = 0; b0 < nb; b0 += chunk) {
+                size_t b1 = nb - b0 < chunk ? nb : b0 + chunk;
+                for (size_t m = 0; m < M; m += QMR) {
+                    size_t rows = M - m < QMR ? M - m : QMR;
+                    row_block_q8[rows](xq + m * Kp, Kp, b0, b1, panel + b0 * QB * P, buf + m * P, xs + m * nb,
+                                       xsum + m * nb, nb);
+                }
+            }
+            for (size_t r = 0; r < M; r++)
+                for (size_t c = 0; c < ncols; c++) {
+                    float v = buf[r * P + c] * s[col + c];
+                    y[r * N + col + c] = b ? v + b[col + c] : v;
+                }
+        }
+        free(buf);
+    }
+    free(xq);
+    free(xs);
+    free(xsum);
+    return failed ? -1 : 0;
+}
 
 PACKED_LINEAR(f32, float, 0)
 PACKED_LINEAR(bf16, unsigned short, 1)
