@@ -19,7 +19,7 @@ from drafter_service.ngram_drafter import NgramDrafter
 from orchestrator.generator import Generator
 from specpipe.config.presets import ModelSpec
 from specpipe.config.services import BatchConfig
-from specpipe.core.errors import InvalidArgument, ResourceExhausted
+from specpipe.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from specpipe.core.types import Draft, GenerationRequest, SamplingParams, SpeculationOptions
 from specpipe.engine.batched import Segment, batched_forward
 from specpipe.engine.kv import new_slot
@@ -531,6 +531,47 @@ def test_verify_after_batched_tree_rollback_matches_a_fresh_prefill():
     a = verifier.verify("tree", len(context), chain, SamplingParams())
     b = verifier.verify("fresh", len(context), chain, SamplingParams())
     assert a.node_argmax == b.node_argmax
+
+
+@pytest.mark.parametrize("weights", ["fp32", "w8a8"])
+def test_a_tokens_logits_are_its_bits_alone_in_a_chunk_and_in_a_draft(weights):
+    """Row-exact attention: a token's logits fed alone after its context == fed among 9 tokens of one
+    step (a draft or a prompt chunk), bit for bit (SDPA's rows differ in their last bits, which W8A8
+    rounds into its activations). On for a W8A8 model; fp32 keeps SDPA and agrees to rounding."""
+    from specpipe.engine import native
+
+    model = tiny_model()
+    native.pack_linears(model, torch.uint8 if weights == "w8a8" else torch.float32)
+    ids = list(range(10, 50))
+    one_by_one, chunked = new_slot(model, 2048), new_slot(model, 2048)
+    batched_forward(model, [_chain(one_by_one, ids[:30])])
+    alone = torch.cat([batched_forward(model, [_chain(one_by_one, [t])])[0] for t in ids[30:36]])
+    batched_forward(model, [_chain(chunked, ids[:27])])
+    in_chunk = batched_forward(model, [_chain(chunked, ids[27:36])])[0][3:]  # rows 30..35 of a 9-token chunk
+    if weights == "w8a8":
+        assert torch.equal(alone, in_chunk)
+    else:
+        torch.testing.assert_close(alone, in_chunk, atol=1e-4, rtol=1e-4)
+
+
+def test_a_w8a8_verifier_decodes_a_token_alike_alone_and_in_drafts(tiny_tokenizer, tiny_drafter):
+    """A W8A8 verifier (int8 activations: a last-bit change of attention can round into another
+    token) attends row by row: its speculative output equals its own greedy decoding, chains, trees
+    and the prompt prefilled in chunks; with batching off it refuses to start."""
+    model = tiny_model()
+    verifier = ModelVerifier(model, model_info(ModelSpec("tiny"), model), mode="packed", weights="w8a8",
+                             batch=BatchConfig(prefill_chunk=8))
+    generator = Generator(tiny_tokenizer, verifier, {"model": tiny_drafter})
+    ids = tuple(range(5, 45))
+    alone, _ = run(generator, GenerationRequest(ids, 40, speculation=SpeculationOptions("none")))
+    for spec in (SpeculationOptions("model", draft_len=4, adaptive="off"),
+                 SpeculationOptions("model", draft_len=3, width=3, adaptive="off"), SpeculationOptions("model")):
+        tokens, chunks = run(generator, GenerationRequest(ids, 40, speculation=spec))
+        assert tokens == alone, spec
+        assert sum(c.round.accepted for c in chunks) > 0
+    with pytest.raises(FailedPrecondition, match="W8A8 verifier"):
+        ModelVerifier(tiny_model(), model_info(ModelSpec("tiny"), model), mode="packed", weights="w8a8",
+                      batching=False)
 
 
 @pytest.mark.slow

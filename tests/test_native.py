@@ -306,3 +306,35 @@ def test_an_untied_models_embedding_is_packed_in_narrow_weights(dtype):
     else:
         assert isinstance(embed, native.PackedEmbedding)
         assert torch.equal(embed(ids)[0], packed_in(embedding, dtype)[2][ids[0]])
+
+
+def test_row_exact_attention_gives_a_row_its_bits_alone_in_a_draft_and_a_tree():
+    """Each query row over exactly its visible keys, in slot order: a token's output is the same bits
+    decoded alone, in a chain of drafts, under a tree mask or in a prompt's chunk, with grouped-query
+    heads and keys read from a slot's strided view; and it is attention (SDPA's within rounding)."""
+    torch.manual_seed(11)
+    heads, kv_heads, head_dim, past, n = 6, 2, 40, 37, 9
+    slot_k, slot_v = torch.randn(kv_heads, 64, head_dim), torch.randn(kv_heads, 64, head_dim)
+    q = torch.randn(heads, n, head_dim)
+    scale = head_dim**-0.5
+
+    def attend(rows, visible):  # the rows of q, over the slot's first visible.shape[1] positions
+        length = visible.shape[1]
+        return native.row_exact_attention(q[:, rows], slot_k[:, :length], slot_v[:, :length], visible, scale)
+
+    causal = torch.ones(n, past + n, dtype=torch.bool)
+    causal[:, past:] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    chain = attend(slice(0, n), causal)
+    for i in range(n):  # alone: its own position last, everything before it visible
+        alone = attend(slice(i, i + 1), torch.ones(1, past + i + 1, dtype=torch.bool))
+        assert torch.equal(alone[0], chain[i]), i
+    group = heads // kv_heads
+    mask = torch.zeros(group * n, past + n).masked_fill_(~causal.repeat(group, 1), -torch.inf)
+    sdpa = F.scaled_dot_product_attention(q.reshape(kv_heads, group * n, head_dim)[None], slot_k[None, :, : past + n],
+                                          slot_v[None, :, : past + n], attn_mask=mask, scale=scale)
+    torch.testing.assert_close(chain, sdpa[0].reshape(heads, n, head_dim).transpose(0, 1).reshape(n, -1))
+    tree = causal.clone()  # rows 1 and 2 siblings under row 0: row 2 does not see row 1
+    tree[2, past + 1] = False
+    sibling = attend(slice(2, 3), torch.cat([torch.ones(1, past + 1, dtype=torch.bool),
+                                             torch.tensor([[False, True]])], dim=1))
+    assert torch.equal(attend(slice(0, 3), tree[:3, : past + 3])[2], sibling[0])

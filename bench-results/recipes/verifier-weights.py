@@ -3,7 +3,7 @@ in a process of its own (so its peak resident memory is that setting's, load inc
 prompt (the order alternating); each arm's output must equal the other's (lossless against this
 verifier). Run it once per setting, back to back, and compare the JSON files (outputs included).
 
-    for w in fp32 bf16 int8; do
+    for w in fp32 bf16 int8 w8a8; do
       python3 bench-results/recipes/verifier-weights.py --verifier-weights $w --suite humaneval --limit 4 \\
         --json out/$w.json
     done

@@ -9,15 +9,17 @@ Attention runs per session: its queries against its own slot (past + its new tok
 
 Batch invariance: a session's rows go through the same per-row operations whatever their batch mates
 (the packed GEMM computes every row the same way for every M; attention is per session), so a
-session's logits do not depend on who else is in the forward. Not yet invariant: attention within a
-session's own step (scaled_dot_product_attention's CPU kernel gives a query row bits that depend on
-the rows and keys beside it; docs/batching.md). MKL's fp32 GEMM, which runs every
-nn.Linear in eager mode, does not by itself, and differently by CPU: on a Xeon rows differed from 6
-to 16 rows on, which its strict reproducibility mode (MKL_CBWR, turned on by specpipe/__init__.py)
-removes; on an AMD EPYC, strict mode or not, rows differ for M = 1..3 and are bitwise equal for every
-M >= 4. So where an nn.Linear runs, a batch of fewer than MIN_GEMM_ROWS rows is padded to that many
-(the drafter's steps are one token per session: M = 1 alone). A model whose linear layers are all
-packed is not padded (a lone decode step padded to 4 rows made SmolLM2's packed forward 12% slower).
+session's logits do not depend on who else is in the forward. Attention within a session's own step
+is invariant only in a W8A8 model's forward, which attends row by row (native.row_exact_attention):
+elsewhere scaled_dot_product_attention's CPU kernel gives a query row bits that depend on the rows
+and keys beside it (docs/batching.md), which int8 activations would round into other tokens. MKL's
+fp32 GEMM, which runs every nn.Linear in eager mode, does not by itself, and differently by CPU: on a
+Xeon rows differed from 6 to 16 rows on, which its strict reproducibility mode (MKL_CBWR, turned on by
+specpipe/__init__.py) removes; on an AMD EPYC, strict mode or not, rows differ for M = 1..3 and are
+bitwise equal for every M >= 4. So where an nn.Linear runs, a batch of fewer than MIN_GEMM_ROWS rows
+is padded to that many (the drafter's steps are one token per session: M = 1 alone). A model whose
+linear layers are all packed is not padded (a lone decode step padded to 4 rows made SmolLM2's packed
+forward 12% slower).
 
 In the graphs mode (CUDA) the same work runs as captured forwards of padded batches (BatchGraphs,
 below; docs/gpu.md). cuBLAS picks its kernels by shape, so there a row's last bits can depend on the
@@ -37,6 +39,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specpipe.core.verification import additive_mask
+from specpipe.engine import native
 from specpipe.engine.graphs import Graph, new_pool
 from specpipe.engine.kv import SlotKV, synchronize
 from specpipe.engine.runner import bucket
@@ -104,12 +107,14 @@ def _allowed(segment: Segment, group: int, dtype: torch.dtype, device: torch.dev
 
 
 def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
-            layer: int, offsets: Sequence[int], masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+            layer: int, offsets: Sequence[int], masks: Sequence[torch.Tensor | None], row_exact: bool = False,
+            ) -> torch.Tensor:
     """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim] (rows: the segments' tokens,
     then padding); masks: each segment's _allowed. Returns [rows, heads * head_dim], zero on padding rows.
     A key-value head's group of query heads attends as one [group * n] block of queries (grouped-query
     attention without repeating keys and values per query head: a slot deep into a long prompt is
-    read once per key-value head)."""
+    read once per key-value head). row_exact: each query row over exactly its visible keys instead
+    (native.row_exact_attention: the same bits alone, in a draft or in a chunk; a W8A8 model's)."""
     heads, rows, head_dim = q.shape
     group = heads // k_new.shape[0]
     out = q.new_zeros(rows, heads * head_dim) if len(segments) > 1 or len(segments[0].token_ids) < rows else None
@@ -118,10 +123,15 @@ def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.T
         end = start + n
         segment.kv.write(layer, past, k_new[:, start:end], v_new[:, start:end])
         keys, values = segment.kv.view(layer, past + n)  # [kv_heads, past + n, head_dim]
-        queries = q[:, start:end].reshape(-1, group * n, head_dim)                # [kv_heads, group * n, head_dim]
-        o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=allowed,
-                                           scale=scaling)                    # [1, kv_heads, group * n, head_dim]
-        o = o[0].reshape(heads, n, head_dim).transpose(0, 1).reshape(n, -1)
+        if row_exact:
+            visible = torch.ones(n, past + n, dtype=torch.bool)
+            visible[:, past:] = segment.allowed
+            o = native.row_exact_attention(q[:, start:end], keys, values, visible, scaling)
+        else:
+            queries = q[:, start:end].reshape(-1, group * n, head_dim)            # [kv_heads, group * n, head_dim]
+            o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=allowed,
+                                               scale=scaling)                # [1, kv_heads, group * n, head_dim]
+            o = o[0].reshape(heads, n, head_dim).transpose(0, 1).reshape(n, -1)
         if out is None:  # one segment, no padding: its rows are the output
             return o
         out[start:end] = o
@@ -201,6 +211,7 @@ class LayerPlan:
     act_fn: Callable[[torch.Tensor], torch.Tensor]
     head_dim: int
     scaling: float
+    row_exact: bool = False  # attention row by row (native.row_exact_attention): a W8A8 model's
 
 
 def layer_plans(model: PreTrainedModel) -> tuple[LayerPlan, ...]:
@@ -208,6 +219,7 @@ def layer_plans(model: PreTrainedModel) -> tuple[LayerPlan, ...]:
     them once (service_forward), batched_forward without them makes them each call."""
     plans = []
     silu = getattr(model.config, "hidden_act", None) == "silu"  # the activation transformers runs as F.silu
+    row_exact = native.row_exact(model)
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         qkv, gate_up = getattr(attn, "packed_qkv", None), getattr(mlp, "packed_gate_up", None)
@@ -216,7 +228,7 @@ def layer_plans(model: PreTrainedModel) -> tuple[LayerPlan, ...]:
             qkv.bound() if qkv is not None else None, qkv.columns if qkv is not None else (),
             (_linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj)), _linear(attn.o_proj),
             gate_up.bound() if gate_up is not None else None, gate_up.columns if gate_up is not None else (),
-            mlp, _linear(mlp.down_proj), F.silu if silu else mlp.act_fn, attn.head_dim, attn.scaling))
+            mlp, _linear(mlp.down_proj), F.silu if silu else mlp.act_fn, attn.head_dim, attn.scaling, row_exact))
     return tuple(plans)
 
 
@@ -276,7 +288,8 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
     masks = [_allowed(segment, group, hidden.dtype, device) for segment in segments]
     for layer_idx, plan in enumerate(layers if layers is not None else layer_plans(model)):
         q, k, v = _project(plan, plan.input_norm(hidden), cos, signed_sin)
-        hidden = hidden + plan.o_proj(_attend(plan.scaling, q, k, v, segments, layer_idx, offsets, masks))
+        hidden = hidden + plan.o_proj(_attend(plan.scaling, q, k, v, segments, layer_idx, offsets, masks,
+                                              plan.row_exact))
         hidden = hidden + _mlp(plan, plan.post_norm(hidden))
     for segment, n in zip(segments, lengths):
         segment.kv.length += n

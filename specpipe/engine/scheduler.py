@@ -470,6 +470,10 @@ def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role:
         if curve is not None:
             raise FailedPrecondition(f"--cost-model holds batched forwards to a curve; this {role} runs one session "
                                      f"per forward ({reason})")
+        if role == "verifier" and runner.weights == "w8a8":  # its rounded activations need row-exact attention
+            raise FailedPrecondition(f"a W8A8 verifier (--verifier-weights w8a8) runs batched forwards, whose "
+                                     f"attention gives a token the same bits alone and in a draft; this one would run "
+                                     f"one session per forward ({reason})")
         log.info(f"{role} runs one session per forward", extra={"reason": reason})
         runner.warm_up()
         return None

@@ -39,6 +39,11 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
     lib.specpipe_panel_width.restype = ctypes.c_int
     lib.specpipe_q8_block.restype = ctypes.c_int
+    lib.specpipe_row_exact_attention.restype = ctypes.c_int
+    lib.specpipe_row_exact_attention.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_float,
+        ctypes.c_void_p, ctypes.c_int]
     for suffix in WEIGHT_DTYPES.values():
         kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
         kernel.restype = ctypes.c_int
@@ -136,6 +141,33 @@ def _run(kernel: Kernel, packed: torch.Tensor, out_features: int, bias: torch.Te
               None if bias is None else bias.data_ptr(), y.data_ptr(), cores.threads()):
         raise MemoryError(f"packed linear layer: no memory for the accumulators of {m} rows")
     return y
+
+
+def row_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    """Attention of q [heads, n, head_dim] over keys and values [kv_heads, L, head_dim] (a slot's
+    view: positions may be strided, the features contiguous), row i seeing the positions where
+    visible [n, L] is true; [n, heads * head_dim]. Each row over exactly its visible keys in slot order,
+    in one fixed order of operations: its bits do not depend on the rows or keys beside it
+    (packed_gemm.c), which a W8A8 model needs to decode a token alone and in a draft alike."""
+    heads, n, head_dim = q.shape
+    kv_heads, length, _ = keys.shape
+    if keys.stride() != values.stride() or keys.stride(2) != 1 or q.dtype != torch.float32:
+        raise ValueError("row-exact attention takes float32 keys and values of one layout, features contiguous")
+    q = q.contiguous()
+    sees = visible.to(torch.uint8).contiguous()
+    out = torch.empty(n, heads * head_dim, dtype=torch.float32)
+    if library().specpipe_row_exact_attention(q.data_ptr(), heads, n, head_dim, keys.data_ptr(), values.data_ptr(),
+                                              kv_heads, length, keys.stride(0), keys.stride(1), sees.data_ptr(),
+                                              scale, out.data_ptr(), cores.threads()):
+        raise MemoryError("row-exact attention: no memory for a row's scores")
+    return out
+
+
+def row_exact(model: nn.Module) -> bool:
+    """Whether model's forward must attend row by row (row_exact_attention): its linear layers round
+    their activations (W8A8), which would turn attention's last-bit differences into other tokens."""
+    return any(type(m) is PackedLinear and m.packed.dtype == torch.uint8 for m in model.modules())
 
 
 class PackedLinear(nn.Module):

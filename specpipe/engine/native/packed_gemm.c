@@ -325,3 +325,64 @@ int specpipe_packed_linear_q8(const float *x, size_t M, size_t K, const unsigned
 PACKED_LINEAR(f32, float, 0)
 PACKED_LINEAR(bf16, unsigned short, 1)
 PACKED_LINEAR(i8, signed char, 1)
+
+/* --- Row-exact attention ---------------------------------------------------------------------------
+ * Each query row (a head's, a token's) attends over exactly the keys it may see, in slot order, in one
+ * fixed order of operations: its bits depend on its query and those keys alone, not on how many rows
+ * or keys share the call (a token decoded alone, in a draft, in a tree, in a prompt's chunk or a whole
+ * prompt). SDPA's CPU kernel blocks rows and keys, so its rows' last bits move with their neighbours.
+ * q [heads][n][D]; k, v: key-value head h's position j at h * head_stride + j * pos_stride floats;
+ * visible [n][L] (1: row i sees position j); out [n][heads * D]. Query head h reads key-value head
+ * h / (heads / kv_heads). */
+static inline float dot_row(const float *a, const float *b, size_t D) {
+    vf acc = {0};
+    size_t d = 0;
+    for (; d + VL <= D; d += VL) acc += *(const vf *)(a + d) * *(const vf *)(b + d);
+    float s = 0.0f;
+    for (int l = 0; l < VL; l++) s += acc[l];
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+int specpipe_row_exact_attention(const float *q, size_t heads, size_t n, size_t D, const float *k, const float *v,
+                                 size_t kv_heads, size_t L, size_t head_stride, size_t pos_stride,
+                                 const unsigned char *visible, float scale, float *out, int threads) {
+    size_t group = heads / kv_heads;
+    long pairs = (long)(heads * n);
+    int failed = 0;
+    _Pragma("omp parallel num_threads(threads) if (threads > 1 && pairs > 1)") {
+        float *score = malloc((L + 1) * sizeof(float));
+        float *acc = aligned_alloc(64, (D + VL) / VL * VL * sizeof(float));
+        if (!score || !acc) {
+            _Pragma("omp atomic write") failed = 1;
+        }
+        _Pragma("omp for schedule(static)")
+        for (long pair = 0; pair < pairs; pair++) {
+            if (!score || !acc) continue;
+            size_t h = (size_t)pair / n, i = (size_t)pair % n;
+            const float *qi = q + (h * n + i) * D;
+            const float *kh = k + (h / group) * head_stride, *vh = v + (h / group) * head_stride;
+            const unsigned char *sees = visible + i * L;
+            float top = -__builtin_inff();
+            for (size_t j = 0; j < L; j++)
+                if (sees[j]) {
+                    score[j] = dot_row(qi, kh + j * pos_stride, D) * scale;
+                    top = score[j] > top ? score[j] : top;
+                }
+            memset(acc, 0, D * sizeof(float));
+            float total = 0.0f;
+            for (size_t j = 0; j < L; j++)
+                if (sees[j]) {
+                    float p = __builtin_expf(score[j] - top);
+                    total += p;
+                    const float *vj = vh + j * pos_stride;
+                    for (size_t d = 0; d < D; d++) acc[d] += p * vj[d];
+                }
+            float *o = out + i * heads * D + h * D;
+            for (size_t d = 0; d < D; d++) o[d] = total > 0.0f ? acc[d] / total : 0.0f;
+        }
+        free(score);
+        free(acc);
+    }
+    return failed ? -1 : 0;
+}
