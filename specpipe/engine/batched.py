@@ -106,11 +106,21 @@ def _allowed(segment: Segment, group: int, dtype: torch.dtype, device: torch.dev
     )
 
 
+def _visible(segment: Segment) -> torch.Tensor:
+    """[n, past + n] bool: what each of a segment's queries may see of its slot, for row-exact attention
+    (made once a forward)."""
+    n, past = len(segment.token_ids), segment.kv.length
+    visible = torch.ones(n, past + n, dtype=torch.bool)
+    visible[:, past:] = segment.allowed
+    return visible
+
+
 def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, segments: Sequence[Segment],
             layer: int, offsets: Sequence[int], masks: Sequence[torch.Tensor | None], row_exact: bool = False,
             ) -> torch.Tensor:
     """q: [heads, rows, head_dim]; k_new, v_new: [kv_heads, rows, head_dim] (rows: the segments' tokens,
-    then padding); masks: each segment's _allowed. Returns [rows, heads * head_dim], zero on padding rows.
+    then padding); masks: each segment's _allowed (row_exact: its _visible). Returns [rows, heads * head_dim],
+    zero on padding rows.
     A key-value head's group of query heads attends as one [group * n] block of queries (grouped-query
     attention without repeating keys and values per query head: a slot deep into a long prompt is
     read once per key-value head). row_exact: each query row over exactly its visible keys instead
@@ -124,9 +134,8 @@ def _attend(scaling: float, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.T
         segment.kv.write(layer, past, k_new[:, start:end], v_new[:, start:end])
         keys, values = segment.kv.view(layer, past + n)  # [kv_heads, past + n, head_dim]
         if row_exact:
-            visible = torch.ones(n, past + n, dtype=torch.bool)
-            visible[:, past:] = segment.allowed
-            o = native.row_exact_attention(q[:, start:end], keys, values, visible, scaling)
+            assert allowed is not None  # _visible gives every segment its mask
+            o = native.row_exact_attention(q[:, start:end], keys, values, allowed, scaling)
         else:
             queries = q[:, start:end].reshape(-1, group * n, head_dim)            # [kv_heads, group * n, head_dim]
             o = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=allowed,
@@ -285,11 +294,12 @@ def batched_forward(model: PreTrainedModel, segments: Sequence[Segment], pad: in
     hidden = inner.embed_tokens(ids)                                                                  # [R, hidden]
     cos, signed_sin = rope_tables(*(t[0] for t in inner.rotary_emb(hidden[None], positions[None])))  # [R, 1, head_dim]
     group = model.config.num_attention_heads // model.config.num_key_value_heads
-    masks = [_allowed(segment, group, hidden.dtype, device) for segment in segments]
-    for layer_idx, plan in enumerate(layers if layers is not None else layer_plans(model)):
+    plans = layers if layers is not None else layer_plans(model)
+    row_exact = any(plan.row_exact for plan in plans)  # a W8A8 model: every layer's attention row by row
+    masks = [_visible(segment) if row_exact else _allowed(segment, group, hidden.dtype, device) for segment in segments]
+    for layer_idx, plan in enumerate(plans):
         q, k, v = _project(plan, plan.input_norm(hidden), cos, signed_sin)
-        hidden = hidden + plan.o_proj(_attend(plan.scaling, q, k, v, segments, layer_idx, offsets, masks,
-                                              plan.row_exact))
+        hidden = hidden + plan.o_proj(_attend(plan.scaling, q, k, v, segments, layer_idx, offsets, masks, row_exact))
         hidden = hidden + _mlp(plan, plan.post_norm(hidden))
     for segment, n in zip(segments, lengths):
         segment.kv.length += n
