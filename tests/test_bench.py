@@ -85,6 +85,7 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
     (["--report", "/no/such/result.json"], "bench result /no/such/result.json does not exist"),
     (["--methods", "model:branch+fast"], "[/K][+adaptive][+learn|+no-learn][@HOP_MS]"),
     (["--methods", "model:branch/0"], "[/K][+adaptive][+learn|+no-learn][@HOP_MS]"),
+    (["--baselines", "llama-cpp"], "the llama-cpp baseline reads a packaged model's GGUF file; 'tiny' is not one"),
 ])
 def test_bad_bench_flags(cli, argv, message):
     code, stderr = cli("bench", "--preset", "tiny", *argv)
@@ -105,6 +106,42 @@ def test_bad_bench_flags(cli, argv, message):
 def test_bad_bench_flags_found_after_loading(argv, message):
     proc = bench(*argv, timeout=60)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow  # smollm2 and llama-cpp-python (the llama extra, which .ci/run installs)
+def test_llama_cpp_baselines_on_the_verifiers_gguf(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "specpipe.cli.main", "bench", "--preset", "smollm2", "--suite",
+                           "humaneval", "--limit", "2", "--max-new-tokens", "12", "--no-pin", "--baselines",
+                           "llama-cpp", "--prompt-lookup-tokens", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    methods = {m["method"]: m for m in json.loads(out.read_text())["methods"]}
+    plain = next(name for name in methods if name.startswith("llama.cpp plain, "))
+    lookup = plain.replace("plain", "prompt lookup (2 tokens)")
+    assert plain.endswith(" threads, smollm2-135m GGUF") and lookup in methods
+    # another computation: compared with specpipe's verifier alone (and prompt lookup with llama.cpp's plain
+    # decoding), reported, left out of the lossless check
+    assert methods[plain]["reference"] == "specpipe verifier alone compiled" and methods[lookup]["reference"] == plain
+    assert all(0 < methods[m]["tokens"] <= 2 * 12 and 0 <= methods[m]["identical"] <= 2 for m in (plain, lookup))
+    assert methods[plain]["tokens_per_round"] == 1.0 and methods[lookup]["tokens_per_round"] == 0.0
+    assert "lossless check: every output is identical" in proc.stdout
+
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- bench-report:begin -->\n<!-- bench-report:end -->\n")
+    proc = bench("--report", str(out), "--readme", str(readme), "--plot-dir", str(tmp_path / "plots"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| over llama.cpp | over llama.cpp's prompt lookup (best setting) |" in readme.read_text()
+
+
+def test_llama_cpp_rows_compare_with_the_verifier_alone():
+    from specpipe.bench.llamacpp import llama_cpp_references
+
+    plain, lookup = "llama.cpp plain, 2 threads, m GGUF", "llama.cpp prompt lookup (2 tokens), 2 threads, m GGUF"
+    names = ["verifier-only generate()", plain, lookup, "specpipe verifier alone compiled"]
+    assert llama_cpp_references(names, "specpipe verifier alone compiled") == {
+        plain: "specpipe verifier alone compiled", lookup: plain}
+    assert llama_cpp_references(names[:2], "verifier-only generate()") == {plain: "verifier-only generate()"}
 
 
 def test_report_section_needs_its_markers():

@@ -37,7 +37,8 @@ def pipeline_cores(config: BenchConfig, methods: list, cores: list[int]) -> list
 
 
 def run(config: BenchConfig) -> int:
-    from specpipe.bench.measure import benchmark, specpipe_method
+    from specpipe.bench.llamacpp import LLAMA_CPP, baseline_gguf, llama_cpp_references, llama_cpp_runs
+    from specpipe.bench.measure import BASELINE, benchmark, specpipe_method
     from specpipe.bench.report import (
         cpu_table,
         detail_table,
@@ -48,6 +49,7 @@ def run(config: BenchConfig) -> int:
         to_json,
     )
     from specpipe.bench.runs import (
+        all_cores,
         bench_prompts,
         embedded_generators,
         grpc_generators,
@@ -67,6 +69,7 @@ def run(config: BenchConfig) -> int:
                               "outputs another learned); leave --cache at memory")
     baselines = parse_baselines(config.baselines)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before any pinning
+    gguf = baseline_gguf(config.model.specs()[0].source) if "llama-cpp" in baselines else None
     with contextlib.ExitStack() as stack:
         if config.transport == "embedded":
             generators, models = embedded_generators(config, methods, baselines)
@@ -74,15 +77,18 @@ def run(config: BenchConfig) -> int:
             generators, models = stack.enter_context(grpc_generators(config, methods, baselines))
         any_generator = next(iter(generators.values()))
         prompts, categories = bench_prompts(config, any_generator)
-        runs = transformers_runs(
-            config, baselines, any_generator.info.eos_token_ids, models, pipeline_cores(config, methods, cores)
-        )
+        baseline_cores = pipeline_cores(config, methods, cores)
+        runs = transformers_runs(config, baselines, any_generator.info.eos_token_ids, models, baseline_cores)
+        if gguf is not None:
+            runs |= llama_cpp_runs(gguf, config.prompt_lookup_tokens, config.max_new_tokens,
+                                   any_generator.info.eos_token_ids, baseline_cores, lambda: all_cores(baseline_cores))
         specs = {method: method.resolve(config) for method in methods}
         for spec in specs.values():
             generator = own_generator(generators[spec.hop_delay_ms], spec.drafter, spec.learn_global)
             runs[spec.name()] = specpipe_method(generator, config.max_new_tokens, spec.speculation())
         reference = specs[none].name() if compiled and none is not None else None
         references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
+        references |= llama_cpp_references(list(runs), reference or BASELINE)
         by_name = {spec.name(): spec for spec in specs.values()}
         default = in_process_default(config.model) if config.transport == "embedded" else \
             speculation({}, drafter_service=True)
@@ -101,7 +107,8 @@ def run(config: BenchConfig) -> int:
     if recurring(config):
         print()
         print(recurring_report.markdown(summaries, categories))
-    ok = all(s.identical == s.prompts for s in summaries if s.method != reference)
+    ok = all(s.identical == s.prompts for s in summaries
+             if s.method != reference and not s.method.startswith(LLAMA_CPP))  # llama.cpp: another computation
     print("lossless check: every output is identical to the verifier-only output run the same way" if ok else
           "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way")
     if reference:

@@ -132,7 +132,7 @@ def check_kinds(kinds: list[str]) -> list[str]:
     return kinds
 
 
-BASELINES = ("generate", "generate-threads", "assisted", "prompt-lookup")
+BASELINES = ("generate", "generate-threads", "assisted", "prompt-lookup", "llama-cpp")
 
 
 def parse_baselines(value: str) -> list[str]:

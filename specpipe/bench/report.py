@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specpipe.bench import recurring_report
+from specpipe.bench.llamacpp import LLAMA_CPP
 from specpipe.bench.measure import BASELINE, ORCHESTRATION, MethodSpec, MethodSummary, PromptRun, decode_bound
 from specpipe.bench.prompts import RECURRING
 from specpipe.core.types import SpeculationOptions
@@ -223,12 +224,15 @@ SUMMARY_COLUMNS = {  # column -> its heading: the results' summary table
     "over_fair": "over generate(), same cores and weights", "per_prompt": "per prompt: median (min-max)",
     "over_assisted": "over assisted", "over_lookup": "over prompt lookup (best setting)",
     "over_best": "over the best transformers method", "bound": "bound (computed)", "share": "share of bound",
+    "over_llama": "over llama.cpp", "over_llama_lookup": "over llama.cpp's prompt lookup (best setting)",
     "prefill": "prefill", "orchestration": "orchestration",
 }
+LLAMA_COLUMNS = ("over_llama", "over_llama_lookup")  # shown where a run has the llama-cpp baselines
 HEADLINE_COLUMNS = (
     "tokens_per_s",
     "decode",
     "over_best",
+    "over_llama",
     "over_fair",
     "share",
     "prefill",
@@ -249,7 +253,7 @@ def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
         return f"{ours.tokens_per_s / other.tokens_per_s:.2f}x" if other and other.tokens_per_s else "-"
 
     fair = best_match(summaries, BASELINE + ", ")
-    transformers = [s for s in summaries[1:] if s.spec is None]
+    transformers = [s for s in summaries[1:] if s.spec is None and not s.method.startswith(LLAMA_CPP)]
     best = max(transformers, key=lambda s: s.tokens_per_s, default=None)
     return {"label": label, "tokens_per_s": f"{ours.tokens_per_s:.2f}", "over_eager": over(summaries[0]),
             "decode": f"{ours.decode_tokens_per_s:.2f}" if ours.decode_tokens_per_s else "-",
@@ -259,15 +263,16 @@ def summary_cells(summaries: list[MethodSummary]) -> dict[str, str] | None:
             "over_fair": over(fair), "per_prompt": spread(per_prompt_speedups(ours.runs, fair.runs)) if fair else "-",
             "over_assisted": over(best_match(summaries, "transformers assisted")),
             "over_lookup": over(best_match(summaries, "transformers prompt lookup")),
+            "over_llama": over(best_match(summaries, f"{LLAMA_CPP} plain")),
+            "over_llama_lookup": over(best_match(summaries, f"{LLAMA_CPP} prompt lookup")),
             "bound": f"{ours.bound:.2f}x", "share": f"{ours.bound_share:.0%}"}
 
 
 def summary_table(results: dict[str, list[MethodSummary]], metas: dict[str, dict[str, Any]] | None = None,
                   columns: Sequence[str] = tuple(SUMMARY_COLUMNS), first: str = "suite (prompts)") -> str:
     """One row a suite (summary_cells), in columns; first names each row: its suite, or with
-    first="suite (prompts), preset" its preset too."""
-    lines = [f"| {first} | " + " | ".join(SUMMARY_COLUMNS[c] for c in columns) + " |",
-             "| --- |" + "".join(" --- |" if c == "label" else " ---: |" for c in columns)]
+    first="suite (prompts), preset" its preset too. The llama.cpp columns show where a run has them."""
+    rows = []
     for suite, summaries in results.items():
         cells = summary_cells(summaries)
         if cells is None:
@@ -276,7 +281,11 @@ def summary_table(results: dict[str, list[MethodSummary]], metas: dict[str, dict
         name = f"{meta.get('suite', suite)} ({meta.get('limit', len(summaries[0].runs))})"
         if "preset" in first:
             name += f", {meta.get('preset')}"
-        lines.append(f"| {name} | " + " | ".join(cells[c] for c in columns) + " |")
+        rows.append((name, cells))
+    columns = [c for c in columns if c not in LLAMA_COLUMNS or any(cells[c] != "-" for _, cells in rows)]
+    lines = [f"| {first} | " + " | ".join(SUMMARY_COLUMNS[c] for c in columns) + " |",
+             "| --- |" + "".join(" --- |" if c == "label" else " ---: |" for c in columns)]
+    lines += [f"| {name} | " + " | ".join(cells[c] for c in columns) + " |" for name, cells in rows]
     return "\n".join(lines)
 
 

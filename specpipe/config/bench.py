@@ -62,10 +62,13 @@ class BenchConfig:
         "generate,generate-threads", "transformers runs beside specpipe's, on the same prompts: generate (the "
         "verifier alone, eager, one thread: always run, the speed-up column is over it); on specpipe's weights "
         "path (packed when it is) with a thread per core the pipeline uses: generate-threads (the verifier alone), "
-        "assisted (assisted generation with the same drafter), prompt-lookup (at each --prompt-lookup-tokens)",
+        "assisted (assisted generation with the same drafter), prompt-lookup (at each --prompt-lookup-tokens); "
+        "llama-cpp: llama.cpp's plain greedy decoding and its prompt lookup (at each --prompt-lookup-tokens) on the "
+        "verifier's GGUF file, a thread per core the pipeline uses (llama-cpp-python: the llama extra)",
         metavar="LIST")
     prompt_lookup_tokens: tuple[int, ...] = setting(
-        (4, 10), "prompt lookup's prompt_lookup_num_tokens settings, one run each; the report takes the best",
+        (4, 10), "prompt lookup's draft tokens a round (transformers' prompt_lookup_num_tokens, llama-cpp-python's "
+        "num_pred_tokens), one run each; the report takes the best",
         metavar="N,N,...", shown="4,10")
     sweep: str | None = setting(
         None, "run every method that does not name its /K or +adaptive at each fixed draft length K and adaptive "

@@ -251,6 +251,9 @@ class Runner:
             from specpipe.engine import native
 
             native.pack_linears(model, PACKED_WEIGHTS[weights])
+            if weights == "w8a8" and not native.q8_vnni():
+                log.warning("W8A8 weights on a CPU without AVX-512 VNNI: the kernel runs its portable integer loop, "
+                            "several times slower than int8 weights (--verifier-weights / --draft-weights int8)")
 
     def _graph_buffers(self) -> WorkingCache:
         """graphs: the working cache and the bucket forwards, made at the first need (a batched service

@@ -62,6 +62,12 @@ def q8_block() -> int:
     return library().specpipe_q8_block()
 
 
+def q8_vnni() -> bool:
+    """Whether the W8A8 kernel's integer dot products run on AVX-512 VNNI here; elsewhere it runs a
+    portable integer loop (the same sums), several times slower than the int8-weights kernel."""
+    return bool(library().specpipe_q8_vnni())
+
+
 def padded_inputs(k: int, dtype: torch.dtype) -> int:
     """K as a packed weight of dtype holds it: rounded up to q8_block() for W8A8, else k."""
     block = q8_block() if dtype == torch.uint8 else 1

@@ -194,6 +194,14 @@ int specpipe_panel_width(void) { return P; }
 
 int specpipe_q8_block(void) { return QB; }
 
+int specpipe_q8_vnni(void) { /* 1: the W8A8 sums run on AVX-512 VNNI; 0: the portable integer loop */
+#if defined(__AVX512VNNI__) && VL == 16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* x [M][K] -> xq [M][Kp] (zero-padded), xs [M][Kp/QB] scales, xsum [M][Kp/QB] sums of xq. */
 static void quantize_rows(const float *x, size_t M, size_t K, size_t Kp, signed char *xq, float *xs, int *xsum) {
     size_t nb = Kp / QB;
