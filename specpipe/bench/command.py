@@ -69,7 +69,7 @@ def run(config: BenchConfig) -> int:
                               "outputs another learned); leave --cache at memory")
     baselines = parse_baselines(config.baselines)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before any pinning
-    gguf = baseline_gguf(config.model.specs()[0].source) if "llama-cpp" in baselines else None
+    gguf = baseline_gguf(config.model.specs()[0]) if "llama-cpp" in baselines else None
     with contextlib.ExitStack() as stack:
         if config.transport == "embedded":
             generators, models = embedded_generators(config, methods, baselines)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specpipe.bench.measure import MethodRun, PromptRun
+from specpipe.config.presets import ModelSpec
 from specpipe.core.errors import FailedPrecondition
 
 LLAMA_CPP = "llama.cpp"  # the baselines' names start with it
@@ -36,10 +37,12 @@ def gguf_of(source: str) -> Path:
     return gguf
 
 
-def baseline_gguf(source: str) -> Path:
-    """The GGUF file the llama-cpp baselines read for a verifier source, checked before any model
-    loads: a packaged, prepared model, and llama-cpp-python installed."""
-    gguf = gguf_of(source)
+def baseline_gguf(verifier: ModelSpec) -> Path:
+    """The GGUF file the llama-cpp baselines read for the verifier, checked before any model loads: a
+    packaged, prepared model, whole (llama.cpp runs every layer of the file), and llama-cpp-python installed."""
+    gguf = gguf_of(verifier.source)
+    if verifier.num_layers is not None:
+        raise FailedPrecondition(f"the llama-cpp baseline runs the whole GGUF, not {verifier.label}")
     try:
         import llama_cpp  # noqa: F401
     except ImportError as err:
