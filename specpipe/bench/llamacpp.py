@@ -25,14 +25,15 @@ CONTEXT = 4096           # tokens of context: the longest bench prompt and its n
 
 
 def gguf_of(source: str) -> Path:
-    """The GGUF file of a packaged model (prepared: `specpipe models prepare`)."""
+    """The GGUF file of a packaged, prepared model (`specpipe models prepare`)."""
+    from specpipe.engine.models import packaged_gguf
     from specpipe.models import packaged
 
     if source not in packaged.PACKAGED:
         raise FailedPrecondition(f"the llama-cpp baseline reads a packaged model's GGUF file; {source!r} is not one "
                                  f"(choose a preset whose verifier is: {', '.join(sorted(packaged.PACKAGED))})")
-    gguf = packaged.model_dir(source) / packaged.GGUF_FILE
-    if not gguf.is_file():
+    gguf = packaged_gguf(source)
+    if gguf is None:
         raise FailedPrecondition(f"{source} is not prepared: run `specpipe models prepare` first")
     return gguf
 
@@ -64,15 +65,15 @@ def load_llama(gguf: Path, threads: int, lookup_tokens: int | None = None) -> An
 
 
 def llama_cpp_method(llama: Any, max_new_tokens: int, eos_token_ids: Sequence[int],
-                     cores: Callable[[], AbstractContextManager[Any]], lookup: bool = False) -> MethodRun:
-    """Greedy decoding of prompt token ids on llama (load_llama), under the cores context; output cut
+                     pinned: Callable[[], AbstractContextManager[Any]], lookup: bool = False) -> MethodRun:
+    """Greedy decoding of prompt token ids on llama (load_llama), under the pinned context; output cut
     after the first EOS, as the transformers baselines'. Plain decoding feeds a token a forward, so
     rounds = tokens; prompt lookup's rounds are not known. The prefill is the time to the first token."""
 
     def run(prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
         tokens: list[int] = []
         first = 0.0
-        with cores():
+        with pinned():
             llama.reset()  # an empty cache: no prefix of the last prompt reused
             start = time.perf_counter()
             for token in llama.generate(list(prompt_ids), temp=0.0, top_k=1, top_p=1.0, min_p=0.0,

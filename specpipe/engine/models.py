@@ -79,7 +79,7 @@ def _local_dir(source: str) -> str:
     return str(packaged.model_dir(source)) if source in packaged.PACKAGED else source
 
 
-def _gguf(source: str) -> Path | None:
+def packaged_gguf(source: str) -> Path | None:
     """A packaged model's GGUF file, where its folder holds one (prepared since models load from GGUF)."""
     from specpipe.models import packaged
 
@@ -114,7 +114,7 @@ def load_model(spec: ModelSpec, device: str = "cpu", dtype: str = "float32",
     if spec.source == "tiny":
         # transformers types PreTrainedModel.to through a decorator whose stub drops self
         return tiny_model(spec.num_layers).to(device=device, dtype=DTYPES[dtype])  # type: ignore[call-arg]
-    gguf = _gguf(spec.source)
+    gguf = packaged_gguf(spec.source)
     if gguf is not None:
         from specpipe.engine.gguf_load import load_gguf_model
 
