@@ -238,10 +238,10 @@ def test_a_linear_layer_computes_a_row_the_same_among_any_number_of_rows_from_mi
                 in_features, out_features)
 
 
-@pytest.mark.parametrize("mode", ["eager", "packed", "packed bf16", "packed int8", "packed w8a8"])
+@pytest.mark.parametrize("mode", ["eager", "packed", "packed bf16", "packed int8", "packed w8a8", "packed w4a8"])
 def test_batched_forward_is_batch_invariant_and_matches_transformers(mode):
     """A session's logits alone == among batch mates, bit for bit, and == transformers' forward of the
-    same model (packed: with its weights packed in fp32, bf16, int8 or W8A8, each a model of its own)."""
+    same model (packed: with its weights packed in fp32, bf16, int8, W8A8 or W4A8, each a model of its own)."""
     model = tiny_model()
     if mode != "eager":
         from specpipe.engine import native
@@ -533,33 +533,35 @@ def test_verify_after_batched_tree_rollback_matches_a_fresh_prefill():
     assert a.node_argmax == b.node_argmax
 
 
-@pytest.mark.parametrize("weights", ["fp32", "w8a8"])
+@pytest.mark.parametrize("weights", ["fp32", "w8a8", "w4a8"])
 def test_a_tokens_logits_are_its_bits_alone_in_a_chunk_and_in_a_draft(weights):
     """Row-exact attention: a token's logits fed alone after its context == fed among 9 tokens of one
     step (a draft or a prompt chunk), bit for bit (SDPA's rows differ in their last bits, which W8A8
-    rounds into its activations). On for a W8A8 model; fp32 keeps SDPA and agrees to rounding."""
+    rounds into its activations). On for a W8A8 (W4A8) model; fp32 keeps SDPA and agrees to rounding."""
     from specpipe.engine import native
+    from specpipe.engine.runner import PACKED_WEIGHTS, ROUNDED_ACTIVATIONS
 
     model = tiny_model()
-    native.pack_linears(model, torch.uint8 if weights == "w8a8" else torch.float32)
+    native.pack_linears(model, PACKED_WEIGHTS[weights])
     ids = list(range(10, 50))
     one_by_one, chunked = new_slot(model, 2048), new_slot(model, 2048)
     batched_forward(model, [_chain(one_by_one, ids[:30])])
     alone = torch.cat([batched_forward(model, [_chain(one_by_one, [t])])[0] for t in ids[30:36]])
     batched_forward(model, [_chain(chunked, ids[:27])])
     in_chunk = batched_forward(model, [_chain(chunked, ids[27:36])])[0][3:]  # rows 30..35 of a 9-token chunk
-    if weights == "w8a8":
+    if weights in ROUNDED_ACTIVATIONS:
         assert torch.equal(alone, in_chunk)
     else:
         torch.testing.assert_close(alone, in_chunk, atol=1e-4, rtol=1e-4)
 
 
-def test_a_w8a8_verifier_decodes_a_token_alike_alone_and_in_drafts(tiny_tokenizer, tiny_drafter):
-    """A W8A8 verifier (int8 activations: a last-bit change of attention can round into another
+@pytest.mark.parametrize("weights", ["w8a8", "w4a8"])
+def test_a_w8a8_verifier_decodes_a_token_alike_alone_and_in_drafts(tiny_tokenizer, tiny_drafter, weights):
+    """A W8A8 (W4A8) verifier (int8 activations: a last-bit change of attention can round into another
     token) attends row by row: its speculative output equals its own greedy decoding, chains, trees
     and the prompt prefilled in chunks; with batching off it refuses to start."""
     model = tiny_model()
-    verifier = ModelVerifier(model, model_info(ModelSpec("tiny"), model), mode="packed", weights="w8a8",
+    verifier = ModelVerifier(model, model_info(ModelSpec("tiny"), model), mode="packed", weights=weights,
                              batch=BatchConfig(prefill_chunk=8))
     generator = Generator(tiny_tokenizer, verifier, {"model": tiny_drafter})
     ids = tuple(range(5, 45))
@@ -569,8 +571,8 @@ def test_a_w8a8_verifier_decodes_a_token_alike_alone_and_in_drafts(tiny_tokenize
         tokens, chunks = run(generator, GenerationRequest(ids, 40, speculation=spec))
         assert tokens == alone, spec
         assert sum(c.round.accepted for c in chunks) > 0
-    with pytest.raises(FailedPrecondition, match="W8A8 verifier"):
-        ModelVerifier(tiny_model(), model_info(ModelSpec("tiny"), model), mode="packed", weights="w8a8",
+    with pytest.raises(FailedPrecondition, match=f"{weights.upper()} verifier"):
+        ModelVerifier(tiny_model(), model_info(ModelSpec("tiny"), model), mode="packed", weights=weights,
                       batching=False)
 
 

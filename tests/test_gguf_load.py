@@ -1,6 +1,6 @@
 """Packaged models read straight from their GGUF (specpipe.engine.gguf_load): the prepared folder keeps
 the GGUF as the wheels ship it, with nothing dequantized on disk, and the model read from it is the one
-transformers builds from the same file, bit for bit: eager, and packed in fp32, bf16, int8 and W8A8 as it
+transformers builds from the same file, bit for bit: eager, and packed in fp32, bf16, int8, W8A8 and W4A8 as it
 is read (against transformers' model packed afterwards), the preset's drafter (the first layers) too."""
 
 from __future__ import annotations
@@ -62,14 +62,17 @@ def test_read_eager_it_is_transformers_model(home, reference, monkeypatch):
     assert model.generation_config.eos_token_id == stamp["eos_token_ids"]
 
 
-@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8"])
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "w8a8", "w4a8"])
 def test_packed_as_it_is_read_it_is_transformers_model_packed(home, reference, weights, monkeypatch):
     """No nn.Linear is ever made: every layer is packed from the GGUF's rows, the tied embedding reads
-    the packed lm_head; the logits are those of transformers' model packed the same way afterwards."""
+    the packed lm_head; the logits are those of transformers' model packed the same way afterwards (W4A8:
+    SmolLM2's Q4_1 layers rounded to Q4_K, its Q8_0 vocabulary in W8A8)."""
     monkeypatch.setenv("SPECPIPE_HOME", str(home.parents[1]))
     model = load_model(ModelSpec("smollm2-135m"), packed=weights)
     assert not any(type(m) in (torch.nn.Linear, torch.nn.Embedding) for m in model.modules())
-    assert {m.packed.dtype for m in model.modules() if isinstance(m, native.PackedLinear)} == {PACKED_WEIGHTS[weights]}
+    dtype = PACKED_WEIGHTS[weights]
+    assert {m.packed.dtype for m in model.modules() if isinstance(m, native.PackedLinear)} == {dtype,
+                                                                                               native.head_dtype(dtype)}
     packed_after = copy.deepcopy(reference)
     native.pack_linears(packed_after, PACKED_WEIGHTS[weights])
     assert torch.equal(logits(model), logits(packed_after))
@@ -91,3 +94,23 @@ def test_the_presets_drafter_reads_the_first_layers(home, reference, monkeypatch
         first_layers.config.layer_types = first_layers.config.layer_types[:layers]
     native.pack_linears(first_layers, torch.int8)
     assert torch.equal(logits(drafter), logits(first_layers))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "F32"])
+def test_a_gguf_embedding_looks_its_rows_up_in_the_files_blocks(qtype):
+    """W4A8's untied embedding keeps the tensor's blocks and gives each looked-up row gguf's values, bit for
+    bit, for lookups longer than a chunk of rows too."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, dequantize, quantize
+
+    from specpipe.engine.gguf_load import GGUFEmbedding, Tensor
+
+    torch.manual_seed(0)
+    weight = torch.randn(300, 512)
+    kind = GGMLQuantizationType[qtype]
+    blocks = native.quantize_q4k(weight) if qtype == "Q4_K" else quantize(weight.numpy(), kind)
+    embedding = GGUFEmbedding(Tensor("token_embd.weight", kind, blocks))
+    assert (embedding.num_embeddings, embedding.embedding_dim) == (300, 512)
+    ids = torch.randint(0, 300, (2, 2600))  # 5,200 rows: more than a chunk
+    expected = np.asarray(dequantize(blocks, kind))[ids.reshape(-1).numpy()]
+    assert torch.equal(embedding(ids), torch.from_numpy(expected).view(2, 2600, 512))

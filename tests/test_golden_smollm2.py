@@ -4,6 +4,7 @@ The default suite runs the chain on two chats; the rest (`-m slow`) takes minute
 import pytest
 
 from specpipe.core.types import GenerationRequest, SpeculationOptions
+from specpipe.engine.runner import ROUNDED_ACTIVATIONS
 from tests.golden import reference_greedy, run
 
 MAX_NEW_TOKENS = 40
@@ -155,12 +156,12 @@ def smollm2_compiled(smollm2):
     return Generator(generator.tokenizer, verifier, {"model": drafter}), verifier
 
 
-@pytest.fixture(scope="module", params=["int8", "w8a8"])
+@pytest.fixture(scope="module", params=["int8", "w8a8", pytest.param("w4a8", marks=pytest.mark.slow)])
 def smollm2_int8(smollm2, request):
     """The verifier packed in int8 (--verifier-weights int8, or w8a8: int8 activations too, integer dot
-    products, attention row by row): a model of its own, whose greedy decoding alone is what speculation
-    must reproduce; the drafter in int8 as --draft-weights auto packs it. Returns (generator, verifier,
-    weights)."""
+    products, attention row by row; w4a8: its Q4_1 layers rounded to Q4_K, 4-bit weights times int8
+    activations): a model of its own, whose greedy decoding alone is what speculation must reproduce;
+    the drafter in int8 as --draft-weights auto packs it. Returns (generator, verifier, weights)."""
     from drafter_service.model_drafter import ModelDrafter
     from orchestrator.generator import Generator
     from specpipe.config.presets import model_specs
@@ -186,7 +187,7 @@ def smollm2_int8(smollm2, request):
 )
 def test_smollm2_int8_verifier_speculative_equals_its_greedy(smollm2_int8, speculation, chats):
     """--verifier-weights int8: speculative == the int8 verifier alone == transformers generate() on
-    the int8-packed model, token for token. w8a8: speculative == that verifier alone (transformers'
+    the int8-packed model, token for token. w8a8, w4a8: speculative == that verifier alone (transformers'
     attention on the packed model is not row-exact: its last bits, rounded into the activations, may
     pick another token)."""
     generator, verifier, weights = smollm2_int8
@@ -197,7 +198,11 @@ def test_smollm2_int8_verifier_speculative_equals_its_greedy(smollm2_int8, specu
         alone, _ = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=SpeculationOptions("none")))
         tokens, chunks = run(generator, GenerationRequest(ids, MAX_NEW_TOKENS, speculation=speculation))
         assert tokens == alone, chat
-        assert weights == "w8a8" or alone == expected, chat
+        assert weights in ROUNDED_ACTIVATIONS or alone == expected, chat
         drafted += sum(c.round.drafted for c in chunks)
         accepted += sum(c.round.accepted for c in chunks)
-    assert 0 < accepted < drafted
+    if speculation.adaptive == "off":
+        assert 0 < accepted < drafted
+    else:  # adaptive control drafts only where its fitted costs say drafts pay: on a host where the packed verifier
+        # is compute-bound (T(k + 1) ~ (k + 1) T(1)) beside a drafter of 16 of its 30 layers, it rightly decodes plainly
+        assert accepted <= drafted

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ def reference(x, w, b):
     return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
 
 
-DTYPES = [torch.float32, torch.bfloat16, torch.int8, torch.uint8]  # uint8: W8A8
+DTYPES = [torch.float32, torch.bfloat16, torch.int8, torch.uint8, torch.int32]  # uint8: W8A8, int32: W4A8
 
 
 def packed_in(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -37,6 +38,13 @@ def packed_in(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.
     if dtype in native.QUANTIZED:
         q, scale = native.quantize_int8(w)
         return native.pack_weight(q, dtype), scale, q.float() * scale[:, None]
+    if dtype == torch.int32:  # Q4_K blocks: the kernel multiplies the values gguf's dequantize gives
+        from gguf import GGMLQuantizationType, dequantize
+
+        blocks = native.quantize_q4k(w)
+        values = dequantize(blocks, GGMLQuantizationType.Q4_K) if blocks.size else np.zeros(w.shape, np.float32)
+        stored = torch.from_numpy(values[:, : w.shape[1]].copy())
+        return native.pack_q4k(blocks), None, stored
     return native.pack_weight(w, dtype), None, w.to(dtype).float()  # bf16 weights are exact in fp32
 
 
@@ -50,19 +58,20 @@ def test_packed_linear_matches_float64(n, k, bias, dtype):
     assert weight.dtype == dtype
     panels, p = (n + native.panel_width() - 1) // native.panel_width(), native.panel_width()
     kp = native.padded_inputs(k, dtype)
-    assert weight.shape == ((panels, kp // 4, p, 4) if dtype == torch.uint8 else (panels, k, p))
+    shapes = {torch.uint8: (panels, kp // 4, p, 4), torch.int32: (panels, kp // native.q4_block(), native.Q4_WORDS, p)}
+    assert weight.shape == shapes.get(dtype, (panels, k, p))
     for m in (1, 2, 3, 5, 8, 9, 17, 40):  # one row block, several, and partial ones
         x = torch.randn(m, k)
-        expected = reference(quantized_activations(x) if dtype == torch.uint8 else x, stored, b)
+        expected = reference(quantized_activations(x, dtype) if dtype in native.ROUNDS_ACTIVATIONS else x, stored, b)
         torch.testing.assert_close(native.packed_linear(x, weight, n, b, scale), expected, atol=1e-4, rtol=1e-4)
 
 
-def quantized_activations(x: torch.Tensor) -> torch.Tensor:
-    """x as the W8A8 kernel multiplies it: each row's blocks of q8_block() features rounded to int8
-    steps of the block's largest |x| / 127."""
+def quantized_activations(x: torch.Tensor, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """x as the W8A8 (W4A8) kernel multiplies it: each row's blocks of q8_block() (q4_block()) features
+    rounded to int8 steps of the block's largest |x| / 127."""
     m, k = x.shape
-    block = native.q8_block()
-    kp = native.padded_inputs(k, torch.uint8)
+    block = native.q8_block() if dtype == torch.uint8 else native.q4_block()
+    kp = native.padded_inputs(k, dtype)
     blocks = F.pad(x, (0, kp - k)).view(m, kp // block, block)
     largest = blocks.abs().amax(dim=-1, keepdim=True)
     inverse = torch.full_like(largest, 127.0) / largest  # (127 / tensor multiplies by a reciprocal)
@@ -80,13 +89,58 @@ def test_w8a8_rounds_each_block_of_a_token_on_its_own_scale():
     torch.testing.assert_close(y, x, atol=1e-3 / 127, rtol=0)
 
 
-def test_w8a8_runs_on_vnni_where_the_cpu_has_it():
-    """The kernel is built for this CPU: its W8A8 sums take AVX-512 VNNI exactly where the CPU has it
-    (elsewhere a portable loop, and a W8A8 runner says so)."""
+def test_w8a8_sums_are_exact_at_the_int8_extremes():
+    """Every weight and activation at +-127 (where AVX2's pairwise int16 products would saturate if they
+    were taken on w + 128): each output is the signed count of agreeing signs, but for the scales' rounding."""
+    torch.manual_seed(0)
+    n, k = 96, 4 * native.q8_block()
+    w = torch.randint(0, 2, (n, k)).float() * 2 - 1
+    x = torch.randint(0, 2, (5, k)).float() * 2 - 1
+    q, scale = native.quantize_int8(w)
+    assert q.abs().min() == 127
+    y = native.packed_linear(x, native.pack_weight(q, torch.uint8), n, None, scale)
+    torch.testing.assert_close(y, x @ w.T, atol=1e-3, rtol=1e-6)
+
+
+def test_w8a8_runs_on_the_cpus_integer_dot_products():
+    """The kernel is built for this CPU: its W8A8 sums take AVX-512 VNNI where the CPU has it, else AVX2,
+    its W4A8 sums AVX2 (elsewhere a portable loop, and a W8A8 or W4A8 runner says so)."""
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), None)
     if flags is None:
         pytest.skip("no /proc/cpuinfo flags")
-    assert native.q8_vnni() == ("avx512_vnni" in flags and "avx512f" in flags)
+    vnni = "avx512_vnni" in flags and "avx512f" in flags
+    expected = "avx512-vnni" if vnni else "avx2" if "avx2" in flags and "avx512f" not in flags else "portable"
+    assert native.q8_simd() == expected
+    assert native.q4_simd() == ("avx2" if "avx2" in flags else "portable")  # W4A8: AVX2 code on AVX-512 hosts too
+
+
+HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # bytes of a block's fp16s
+
+
+@pytest.mark.parametrize("name", sorted(HALF_FIELDS))
+def test_gguf_blocks_dequantize_bit_for_bit_as_gguf_does(name):
+    """native.dequantize gives gguf.dequantize's values exactly: random blocks, their fp16 scales drawn from
+    normal, subnormal, zero and negative values."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+
+    qtype = GGMLQuantizationType[name]
+    values, size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (37, 3 * size), dtype=np.uint8)  # 37 rows of 3 blocks
+    halves = np.concatenate([rng.standard_normal(200) * 0.05, [0.0, -0.0, 6e-8, -3e-6, 65504.0]]).astype(np.float16)
+    for offset in HALF_FIELDS[name]:
+        for block in range(3):
+            at = block * size + offset
+            blocks[:, at : at + 2] = rng.choice(halves, 37).astype(np.float16).view(np.uint8).reshape(37, 2)
+    expected = dequantize(blocks, qtype)
+    assert expected.shape == (37, 3 * values)
+    assert np.array_equal(native.dequantize(blocks, qtype).view(np.uint32), expected.view(np.uint32))
+
+
+def test_types_it_does_not_read_are_left_to_gguf():
+    from gguf import GGMLQuantizationType
+
+    assert native.dequantize(np.zeros((2, 22), np.uint8), GGMLQuantizationType.Q5_0) is None
 
 
 def test_int8_weights_keep_each_rows_largest_value():
@@ -150,7 +204,7 @@ def test_packed_model_gives_the_eager_logits():
         torch.testing.assert_close(packed(ids).logits, eager(ids).logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8, torch.uint8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8, torch.uint8, torch.int32])
 def test_narrow_drafter_weights_stay_close(dtype):
     eager, narrow = tiny_model(), tiny_model()
     native.pack_linears(narrow, dtype)
@@ -158,13 +212,15 @@ def test_narrow_drafter_weights_stay_close(dtype):
     with torch.inference_mode():
         a, b = narrow(ids).logits, eager(ids).logits
     # bf16 keeps 8 bits of mantissa, int8 7 of a row's range; W8A8 rounds the activations to 7 bits of a block's too
-    assert (a - b).abs().max() < (0.08 if dtype == torch.uint8 else 0.05) * b.abs().max()
-    if dtype != torch.uint8:  # the random model's logits lie close together: W8A8's agreement is measured on
-        # the real models (bench-results/recipes/weights-agreement.py)
+    # W4A8's 4-bit steps are ~9x int8's per-row ones on this random model's weights: the bound catches a wrong
+    # kernel (off by the logits' whole size), test_packed_linear_matches_float64 its exactness
+    assert (a - b).abs().max() < {torch.uint8: 0.08, torch.int32: 0.5}.get(dtype, 0.05) * b.abs().max()
+    if dtype not in native.ROUNDS_ACTIVATIONS:  # the random model's logits lie close together: W8A8's (W4A8's)
+        # agreement is measured on the real models (bench-results/recipes/weights-agreement.py)
         assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.uint8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.uint8, torch.int32])
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_packed_group_gives_its_layers_bits(bias, dtype):
     """Layers of one input packed side by side (a layer's q/k/v, an MLP's gate and up) run as one GEMM
@@ -200,7 +256,7 @@ def test_bad_input_is_refused():
         native.packed_linear(torch.randn(2, 8, dtype=torch.float64), packed, 4)
     with pytest.raises(ValueError, match="the layer takes 8"):
         native.packed_linear(torch.randn(2, 7), packed, 4)
-    with pytest.raises(ValueError, match="float32, bfloat16, int8 or uint8"):
+    with pytest.raises(ValueError, match="float32, bfloat16, int8, uint8 .W8A8. or int32"):
         native.pack_weight(torch.randn(4, 8), torch.float16)
     with pytest.raises(ValueError, match=r"int8 \(and W8A8\) packed weights take their scales"):
         native.packed_linear(torch.randn(2, 8), native.pack_weight(torch.zeros(4, 8, dtype=torch.int8), torch.int8), 4)
@@ -284,7 +340,8 @@ def _tied_model() -> torch.nn.Module:
 def test_a_tied_model_embeds_from_its_packed_lm_head(dtype):
     """Packed, a tied model keeps one copy of its vocabulary's weights: the embedding reads the packed
     lm_head's columns, the fp32 embedding is gone. fp32: the embedding's exact values, so the logits
-    stay the eager model's; bf16 / int8: each token's row as the lm_head rounded it."""
+    stay the eager model's; bf16 / int8: each token's row as the lm_head rounded it (W4A8: the lm_head
+    in W8A8, native.head_dtype)."""
     eager, packed = _tied_model(), _tied_model()
     embedding = eager.get_input_embeddings().weight.detach()
     native.pack_linears(packed, dtype)
@@ -293,7 +350,7 @@ def test_a_tied_model_embeds_from_its_packed_lm_head(dtype):
     assert embed.packed.data_ptr() == packed.get_output_embeddings().packed.data_ptr()
     assert not any(isinstance(m, torch.nn.Embedding) for m in packed.modules())
     ids = torch.tensor([[0, 5, 17, 31, 32, 33, 299]])  # panel edges on every vector width (P = 16, 32, 48)
-    _, _, stored = packed_in(embedding, dtype)
+    _, _, stored = packed_in(embedding, native.head_dtype(dtype))
     assert torch.equal(embed(ids)[0], stored[ids[0]])
     with torch.inference_mode():
         logits = packed(ids).logits
@@ -304,7 +361,7 @@ def test_a_tied_model_embeds_from_its_packed_lm_head(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_an_untied_models_embedding_is_packed_in_narrow_weights(dtype):
     """Untied, the embedding is a table of its own: packed in bf16 or int8 like the linear layers (its
-    rows rounded the same way), kept fp32 with fp32 weights (the eager model's values)."""
+    rows rounded the same way; W4A8's in W8A8), kept fp32 with fp32 weights (the eager model's values)."""
     eager, packed = tiny_model(), tiny_model()
     embedding = eager.get_input_embeddings().weight.detach()
     native.pack_linears(packed, dtype)
@@ -314,7 +371,7 @@ def test_an_untied_models_embedding_is_packed_in_narrow_weights(dtype):
         assert type(embed) is torch.nn.Embedding and torch.equal(embed.weight, embedding)
     else:
         assert isinstance(embed, native.PackedEmbedding)
-        assert torch.equal(embed(ids)[0], packed_in(embedding, dtype)[2][ids[0]])
+        assert torch.equal(embed(ids)[0], packed_in(embedding, native.head_dtype(dtype))[2][ids[0]])
 
 
 def test_row_exact_attention_gives_a_row_its_bits_alone_in_a_draft_and_a_tree():

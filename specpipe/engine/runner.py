@@ -218,7 +218,9 @@ def static_inputs(past_len: int, n: int, tree_parents: Sequence[int] | None, siz
 
 
 MODES = ("eager", "packed", "graphs")
-PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8, "w8a8": torch.uint8}
+PACKED_WEIGHTS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8, "w8a8": torch.uint8,
+                  "w4a8": torch.int32}
+ROUNDED_ACTIVATIONS = ("w8a8", "w4a8")  # weights whose kernels round activations: their models attend row by row
 
 
 def packed_on_load(mode: str, weights: str = "fp32") -> str | None:
@@ -251,8 +253,9 @@ class Runner:
             from specpipe.engine import native
 
             native.pack_linears(model, PACKED_WEIGHTS[weights])
-            if weights == "w8a8" and not native.q8_vnni():
-                log.warning("W8A8 weights on a CPU without AVX-512 VNNI: the kernel runs its portable integer loop, "
+            simd = {"w8a8": native.q8_simd, "w4a8": native.q4_simd}.get(weights)
+            if simd is not None and simd() == "portable":
+                log.warning(f"{weights.upper()} weights on this CPU: the kernel runs its portable integer loop, "
                             "several times slower than int8 weights (--verifier-weights / --draft-weights int8)")
 
     def _graph_buffers(self) -> WorkingCache:

@@ -53,7 +53,7 @@ from specpipe.engine.planner import (
     step_shape,
     step_work,
 )
-from specpipe.engine.runner import Runner
+from specpipe.engine.runner import ROUNDED_ACTIVATIONS, Runner
 from specpipe.runtime import cpu, metrics, tracing
 from specpipe.runtime.lifecycle import Cancellation
 
@@ -470,8 +470,9 @@ def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role:
         if curve is not None:
             raise FailedPrecondition(f"--cost-model holds batched forwards to a curve; this {role} runs one session "
                                      f"per forward ({reason})")
-        if role == "verifier" and runner.weights == "w8a8":  # its rounded activations need row-exact attention
-            raise FailedPrecondition(f"a W8A8 verifier (--verifier-weights w8a8) runs batched forwards, whose "
+        if role == "verifier" and runner.weights in ROUNDED_ACTIVATIONS:  # rounded activations: row-exact attention
+            raise FailedPrecondition(f"a {runner.weights.upper()} verifier (--verifier-weights {runner.weights}) runs "
+                                     f"batched forwards, whose "
                                      f"attention gives a token the same bits alone and in a draft; this one would run "
                                      f"one session per forward ({reason})")
         log.info(f"{role} runs one session per forward", extra={"reason": reason})

@@ -9,9 +9,12 @@ BLAS calls.
 Weights are packed in fp32, in bf16 (half the bytes to stream per token, fp32 arithmetic) or in int8
 with a scale per output feature (a quarter of the bytes; round(w / scale), scale = max |w| of the
 feature's row / 127), multiplied in fp32 ("int8") or, with the activations quantized to int8 too,
-in integer dot products ("w8a8": uint8-packed, packed_gemm.c says how): a drafter's rounding changes
-which tokens it proposes, never which tokens are emitted; a verifier's (--verifier-weights) makes a
-model of its own, whose greedy decoding speculation reproduces.
+in integer dot products ("w8a8": uint8-packed, packed_gemm.c says how), or as 4-bit Q4_K blocks times
+int8 activations ("w4a8": int32 words; a GGUF's own Q4_K blocks as they are): a drafter's rounding
+changes which tokens it proposes, never which tokens are emitted; a verifier's (--verifier-weights)
+makes a model of its own, whose greedy decoding speculation reproduces.
+
+GGUF blocks are also dequantized here (dequantize: gguf's values, bit for bit, at memory speed).
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
+import numpy as np
 import torch
 from torch import nn
 
 from specpipe.engine import cores
+from specpipe.engine.native import toolchain
 from specpipe.engine.native.toolchain import build
 
 Kernel = Callable[..., int]  # a ctypes kernel function: 0, or nonzero when out of memory
 BoundLinear = Callable[[torch.Tensor], torch.Tensor]
-# packed weight dtype -> kernel suffix; uint8: int8 weights for the W8A8 kernel (integer dot products)
-WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "i8", torch.uint8: "q8"}
+# packed weight dtype -> kernel suffix; uint8: int8 weights for the W8A8 kernel (integer dot products);
+# int32: Q4_K blocks for the W4A8 kernel (words of nibbles, scales and mins: packed_gemm.c)
+WEIGHT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int8: "i8", torch.uint8: "q8", torch.int32: "q4"}
 QUANTIZED = (torch.int8, torch.uint8)  # packed from quantize_int8's weights, with their scales
 
 
@@ -44,6 +50,8 @@ def library() -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_float,
         ctypes.c_void_p, ctypes.c_int]
+    lib.specpipe_dequantize.restype = ctypes.c_int
+    lib.specpipe_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int]
     for suffix in WEIGHT_DTYPES.values():
         kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
         kernel.restype = ctypes.c_int
@@ -62,15 +70,107 @@ def q8_block() -> int:
     return library().specpipe_q8_block()
 
 
-def q8_vnni() -> bool:
-    """Whether the W8A8 kernel's integer dot products run on AVX-512 VNNI here; elsewhere it runs a
-    portable integer loop (the same sums), several times slower than the int8-weights kernel."""
-    return bool(library().specpipe_q8_vnni())
+SIMD = ("portable", "avx2", "avx512-vnni")  # where an integer kernel's dot products run
+
+
+def q8_simd() -> str:
+    """Where the W8A8 kernel's integer dot products run here: AVX-512 VNNI, AVX2, or a portable integer
+    loop (the same sums, several times slower than the int8-weights kernel)."""
+    return SIMD[library().specpipe_q8_simd()]
+
+
+@functools.lru_cache(maxsize=None)
+def q4_block() -> int:
+    """Input features per super-block of the W4A8 kernel: Q4_K's (its K is padded to a multiple)."""
+    return library().specpipe_q4_block()
+
+
+def q4_simd() -> str:
+    """Where the W4A8 kernel's integer dot products run here: AVX2, or a portable integer loop."""
+    return SIMD[library().specpipe_q4_simd()]
+
+
+Q4_K_BYTES = 144  # a Q4_K block: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 of nibbles
+Q4_WORDS = 38  # int32 words a packed column's super-block: 32 of nibbles, 2 of scales, 2 of mins, d, dmin
+
+
+def quantize_q4k(weight: torch.Tensor) -> np.ndarray:
+    """[N, K] -> Q4_K blocks as a GGUF file holds them (uint8 [N, ceil(K / 256) * 144], K zero-padded):
+    per sub-block of 32 the range from min(0, w) to max(w) in 15 steps, the steps and mins on 6-bit
+    scales of the super-block's fp16 d and dmin (for models that do not come as Q4_K: a tiny model,
+    a fp32 checkpoint)."""
+    n, k = weight.shape
+    sb = q4_block()
+    kp = -(-k // sb) * sb
+    w = np.zeros((n, kp), np.float32)
+    w[:, :k] = weight.float().numpy()
+    sub = w.reshape(n, kp // sb, 8, 32)
+    low = np.minimum(sub.min(axis=-1), 0.0)  # [n, super-blocks, 8]
+    step = (sub.max(axis=-1) - low) / 15
+    d = (step.max(axis=-1) / 63).astype(np.float16)
+    dmin = (-low.min(axis=-1) / 63).astype(np.float16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d[..., None] > 0, np.rint(step / d.astype(np.float32)[..., None]), 0).clip(0, 63).astype(np.uint8)
+        m = np.where(dmin[..., None] > 0, np.rint(-low / dmin.astype(np.float32)[..., None]), 0).clip(0, 63)
+        m = m.astype(np.uint8)
+        scale = d.astype(np.float32)[..., None] * sc
+        offset = dmin.astype(np.float32)[..., None] * m
+        q = np.where(scale[..., None] > 0, np.rint((sub + offset[..., None]) / scale[..., None]), 0)
+    q = q.clip(0, 15).astype(np.uint8).reshape(n, kp // sb, 4, 2, 32)  # sub-blocks 2c, 2c + 1: bytes 32c.. of qs
+    qs = (q[:, :, :, 0] | q[:, :, :, 1] << 4).reshape(n, kp // sb, 128)
+    scales = np.zeros((n, kp // sb, 12), np.uint8)
+    scales[..., 0:4] = sc[..., :4] | (sc[..., 4:] >> 4) << 6
+    scales[..., 4:8] = m[..., :4] | (m[..., 4:] >> 4) << 6
+    scales[..., 8:12] = (sc[..., 4:] & 0xF) | (m[..., 4:] & 0xF) << 4
+    halves = np.stack([d, dmin], axis=-1).view(np.uint8).reshape(n, kp // sb, 4)
+    return np.concatenate([halves, scales, qs], axis=-1).reshape(n, -1)
+
+
+def pack_q4k(blocks: np.ndarray) -> torch.Tensor:
+    """Q4_K blocks (uint8 [N, super-blocks * 144], a GGUF tensor's rows) -> the W4A8 kernel's int32 words
+    [ceil(N / P), super-blocks, Q4_WORDS, P] (packed_gemm.c: nibbles 8 features a word, the scales and
+    mins a byte each, d and dmin as float32)."""
+    from gguf.quants import Q4_K
+
+    n = blocks.shape[0]
+    nsb = blocks.shape[1] // Q4_K_BYTES
+    raw = np.ascontiguousarray(blocks).reshape(n * nsb, Q4_K_BYTES)
+    d = raw[:, 0:2].view(np.float16).astype(np.float32)
+    dmin = raw[:, 2:4].view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(raw[:, 4:16])
+    qs = raw[:, 16:].reshape(-1, 4, 32)
+    q = np.stack([qs & 0xF, qs >> 4], axis=1).transpose(0, 2, 1, 3).reshape(-1, 256)  # feature order
+    nibbles = q.reshape(-1, 32, 2, 4)  # word g: features 8g + b (low nibble of byte b) and 8g + 4 + b (high)
+    words = (nibbles[:, :, 0] | nibbles[:, :, 1] << 4).reshape(-1, 128).view(np.int32)
+    column = np.concatenate([words, np.ascontiguousarray(sc.astype(np.uint8)).view(np.int32),
+                             np.ascontiguousarray(m.astype(np.uint8)).view(np.int32), d.view(np.int32),
+                             dmin.view(np.int32)], axis=1)  # [n * nsb, Q4_WORDS]
+    p = panel_width()
+    panels = (n + p - 1) // p
+    padded = np.zeros((panels * p, nsb, Q4_WORDS), np.int32)  # padding columns: d = 0, weights 0
+    padded[:n] = column.reshape(n, nsb, Q4_WORDS)
+    return torch.from_numpy(padded.reshape(panels, p, nsb, Q4_WORDS).transpose(0, 2, 3, 1).copy())
+
+
+def dequantize(rows: np.ndarray, qtype: int) -> np.ndarray | None:
+    """A GGUF tensor's quantized rows (uint8 [rows, bytes of a row], as gguf's reader maps them) -> fp32
+    [rows, values of a row], bit for bit as gguf.dequantize gives them (packed_gemm.c); None for a type
+    it does not read (it reads Q4_0, Q4_1, Q8_0, Q4_K and Q6_K), or where the kernel cannot be built."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if rows.ndim != 2 or rows.dtype != np.uint8 or toolchain.unavailable():
+        return None
+    values, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+    blocks = np.ascontiguousarray(rows)
+    out = np.empty((rows.shape[0], rows.shape[1] // size * values), dtype=np.float32)
+    if library().specpipe_dequantize(qtype, blocks.ctypes.data, blocks.size // size, out.ctypes.data, cores.threads()):
+        return None
+    return out
 
 
 def padded_inputs(k: int, dtype: torch.dtype) -> int:
-    """K as a packed weight of dtype holds it: rounded up to q8_block() for W8A8, else k."""
-    block = q8_block() if dtype == torch.uint8 else 1
+    """K as a packed weight of dtype holds it: rounded up to q8_block() for W8A8, q4_block() for W4A8, else k."""
+    block = q8_block() if dtype == torch.uint8 else q4_block() if dtype == torch.int32 else 1
     return -(-k // block) * block
 
 
@@ -78,15 +178,19 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     """[N, K] -> [ceil(N / P), K, P] in dtype (float32, bfloat16, or int8 for weights quantize_int8
     gave): column panels of P output features, zero-padded. uint8 (W8A8, from quantize_int8's int8
     weights): w + 128, four input features a column together, K padded to q8_block():
-    [ceil(N / P), Kp / 4, P, 4]."""
+    [ceil(N / P), Kp / 4, P, 4]. int32 (W4A8): a float weight rounded to Q4_K (quantize_q4k), or a
+    GGUF's Q4_K blocks (uint8 [N, bytes]) as they are: pack_q4k's words."""
     if dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"packed weights are float32, bfloat16, int8 or uint8 (W8A8), not {dtype}")
+        raise ValueError(f"packed weights are float32, bfloat16, int8, uint8 (W8A8) or int32 (W4A8), not {dtype}")
+    if dtype == torch.int32:  # Q4_K blocks (a GGUF's own, or quantize_q4k's of a float weight)
+        return pack_q4k(weight.numpy() if weight.dtype == torch.uint8 else quantize_q4k(weight))
     n, k = weight.shape
     p, kp = panel_width(), padded_inputs(k, dtype)
     panels = (n + p - 1) // p
     if dtype == torch.uint8:
         padded = torch.full((panels * p, kp), 128, dtype=torch.uint8)
-        padded[:n, :k] = (weight.to(torch.int16) + 128).to(torch.uint8)
+        stored = padded[:n, :k]
+        stored.copy_(weight.view(torch.uint8)).bitwise_xor_(128)  # w + 128, with no wider copy of a vocabulary
         return padded.view(panels, p, kp // 4, 4).transpose(1, 2).contiguous()
     padded = torch.zeros(panels * p, k, dtype=dtype)
     padded[:n] = weight
@@ -96,6 +200,8 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
 def unpack_columns(packed: torch.Tensor, columns: torch.Tensor, k: int) -> torch.Tensor:
     """The packed weight's output columns (features) [len(columns), k] as stored: float, or int8 before
     its scale (pack_weight's inverse, for the embeddings read from a packed table)."""
+    if packed.dtype == torch.int32:
+        raise ValueError("W4A8 weights are not read back as columns: a vocabulary is packed in W8A8 (head_dtype)")
     p = packed.shape[2]
     if packed.dtype == torch.uint8:
         rows = packed[columns // p, :, columns % p].reshape(len(columns), -1)[:, :k]
@@ -139,7 +245,7 @@ def _run(kernel: Kernel, packed: torch.Tensor, out_features: int, bias: torch.Te
          x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     m, k = x.shape
-    held = packed.shape[1] * (4 if packed.dtype == torch.uint8 else 1)
+    held = packed.shape[1] * {torch.uint8: 4, torch.int32: q4_block()}.get(packed.dtype, 1)
     if padded_inputs(k, packed.dtype) != held:
         raise ValueError(f"input has {k} features, the layer takes {held}")
     y = torch.empty(m, out_features, dtype=torch.float32)
@@ -170,10 +276,13 @@ def row_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     return out
 
 
+ROUNDS_ACTIVATIONS = (torch.uint8, torch.int32)  # W8A8, W4A8
+
+
 def row_exact(model: nn.Module) -> bool:
     """Whether model's forward must attend row by row (row_exact_attention): its linear layers round
-    their activations (W8A8), which would turn attention's last-bit differences into other tokens."""
-    return any(type(m) is PackedLinear and m.packed.dtype == torch.uint8 for m in model.modules())
+    their activations (W8A8, W4A8), which would turn attention's last-bit differences into other tokens."""
+    return any(type(m) is PackedLinear and m.packed.dtype in ROUNDS_ACTIVATIONS for m in model.modules())
 
 
 class PackedLinear(nn.Module):
@@ -203,6 +312,8 @@ class PackedLinear(nn.Module):
     def _pack(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
               scale: torch.Tensor | None) -> None:
         self.out_features, self.in_features = weight.shape
+        if dtype == torch.int32 and weight.dtype == torch.uint8:  # a GGUF's Q4_K blocks
+            self.in_features = weight.shape[1] // Q4_K_BYTES * q4_block()
         if dtype in QUANTIZED and scale is None:
             weight, scale = quantize_int8(weight)
         self.register_buffer("packed", pack_weight(weight, dtype))
@@ -257,7 +368,7 @@ class PackedGroup:
 
     def __init__(self, linears: Sequence[PackedLinear]) -> None:
         self.out_features = [linear.out_features for linear in linears]
-        padded = [linear.packed.shape[0] * linear.packed.shape[2] for linear in linears]  # panels pad to P
+        padded = [linear.packed.shape[0] * panel_width() for linear in linears]  # panels pad to P
         self.starts = [sum(padded[:i]) for i in range(len(linears))]  # each layer's first output column
         self.width = sum(padded)
         self.packed = torch.cat([linear.packed for linear in linears])
@@ -318,7 +429,14 @@ def group_projections(model: nn.Module) -> int:
 
 
 # packed weights that round: an untied embedding is packed in them too
-NARROW = (torch.bfloat16, torch.int8, torch.uint8)
+NARROW = (torch.bfloat16, torch.int8, torch.uint8, torch.int32)
+
+
+def head_dtype(dtype: torch.dtype) -> torch.dtype:
+    """How the vocabulary's weights (the lm_head, an untied input embedding) are packed where the layers
+    are packed in dtype: as they are, but W4A8's in W8A8 (as a Q4_K_M file keeps its output in Q6_K),
+    whose columns PackedEmbedding reads."""
+    return torch.uint8 if dtype == torch.int32 else dtype
 
 
 def _embeddings(model: nn.Module) -> tuple[Any, Any]:
@@ -341,21 +459,22 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
     embedding then reads the packed lm_head, an untied one packed in bf16 or int8 its own packed
     table (PackedEmbedding), and the fp32 weight is freed."""
     library()  # build (or find) the kernel first: a missing compiler fails before anything changes
-    already = {m.packed.dtype for m in model.modules() if type(m) is PackedLinear} - {dtype}
+    already = {m.packed.dtype for m in model.modules() if type(m) is PackedLinear} - {dtype, head_dtype(dtype)}
     if already:  # a model read from GGUF comes packed
         raise ValueError(f"the model's linear layers are packed in {sorted(map(str, already))} already, not {dtype}")
     tied = _tied_embedding(model)
     replaced = 0
+    _, head = _embeddings(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
-                setattr(parent, name, PackedLinear(child, dtype))
+                setattr(parent, name, PackedLinear(child, head_dtype(dtype) if child is head else dtype))
                 replaced += 1
     inputs, head = _embeddings(model)
     if tied and type(head) is PackedLinear:
         getattr(model, "set_input_embeddings")(PackedEmbedding(head))
     elif type(inputs) is nn.Embedding and dtype in NARROW:
-        packed = PackedLinear.of(inputs.weight.detach(), None, dtype)
+        packed = PackedLinear.of(inputs.weight.detach(), None, head_dtype(dtype))
         getattr(model, "set_input_embeddings")(PackedEmbedding(packed))
     group_projections(model)
     return replaced

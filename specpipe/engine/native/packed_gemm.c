@@ -18,10 +18,11 @@
  * forward (batch invariance), so verifying k tokens at once gives each the bits of feeding it alone.
  *
  * W8A8 (specpipe_packed_linear_q8): int8 weights and int8 activations, multiplied with integer dot
- * products (AVX-512 VNNI where the CPU has it), as llama.cpp multiplies its quantized blocks. Each
+ * products (AVX-512 VNNI or AVX2 where the CPU has them), as llama.cpp multiplies its quantized blocks. Each
  * row of x is quantized per block of QB input features (a scale each, its largest |x| at 127); a
  * block's dot product is an exact int32 sum, so it is the same whatever the order or vector width,
  * and the blocks' scaled sums join one FMA chain per output in block order: batch-invariant too.
+ * W4A8 (specpipe_packed_linear_q4) does the same with 4-bit Q4_K weights, a GGUF's own blocks.
  *
  * Built by specpipe.engine.native with the host compiler and -march=native; GNU C vector extensions pick
  * the host's vector width (AVX-512: 16 floats, AVX2: 8, NEON and SSE: 4).
@@ -194,33 +195,36 @@ int specpipe_panel_width(void) { return P; }
 
 int specpipe_q8_block(void) { return QB; }
 
-int specpipe_q8_vnni(void) { /* 1: the W8A8 sums run on AVX-512 VNNI; 0: the portable integer loop */
+int specpipe_q8_simd(void) { /* where the W8A8 sums run: 2 AVX-512 VNNI, 1 AVX2, 0 the portable integer loop */
 #if defined(__AVX512VNNI__) && VL == 16
+    return 2;
+#elif defined(__AVX2__) && VL == 8
     return 1;
 #else
     return 0;
 #endif
 }
 
-/* x [M][K] -> xq [M][Kp] (zero-padded), xs [M][Kp/QB] scales, xsum [M][Kp/QB] sums of xq. */
-static void quantize_rows(const float *x, size_t M, size_t K, size_t Kp, signed char *xq, float *xs, int *xsum) {
-    size_t nb = Kp / QB;
+/* x [M][K] -> xq [M][Kp] (zero-padded), xs [M][Kp/block] scales (a block's largest |x| at 127),
+ * xsum [M][Kp/sum_block] sums of xq (sum_block divides block). */
+static void quantize_rows(const float *x, size_t M, size_t K, size_t Kp, size_t block, size_t sum_block,
+                          signed char *xq, float *xs, int *xsum) {
+    size_t nb = Kp / block, ns = Kp / sum_block;
     for (size_t r = 0; r < M; r++)
         for (size_t b = 0; b < nb; b++) {
             const float *xr = x + r * K;
-            size_t k0 = b * QB, k1 = K < k0 + QB ? K : k0 + QB;
+            size_t k0 = b * block, k1 = K < k0 + block ? K : k0 + block;
             float amax = 0.0f;
             for (size_t k = k0; k < k1; k++) amax = amax > __builtin_fabsf(xr[k]) ? amax : __builtin_fabsf(xr[k]);
             float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int sum = 0;
-            for (size_t k = k0; k < k0 + QB; k++) {
+            for (size_t k = k0; k < k0 + block; k++) {
                 int q = k < k1 ? (int)__builtin_nearbyintf(xr[k] * inv) : 0;
                 q = q > 127 ? 127 : q < -127 ? -127 : q;
                 xq[r * Kp + k] = (signed char)q;
-                sum += q;
+                if (k % sum_block == 0) xsum[r * ns + k / sum_block] = 0;
+                xsum[r * ns + k / sum_block] += q;
             }
             xs[r * nb + b] = amax / 127.0f;
-            xsum[r * nb + b] = sum;
         }
 }
 
@@ -260,6 +264,41 @@ static void quantize_rows(const float *x, size_t M, size_t K, size_t Kp, signed 
             __asm__ volatile("" ::: "memory"); /* buf stays in memory: the registers are the int sums' */  \
         }                                                                                                  \
     }
+#elif defined(__AVX2__) && VL == 8
+/* AVX2 has no u8 x s8 dot product into int32, only vpmaddubsw (pairs into saturating int16). Its products
+ * are kept exact as llama.cpp keeps them: |w| (at most 128) times x carrying w's sign (|x| <= 127), so a
+ * pair sums to at most 2 * 128 * 127 < 2^15; vpmaddwd then adds the pairs into int32. One vector of VL
+ * columns at a time over the whole block, so the R x 1 sums stay in registers for any R <= QMR. */
+#define Q8_ROW_BLOCK(R)                                                                                    \
+    static void row_block_q8_##R(const signed char *xq, size_t Kp, size_t b0, size_t b1,                   \
+                                 const unsigned char *w, float *buf, const float *xs, const int *xsum,     \
+                                 size_t nb) {                                                              \
+        (void)xsum; /* w's sign is applied to x: no offset to take back */                                 \
+        const __m256i bias = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);                    \
+        for (size_t b = b0; b < b1; b++) {                                                                 \
+            const unsigned char *wb = w + (b - b0) * QB * P;                                               \
+            for (int v = 0; v < NV; v++) {                                                                 \
+                __m256i acc[R];                                                                            \
+                for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();                               \
+                for (size_t q = 0; q < QB / 4; q++) {                                                      \
+                    __m256i ws = _mm256_xor_si256(                                                         \
+                        _mm256_loadu_si256((const __m256i *)(wb + q * P * 4 + v * 32)), bias); /* w */     \
+                    __m256i wa = _mm256_sign_epi8(ws, ws);                                /* |w| */        \
+                    for (int r = 0; r < R; r++) {                                                          \
+                        int x4;                                                                            \
+                        memcpy(&x4, xq + r * Kp + b * QB + q * 4, 4);                                      \
+                        __m256i xw = _mm256_sign_epi8(_mm256_set1_epi32(x4), ws);                          \
+                        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xw), ones)); \
+                    }                                                                                      \
+                }                                                                                          \
+                for (int r = 0; r < R; r++) {                                                              \
+                    float *f = buf + r * P + v * VL;                                                       \
+                    __m256 dot = _mm256_cvtepi32_ps(acc[r]);                                               \
+                    _mm256_storeu_ps(f, _mm256_fmadd_ps(dot, _mm256_set1_ps(xs[r * nb + b]), _mm256_loadu_ps(f))); \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    }
 #else /* plain integer arithmetic: the same exact sums, the same FMA chain */
 #define Q8_ROW_BLOCK(R)                                                                                    \
     static void row_block_q8_##R(const signed char *xq, size_t Kp, size_t b0, size_t b1,                   \
@@ -285,18 +324,22 @@ static void (*const row_block_q8[QMR + 1])(const signed char *, size_t, size_t, 
                                            float *, const float *, const int *, size_t) = {
     NULL, row_block_q8_1, row_block_q8_2, row_block_q8_3, row_block_q8_4, row_block_q8_5, row_block_q8_6};
 
-/* x [M][K] float, w packed as above, s [N] the weights' scales, b [N] or NULL: y = s * (xq . w) + b. */
-int specpipe_packed_linear_q8(const float *x, size_t M, size_t K, const unsigned char *w, size_t N, const float *s,
-                              const float *b, float *y, int threads) {
-    size_t Kp = (K + QB - 1) / QB * QB, nb = Kp / QB;
-    size_t chunk = M <= QMR ? nb : QKC / QB; /* blocks a row block runs before the next takes them */
+/* The integer kernels' frame: each row of x quantized (a scale per block of features, sums per sum_block),
+ * then every panel j on some thread, accumulated by panel(j, buf, ...) into a zeroed buffer of M x P sums
+ * and written out as y = buf * s + b (s: per-column scales, or NULL). -1: out of memory. */
+typedef void (*IntegerPanel)(const void *w, size_t M, size_t Kp, long j, const signed char *xq, const float *xs,
+                             const int *xsum, float *buf);
+
+static int integer_linear(const float *x, size_t M, size_t K, size_t Kp, size_t block, size_t sum_block,
+                          IntegerPanel panel, const void *w, size_t N, const float *s, const float *b, float *y,
+                          int threads) {
     long panels = (long)((N + P - 1) / P);
     size_t bytes = (M * P * sizeof(float) + 63) / 64 * 64;
     signed char *xq = malloc(M * Kp + 1);
-    float *xs = malloc(M * nb * sizeof(float) + 1);
-    int *xsum = malloc(M * nb * sizeof(int) + 1);
+    float *xs = malloc(M * (Kp / block) * sizeof(float) + 1);
+    int *xsum = malloc(M * (Kp / sum_block) * sizeof(int) + 1);
     int failed = !(xq && xs && xsum);
-    if (!failed) quantize_rows(x, M, K, Kp, xq, xs, xsum);
+    if (!failed) quantize_rows(x, M, K, Kp, block, sum_block, xq, xs, xsum);
     _Pragma("omp parallel num_threads(threads) if (threads > 1)") {
         float *buf = failed ? NULL : aligned_alloc(64, bytes);
         if (!buf) {
@@ -305,20 +348,12 @@ int specpipe_packed_linear_q8(const float *x, size_t M, size_t K, const unsigned
         _Pragma("omp for schedule(static)")
         for (long j = 0; j < panels; j++) {
             if (!buf) continue;
-            const unsigned char *panel = w + (size_t)j * Kp * P;
             size_t col = (size_t)j * P, ncols = N - col < P ? N - col : P;
             memset(buf, 0, bytes);
-            for (size_t b0 = 0; b0 < nb; b0 += chunk) {
-                size_t b1 = nb - b0 < chunk ? nb : b0 + chunk;
-                for (size_t m = 0; m < M; m += QMR) {
-                    size_t rows = M - m < QMR ? M - m : QMR;
-                    row_block_q8[rows](xq + m * Kp, Kp, b0, b1, panel + b0 * QB * P, buf + m * P, xs + m * nb,
-                                       xsum + m * nb, nb);
-                }
-            }
+            panel(w, M, Kp, j, xq, xs, xsum, buf);
             for (size_t r = 0; r < M; r++)
                 for (size_t c = 0; c < ncols; c++) {
-                    float v = buf[r * P + c] * s[col + c];
+                    float v = s ? buf[r * P + c] * s[col + c] : buf[r * P + c];
                     y[r * N + col + c] = b ? v + b[col + c] : v;
                 }
         }
@@ -328,6 +363,162 @@ int specpipe_packed_linear_q8(const float *x, size_t M, size_t K, const unsigned
     free(xs);
     free(xsum);
     return failed ? -1 : 0;
+}
+
+/* W8A8's panel j: blocks in chunks (in L2) that every row block takes in turn. */
+static void panel_q8(const void *weights, size_t M, size_t Kp, long j, const signed char *xq, const float *xs,
+                     const int *xsum, float *buf) {
+    size_t nb = Kp / QB;
+    size_t chunk = M <= QMR ? nb : QKC / QB; /* blocks a row block runs before the next takes them */
+    const unsigned char *panel = (const unsigned char *)weights + (size_t)j * Kp * P;
+    for (size_t b0 = 0; b0 < nb; b0 += chunk) {
+        size_t b1 = nb - b0 < chunk ? nb : b0 + chunk;
+        for (size_t m = 0; m < M; m += QMR) {
+            size_t rows = M - m < QMR ? M - m : QMR;
+            row_block_q8[rows](xq + m * Kp, Kp, b0, b1, panel + b0 * QB * P, buf + m * P, xs + m * nb, xsum + m * nb,
+                               nb);
+        }
+    }
+}
+
+/* x [M][K] float, w packed as above, s [N] the weights' scales, b [N] or NULL: y = s * (xq . w) + b. */
+int specpipe_packed_linear_q8(const float *x, size_t M, size_t K, const unsigned char *w, size_t N, const float *s,
+                              const float *b, float *y, int threads) {
+    size_t Kp = (K + QB - 1) / QB * QB;
+    return integer_linear(x, M, K, Kp, QB, QB, panel_q8, w, N, s, b, y, threads);
+}
+
+/* --- W4A8: the GGUF's Q4_K blocks times int8 activations ------------------------------------------
+ * A weight column's super-block of SB = 256 input features is Q4_K's: w = d * sc_j * q - dmin * m_j for
+ * sub-block j (32 features) of 8, q in 0..15, sc_j and m_j 6-bit, d and dmin floats (the file's fp16).
+ * Activations are int8 per super-block of a row (one scale xs, llama.cpp's Q8_K), with their sums per
+ * sub-block (xsum_j). A column's super-block is then
+ *     xs * (d * sum_j sc_j * (q_j . x_j) - dmin * sum_j m_j * xsum_j)
+ * whose two sums are exact int32 (|sum| <= 8 * 63 * 32 * 15 * 127 < 2^31): the same whatever the order or
+ * vector width, and the super-blocks join one FMA chain per output in order (batch-invariant, as W8A8).
+ * Packed as int32 words [ceil(N/P)][Kp/SB][Q4_WORDS][P], per column of a panel's super-block:
+ *   words 0-31: features 8g..8g+7 of word g, byte b holding feature 8g + b (low nibble) and 8g + 4 + b (high);
+ *   words 32-33: sc_0..sc_7 (a byte each); 34-35: m_0..m_7; 36: d (float bits); 37: dmin (float bits).
+ * 4.75 bits a weight (int8: 8), where decoding on a CPU is bound by the bytes it streams a token. */
+#define SB 256
+#define Q4_WORDS 38
+#define Q4_MR 4 /* rows a block: Q4_MR int16 and int32 sums, the weights' nibbles and a broadcast in registers */
+
+int specpipe_q4_block(void) { return SB; }
+
+int specpipe_q4_simd(void) { /* 1: the W4A8 sums run on AVX2; 0: the portable integer loop */
+#if defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Super-block sb of R rows over 8 columns (w: the panel's super-block sb at column col), added to
+ * buf[r][col..col+7]. */
+#if defined(__AVX2__)
+static inline __m256i int16_pair(int lo, int hi) { /* (lo, hi) as int16 in every 32-bit lane; |lo|, |hi| < 2^15 */
+    return _mm256_set1_epi32((int)(((unsigned)lo & 0xFFFF) | (unsigned)hi << 16));
+}
+#define Q4_ROW_BLOCK(R)                                                                                    \
+    static void row_block_q4_##R(const signed char *xq, size_t Kp, size_t sb, const int *w, size_t col,    \
+                                 float *buf, const float *xs, const int *xsum) {                           \
+        const __m256i low = _mm256_set1_epi8(0x0F), byte = _mm256_set1_epi32(0xFF);                        \
+        const __m256i evens = _mm256_set1_epi32(0x00FF00FF);                                               \
+        __m256i sums[R];                                                                                   \
+        for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();                                      \
+        __m256i scales[2] = {_mm256_loadu_si256((const __m256i *)(w + 32 * P + col)),                      \
+                             _mm256_loadu_si256((const __m256i *)(w + 33 * P + col))};                     \
+        for (int j = 0; j < 8; j++) {                                                                      \
+            __m256i sc = _mm256_and_si256(_mm256_srli_epi32(scales[j / 4], 8 * (j % 4)), byte);           \
+            sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* sc_j in both int16 halves */           \
+            __m256i part[R];                                                                               \
+            for (int r = 0; r < R; r++) part[r] = _mm256_setzero_si256();                                  \
+            for (int g = 4 * j; g < 4 * j + 4; g++) {                                                      \
+                __m256i q = _mm256_loadu_si256((const __m256i *)(w + g * P + col));                        \
+                __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low); \
+                for (int r = 0; r < R; r++) {                                                              \
+                    int a, b;                                                                              \
+                    memcpy(&a, xq + r * Kp + sb * SB + 8 * g, 4);                                          \
+                    memcpy(&b, xq + r * Kp + sb * SB + 8 * g + 4, 4);                                      \
+                    /* each int16 adds 8 products of |q x| <= 15 * 127: < 2^15 */                          \
+                    part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));    \
+                    part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b)));    \
+                }                                                                                          \
+            }                                                                                              \
+            for (int r = 0; r < R; r++) sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(part[r], sc)); \
+        }                                                                                                  \
+        __m256i mins[2] = {_mm256_loadu_si256((const __m256i *)(w + 34 * P + col)),                        \
+                           _mm256_loadu_si256((const __m256i *)(w + 35 * P + col))};                       \
+        __m256 d = _mm256_loadu_ps((const float *)(w + 36 * P + col));                                    \
+        __m256 dmin = _mm256_loadu_ps((const float *)(w + 37 * P + col));                                 \
+        for (int r = 0; r < R; r++) {                                                                      \
+            const int *xsr = xsum + (r * (Kp / SB) + sb) * 8;                                              \
+            __m256i m = _mm256_setzero_si256();                                                            \
+            for (int h = 0; h < 2; h++) { /* m_j * xsum_j, two sub-blocks an int16 pair */                 \
+                __m256i even = _mm256_and_si256(mins[h], evens), odd = _mm256_and_si256(_mm256_srli_epi32(mins[h], 8), evens); \
+                m = _mm256_add_epi32(m, _mm256_madd_epi16(even, int16_pair(xsr[4 * h], xsr[4 * h + 2])));    \
+                m = _mm256_add_epi32(m, _mm256_madd_epi16(odd, int16_pair(xsr[4 * h + 1], xsr[4 * h + 3]))); \
+            }                                                                                              \
+            __m256 t = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m))); \
+            float *f = buf + r * P + col;                                                                  \
+            _mm256_storeu_ps(f, _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * (Kp / SB) + sb]), _mm256_loadu_ps(f))); \
+        }                                                                                                  \
+    }
+#else
+#define Q4_ROW_BLOCK(R)                                                                                    \
+    static void row_block_q4_##R(const signed char *xq, size_t Kp, size_t sb, const int *w, size_t col,    \
+                                 float *buf, const float *xs, const int *xsum) {                           \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (size_t c = col; c < col + 8; c++) {                                                       \
+                const signed char *x = xq + r * Kp + sb * SB;                                              \
+                const int *xsr = xsum + (r * (Kp / SB) + sb) * 8;                                          \
+                int sums = 0, m = 0;                                                                       \
+                for (int j = 0; j < 8; j++) {                                                              \
+                    int dot = 0;                                                                           \
+                    for (int g = 4 * j; g < 4 * j + 4; g++) {                                              \
+                        unsigned word = (unsigned)w[g * P + c];                                            \
+                        for (int b = 0; b < 4; b++) {                                                      \
+                            dot += (int)((word >> (8 * b)) & 0xF) * x[8 * g + b];                           \
+                            dot += (int)((word >> (8 * b + 4)) & 0xF) * x[8 * g + 4 + b];                   \
+                        }                                                                                  \
+                    }                                                                                      \
+                    sums += (int)((unsigned)w[(32 + j / 4) * P + c] >> (8 * (j % 4)) & 0xFF) * dot;        \
+                    m += (int)((unsigned)w[(34 + j / 4) * P + c] >> (8 * (j % 4)) & 0xFF) * xsr[j];        \
+                }                                                                                          \
+                float d, dmin;                                                                             \
+                memcpy(&d, w + 36 * P + c, sizeof d);                                                      \
+                memcpy(&dmin, w + 37 * P + c, sizeof dmin);                                                \
+                float t = __builtin_fmaf(d, (float)sums, -(dmin * (float)m));                              \
+                buf[r * P + c] = __builtin_fmaf(t, xs[r * (Kp / SB) + sb], buf[r * P + c]);                \
+            }                                                                                              \
+    }
+#endif
+Q4_ROW_BLOCK(1) Q4_ROW_BLOCK(2) Q4_ROW_BLOCK(3) Q4_ROW_BLOCK(4)
+static void (*const row_block_q4[Q4_MR + 1])(const signed char *, size_t, size_t, const int *, size_t, float *,
+                                             const float *, const int *) = {
+    NULL, row_block_q4_1, row_block_q4_2, row_block_q4_3, row_block_q4_4};
+
+/* W4A8's panel j: super-block by super-block, 8 columns at a time, row block by row block. */
+static void panel_q4(const void *weights, size_t M, size_t Kp, long j, const signed char *xq, const float *xs,
+                     const int *xsum, float *buf) {
+    size_t nsb = Kp / SB;
+    const int *panel = (const int *)weights + (size_t)j * nsb * Q4_WORDS * P;
+    for (size_t sb = 0; sb < nsb; sb++)
+        for (size_t c = 0; c < P; c += 8)
+            for (size_t m = 0; m < M; m += Q4_MR) {
+                size_t rows = M - m < Q4_MR ? M - m : Q4_MR;
+                row_block_q4[rows](xq + m * Kp, Kp, sb, panel + sb * Q4_WORDS * P, c, buf + m * P, xs + m * nsb,
+                                   xsum + m * nsb * 8);
+            }
+}
+
+/* x [M][K] float, w packed as above, b [N] or NULL (s unused: the scales are in w): y = the W4A8 product + b. */
+int specpipe_packed_linear_q4(const float *x, size_t M, size_t K, const int *w, size_t N, const float *s,
+                              const float *b, float *y, int threads) {
+    (void)s;
+    size_t Kp = (K + SB - 1) / SB * SB;
+    return integer_linear(x, M, K, Kp, SB, SB / 8, panel_q4, w, N, NULL, b, y, threads);
 }
 
 PACKED_LINEAR(f32, float, 0)
@@ -393,4 +584,128 @@ int specpipe_row_exact_attention(const float *q, size_t heads, size_t n, size_t 
         free(acc);
     }
     return failed ? -1 : 0;
+}
+
+/* --- GGUF dequantization ---------------------------------------------------------------------------
+ * A GGUF tensor's quantized blocks -> fp32, bit for bit what gguf-py's numpy dequantize gives (the
+ * values transformers' GGUF loading builds the model from), at memory speed rather than numpy's. Each
+ * value is computed as numpy computes it: float32 products and sums, rounded one operation at a time (no
+ * fused multiply-add: FP_CONTRACT off below). Types by their ggml number; others are the caller's. */
+#define GGML_Q4_0 2
+#define GGML_Q4_1 3
+#define GGML_Q8_0 8
+#define GGML_Q4_K 12
+#define GGML_Q6_K 14
+#define QK_K 256
+
+static float half_to_float(const unsigned char *p) { /* IEEE binary16, little-endian, exactly */
+    unsigned h = (unsigned)p[0] | (unsigned)p[1] << 8, sign = (h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    unsigned bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | man << 13;
+    } else if (exp) {
+        bits = sign | (exp + 112) << 23 | man << 13;
+    } else if (man) { /* subnormal: normalize */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
+        bits = sign | (unsigned)(112 - e) << 23 | (man & 0x3FF) << 13;
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* The block's size in bytes and in values, or 0 for a type not dequantized here. */
+static size_t block_bytes(int type, size_t *values) {
+    switch (type) {
+    case GGML_Q4_0: *values = 32; return 18;
+    case GGML_Q4_1: *values = 32; return 20;
+    case GGML_Q8_0: *values = 32; return 34;
+    case GGML_Q4_K: *values = QK_K; return 144;
+    case GGML_Q6_K: *values = QK_K; return 210;
+    default: *values = 0; return 0;
+    }
+}
+
+#define NO_FMA __attribute__((optimize("fp-contract=off")))
+
+/* Each loop below has a fixed shift and scale, so that the compiler vectorizes it. */
+NO_FMA static void dequantize_block(int type, const unsigned char *b, float *y) {
+    switch (type) {
+    case GGML_Q4_0: { /* d, 16 bytes: values 0-15 their low nibbles, 16-31 their high ones */
+        float d = half_to_float(b);
+        for (int i = 0; i < 16; i++) y[i] = d * (float)((b[2 + i] & 0xF) - 8);
+        for (int i = 0; i < 16; i++) y[16 + i] = d * (float)((b[2 + i] >> 4) - 8);
+        break;
+    }
+    case GGML_Q4_1: { /* d, m, 16 bytes as Q4_0's */
+        float d = half_to_float(b), m = half_to_float(b + 2);
+        for (int i = 0; i < 16; i++) {
+            float p = d * (float)(b[4 + i] & 0xF);
+            y[i] = p + m;
+        }
+        for (int i = 0; i < 16; i++) {
+            float p = d * (float)(b[4 + i] >> 4);
+            y[16 + i] = p + m;
+        }
+        break;
+    }
+    case GGML_Q8_0: {
+        float d = half_to_float(b);
+        for (int i = 0; i < 32; i++) y[i] = (float)(signed char)b[2 + i] * d;
+        break;
+    }
+    case GGML_Q4_K: { /* d, dmin, 12 bytes of 6-bit scales and mins of 8 sub-blocks, 128 bytes of nibbles */
+        float d = half_to_float(b), dmin = half_to_float(b + 2);
+        const unsigned char *s = b + 4, *qs = b + 16;
+        float ds[8], dm[8];
+        for (int j = 0; j < 8; j++) {
+            int sc = j < 4 ? s[j] & 0x3F : (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
+            int mn = j < 4 ? s[j + 4] & 0x3F : (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+            ds[j] = d * (float)sc;
+            dm[j] = dmin * (float)mn;
+        }
+        for (int c = 0; c < 4; c++) { /* sub-blocks 2c and 2c + 1: the low and high nibbles of bytes 32c .. 32c + 31 */
+            const unsigned char *q = qs + 32 * c;
+            for (int i = 0; i < 32; i++) {
+                float p = ds[2 * c] * (float)(q[i] & 0xF);
+                y[64 * c + i] = p - dm[2 * c];
+            }
+            for (int i = 0; i < 32; i++) {
+                float p = ds[2 * c + 1] * (float)(q[i] >> 4);
+                y[64 * c + 32 + i] = p - dm[2 * c + 1];
+            }
+        }
+        break;
+    }
+    case GGML_Q6_K: { /* 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, d; two halves of 128 */
+        const unsigned char *ql = b, *qh = b + 128;
+        const signed char *sc = (const signed char *)(b + 192);
+        float d = half_to_float(b + 208);
+        for (int g = 0; g < 16; g++) { /* 16 values of one scale: half h, quarter t of it */
+            int h = g / 8, t = g % 8 / 2, i0 = g % 2 * 16;
+            const unsigned char *lo = ql + 64 * h + 32 * (t % 2) + i0, *hi = qh + 32 * h + i0;
+            int lshift = t / 2 * 4, hshift = 2 * t;
+            float ds = d * (float)sc[g];
+            for (int i = 0; i < 16; i++)
+                y[16 * g + i] = ds * (float)(signed char)((((lo[i] >> lshift) & 0xF) | ((hi[i] >> hshift) & 3) << 4) - 32);
+        }
+        break;
+    }
+    }
+}
+
+/* blocks of type at src -> dst (blocks x the type's values), threads splitting the blocks. Returns -1 for
+ * a type not dequantized here (nothing written). */
+int specpipe_dequantize(int type, const unsigned char *src, size_t blocks, float *dst, int threads) {
+    size_t values, bytes = block_bytes(type, &values);
+    if (!bytes) return -1;
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1 && blocks > 4096)")
+    for (long i = 0; i < (long)blocks; i++) dequantize_block(type, src + (size_t)i * bytes, dst + (size_t)i * values);
+    return 0;
 }
