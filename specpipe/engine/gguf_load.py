@@ -50,18 +50,23 @@ def _tensors(gguf: Path, table: dict) -> Iterator[Tensor]:
         yield Tensor(entry["name"], entry["type"], data)
 
 
-def _row_chunks(tensor: Tensor) -> Iterator[np.ndarray]:
-    """A GGUF tensor's rows as fp32, CHUNK_ROWS at a time ([rows, cols] each; a vector: one chunk)."""
+def _dequantized(rows: np.ndarray, tensor_type: int) -> np.ndarray:
+    """GGUF rows (or a vector) of a tensor type as fp32: the native library's for the types it reads (the
+    same values, tens of times sooner than numpy's), gguf's for the others."""
     from gguf import GGMLQuantizationType, dequantize
 
-    qtype, data = GGMLQuantizationType(tensor.tensor_type), tensor.data
+    fast = native.dequantize(rows, tensor_type)
+    return fast if fast is not None else np.asarray(dequantize(rows, GGMLQuantizationType(tensor_type)), np.float32)
+
+
+def _row_chunks(tensor: Tensor) -> Iterator[np.ndarray]:
+    """A GGUF tensor's rows as fp32, CHUNK_ROWS at a time ([rows, cols] each; a vector: one chunk)."""
+    data = tensor.data
     if data.ndim < 2:
-        yield np.asarray(dequantize(data, qtype), dtype=np.float32)
+        yield _dequantized(data, tensor.tensor_type)
         return
     for start in range(0, data.shape[0], CHUNK_ROWS):
-        rows = data[start : start + CHUNK_ROWS]
-        fast = native.dequantize(rows, qtype)  # the same values, tens of times sooner than numpy's
-        yield fast if fast is not None else np.asarray(dequantize(rows, qtype), dtype=np.float32)
+        yield _dequantized(data[start : start + CHUNK_ROWS], tensor.tensor_type)
         _give_back_free_memory()  # the chunk's transients, before the next chunk's (a vocabulary has 38)
 
 
@@ -106,13 +111,11 @@ class GGUFEmbedding(nn.Module):
         super().__init__()
         self.tensor_type = tensor.tensor_type
         self.register_buffer("blocks", torch.from_numpy(np.array(tensor.data, order="C")))  # the map is read-only
-        self.num_embeddings, self.embedding_dim = self.blocks.shape[0], self._rows(self.blocks[:1]).shape[1]
-
-    def _rows(self, blocks: torch.Tensor) -> np.ndarray:
-        return np.concatenate(list(_row_chunks(Tensor("", self.tensor_type, blocks.numpy()))))
+        self.num_embeddings = self.blocks.shape[0]
+        self.embedding_dim = _dequantized(self.blocks[:1].numpy(), self.tensor_type).shape[1]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self._rows(self.blocks[ids.reshape(-1)])
+        rows = _dequantized(self.blocks[ids.reshape(-1)].numpy(), self.tensor_type)
         return torch.from_numpy(rows).view(*ids.shape, self.embedding_dim)
 
 
