@@ -472,9 +472,8 @@ def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role:
                                      f"per forward ({reason})")
         if role == "verifier" and runner.weights in ROUNDED_ACTIVATIONS:  # rounded activations: row-exact attention
             raise FailedPrecondition(f"a {runner.weights.upper()} verifier (--verifier-weights {runner.weights}) runs "
-                                     f"batched forwards, whose "
-                                     f"attention gives a token the same bits alone and in a draft; this one would run "
-                                     f"one session per forward ({reason})")
+                                     f"batched forwards, whose attention gives a token the same bits alone and in a "
+                                     f"draft; this one would run one session per forward ({reason})")
         log.info(f"{role} runs one session per forward", extra={"reason": reason})
         runner.warm_up()
         return None

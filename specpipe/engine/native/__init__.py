@@ -158,14 +158,22 @@ def dequantize(rows: np.ndarray, qtype: int) -> np.ndarray | None:
     it does not read (it reads Q4_0, Q4_1, Q8_0, Q4_K and Q6_K), or where the kernel cannot be built."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    if rows.ndim != 2 or rows.dtype != np.uint8 or toolchain.unavailable():
+    lib = _library_if_available()
+    if rows.ndim != 2 or rows.dtype != np.uint8 or lib is None:
         return None
     values, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
     blocks = np.ascontiguousarray(rows)
     out = np.empty((rows.shape[0], rows.shape[1] // size * values), dtype=np.float32)
-    if library().specpipe_dequantize(qtype, blocks.ctypes.data, blocks.size // size, out.ctypes.data, cores.threads()):
+    if lib.specpipe_dequantize(qtype, blocks.ctypes.data, blocks.size // size, out.ctypes.data, cores.threads()):
         return None
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _library_if_available() -> ctypes.CDLL | None:
+    """The library, or None where it cannot be built (asked once: a W4A8 embedding dequantizes every
+    forward's rows)."""
+    return library() if toolchain.unavailable() is None else None
 
 
 def padded_inputs(k: int, dtype: torch.dtype) -> int:
