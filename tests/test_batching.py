@@ -62,6 +62,36 @@ def test_plan_batch(pending, budget, chunk, expected):
     assert plan_batch(pending, budget, chunk) == expected
 
 
+def test_plan_batch_takes_one_group_of_whole_steps():
+    pending = [(False, 1)] * 3 + [(True, 40)]
+    assert plan_batch(pending, 64, 16, group=2) == [(0, 1), (1, 1), (3, 16)]  # the chunk beside the group
+    assert plan_batch(pending, 64, 16) == [(0, 1), (1, 1), (2, 1), (3, 16)]
+
+
+def test_a_scheduler_in_groups_runs_a_group_a_forward_and_does_not_wait_once_one_is_full(monkeypatch):
+    """group=2 (a forward that runs larger batches two sessions at a time): three rounds submitted
+    together take two forwards, the first of two sessions; a forward with a whole group pending starts
+    without waiting for the rounds of the sessions between rounds (it could not take them)."""
+    model = tiny_model()
+    scheduler = Scheduler(model, BatchConfig(gather_grace=1.0), group=2)
+    try:
+        slots = [new_slot(model, 2048) for _ in range(4)]
+        for kv in slots:
+            scheduler.run(Work(kv, one_step(Step((5, 6, 7), logit_rows=1))))  # four sessions decoding
+        waited = []
+        original = scheduler._wait_for_rounds_due
+        monkeypatch.setattr(scheduler, "_wait_for_rounds_due",
+                            lambda pending, work: waited.append(len(pending)) or original(pending, work))
+        works = [Work(kv, one_step(Step((8,), logit_rows=1))) for kv in slots[:3]]
+        assert scheduler.submit(works) == [None, None, None]  # queued together: the scheduler sees all three
+        for work in works:
+            assert work.done.wait(10)
+        assert [w.batch_sessions for w in works] == [2, 2, 1]
+        assert 3 not in waited  # the full group went at once; the lone third may wait for its mates
+    finally:
+        scheduler.close()
+
+
 def test_prompt_chunks_beside_decode_steps_are_bounded_by_time():
     # T(n) = 100 + 5 n ms: 3 decode tokens take 115 ms; 1.5x that leaves 57.5 ms, 11 prompt tokens
     assert stall_chunk_cap(3, (100.0, 5.0), 1.5) == 11

@@ -4,6 +4,8 @@ does not (a GPU's captured forwards), paid for by the forwards without one."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specpipe.config.services import BatchConfig
@@ -26,6 +28,25 @@ def test_the_chunk_credit_saves_each_forwards_room_and_pays_the_chunks():
     assert chunk_credit(0.0, 1.5, 8.0, 0.0) == 4.0
     assert chunk_credit(4.0, 1.5, 8.0, 12.0) == -4.0                 # a whole chunk spends more than one room
     assert chunk_credit(100.0, 1.5, 8.0, 0.0) == CREDIT_FORWARDS * 4.0  # saved up to a few forwards' room
+    assert chunk_credit(100.0, 1.5, 8.0, 0.0, 30.0) == 30.0               # ... or up to a whole chunk
+
+
+def test_a_chunk_dearer_than_a_few_forwards_room_runs_once_the_credit_covers_it():
+    """Few sessions decoding on a flat curve: a forward's room is small beside a whole chunk. Saved up
+    to a few forwards' room only, the credit never covered the chunk, and every prompt waited until no
+    session decoded (at 64 streams on the H200 curve, 4 sessions decoded while 60 prompts waited)."""
+    fit, alone_ms = (10.0, 0.03), 5.0
+    whole_chunk_ms = fit[0] + fit[1] * 256
+    room_ms = 0.5 * alone_ms
+    assert CREDIT_FORWARDS * room_ms < whole_chunk_ms
+    credit, forwards = 0.0, 0
+    while not flat_chunk_due(credit, fit, room_ms, 256):
+        credit = chunk_credit(credit, 1.5, alone_ms, 0.0, whole_chunk_ms)
+        forwards += 1
+        assert forwards < 100
+    assert forwards == math.ceil(whole_chunk_ms / room_ms)
+    credit = chunk_credit(credit, 1.5, alone_ms, whole_chunk_ms, whole_chunk_ms)  # the chunk runs: it pays
+    assert credit == pytest.approx(room_ms)
 
 
 @pytest.mark.parametrize("credit,fit,due", [
@@ -57,6 +78,16 @@ def test_plan_forward_spreads_whole_chunks_where_their_time_is_flat():
     assert paid.batch == ((0, 1), (1, 1), (2, 256))  # a whole chunk, not a sliver
     between = plan_forward([PROMPT], 10.0, flat, CONFIG)  # sessions between rounds, the prompt alone pending
     assert between.batch == ((0, 256),)  # never idle with work pending
+
+
+def test_a_forward_that_runs_groups_one_after_another_takes_one_group():
+    """The graphs mode (and a cost model's curve) runs 64 sessions as two forwards of 32: one group a
+    forward, so the first group's sessions turn their rounds around while the second's runs."""
+    decoding = [Pending(False, 1, 100 + i) for i in range(5)]
+    learned = Learned(forward=(10.0, 1.0), decode=(10.0, 1.0))
+    assert plan_forward([*decoding, PROMPT], 0.0, learned, CONFIG, group=2).batch[:2] == ((0, 1), (1, 1))
+    assert len(plan_forward(decoding, 0.0, learned, CONFIG, group=2).batch) == 2
+    assert len(plan_forward(decoding, 0.0, learned, CONFIG).batch) == 5  # a forward that takes any batch at once
 
 
 def test_a_forwards_step_shape_rounds_its_sessions_and_tokens_up_to_powers_of_two():

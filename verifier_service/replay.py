@@ -184,7 +184,8 @@ class TranscriptVerifier(SessionVerifier):
                  session_ttl_s: float = 600.0, batch: BatchConfig | None = None, limits: Limits = DEFAULT_LIMITS):
         self.transcript = transcript
         forward = replay_forward if curve is None else ClockedForward(replay_forward, curve)
-        scheduler = Scheduler(None, batch or BatchConfig(), "verifier", forward, attention=transcript.attention)
+        scheduler = Scheduler(None, batch or BatchConfig(), "verifier", forward, attention=transcript.attention,
+                              group=curve.group if curve is not None else None)
         info = ModelInfo(f"{transcript.info.model_name} (replayed)", transcript.info.vocab_size,
                          transcript.info.eos_token_ids, transcript.info.max_context, transcript.info.vocab_fingerprint)
         super().__init__(info, scheduler, max_sessions, session_ttl_s, limits)

@@ -60,6 +60,12 @@ class ForwardCurve:
         object.__setattr__(self, "tokens", tuple(sorted({n for _, n in self.steps_ms})))
 
     @property
+    def group(self) -> int:
+        """Sessions of whole steps a forward runs at once (the largest recorded batch); a larger batch
+        runs as groups of this many, one after another (forward_ms)."""
+        return self.sessions[-1]
+
+    @property
     def label(self) -> str:
         """How a simulated figure names its clock."""
         scaled = "" if self.scale == 1 else f" x{self.scale:g}"
@@ -105,7 +111,7 @@ def forward_ms(curve: ForwardCurve, step_tokens: Sequence[int], chunk_tokens: Se
     chunks = [n for n in step_tokens if n > TOKEN_BUCKETS[-1]] + list(chunk_tokens)
     if not steps and not chunks:
         return 0.0
-    group = curve.sessions[-1]
+    group = curve.group
     ms = sum(batch_ms(curve, len(g), max(g)) for g in (steps[i:i + group] for i in range(0, len(steps), group)))
     ms += sum(chunk_ms(curve, n) for n in chunks)
     return ms * curve.scale

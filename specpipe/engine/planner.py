@@ -31,14 +31,16 @@ TURNAROUND_WINDOW = 256     # turnarounds kept
 
 
 def plan_batch(pending: Sequence[tuple[bool, int]], max_batch_tokens: int, prefill_chunk: int,
-               chunk_cap: int | None = None) -> list[tuple[int, int]]:
+               chunk_cap: int | None = None, group: int | None = None) -> list[tuple[int, int]]:
     """pending: (chunked, tokens left) per request, oldest first. Returns (request index, tokens
     to feed now) for the next forward: whole steps, oldest first, within the budget (the first
-    always, even past it); then chunks of chunked steps from what is left, at most chunk_cap
-    tokens of them (see stall_chunk_cap)."""
+    always, even past it) and at most `group` of them (see plan_forward); then chunks of chunked
+    steps from what is left, at most chunk_cap tokens of them (see stall_chunk_cap)."""
     plan: list[tuple[int, int]] = []
     budget = max_batch_tokens
     for i, (chunked, left) in enumerate(pending):
+        if group is not None and len(plan) >= group:
+            break
         if not chunked and (left <= budget or not plan):
             plan.append((i, left))
             budget -= left
@@ -149,12 +151,14 @@ def step_shape(step_tokens: Sequence[int]) -> tuple[int, int]:
     return up(len(step_tokens)), up(max(step_tokens, default=0))
 
 
-def chunk_credit(credit_ms: float, stall: float, alone_ms: float, added_ms: float) -> float:
+def chunk_credit(credit_ms: float, stall: float, alone_ms: float, added_ms: float, chunk_ms: float = 0.0) -> float:
     """The chunk credit after a forward of whole steps that alone take alone_ms, to which its prompt
     chunk (if any) added added_ms: each forward's room, (stall - 1) x alone_ms, less what it spent;
-    saved up to CREDIT_FORWARDS forwards' room."""
+    saved up to CREDIT_FORWARDS forwards' room, or to chunk_ms (what a whole chunk adds) where that is
+    more: a chunk dearer than a few forwards' room still runs once the credit covers it, instead of
+    waiting until no session decodes (with few sessions decoding on a flat curve, the rest starved)."""
     room = (stall - 1.0) * alone_ms
-    return min(CREDIT_FORWARDS * room, credit_ms + room - added_ms)
+    return min(max(CREDIT_FORWARDS * room, chunk_ms), credit_ms + room - added_ms)
 
 
 def flat_chunk_due(credit_ms: float, chunk_fit: tuple[float, float] | None, room_ms: float,
@@ -195,9 +199,12 @@ class ForwardPlan:
 
 
 def plan_forward(pending: Sequence[Pending], decoding_elsewhere: float, learned: Learned,
-                 config: BatchConfig) -> ForwardPlan:
+                 config: BatchConfig, group: int | None = None) -> ForwardPlan:
     """The next forward: whole steps within the token budget, prompt chunks bounded by the time they
-    may add beside the decoding sessions' steps (pending, or between rounds: decoding_elsewhere)."""
+    may add beside the decoding sessions' steps (pending, or between rounds: decoding_elsewhere).
+    group: where the forward runs whole steps in groups of this many sessions, one after another
+    (the graphs mode's largest captured batch), it takes one group: the next group's forward then
+    runs while the first group's sessions turn their rounds around, at no cost to either."""
     decoding = sum(step_work(p.left, p.past, learned.attention) for p in pending if not p.chunked)
     decoding = decoding or decoding_elsewhere
     prompt = next((p for p in pending if p.chunked), None)
@@ -211,7 +218,8 @@ def plan_forward(pending: Sequence[Pending], decoding_elsewhere: float, learned:
             cap = prompt.steered  # steered by the time its last chunk added
         else:
             cap = stall_chunk_cap(decoding, learned.forward, config.prefill_stall, prompt.past, learned.attention)
-    batch = plan_batch([(p.chunked, p.left) for p in pending], config.max_batch_tokens, config.prefill_chunk, cap)
+    batch = plan_batch([(p.chunked, p.left) for p in pending], config.max_batch_tokens, config.prefill_chunk, cap,
+                       group)
     return ForwardPlan(tuple(batch), cap)
 
 

@@ -35,7 +35,7 @@ from specpipe.config.services import BatchConfig
 from specpipe.core.errors import Cancelled, FailedPrecondition, ResourceExhausted, Unavailable
 from specpipe.core.fits import Ewma, LinearFit
 from specpipe.engine import cores
-from specpipe.engine.batched import Segment, batched_forward, service_forward, unbatched_reason
+from specpipe.engine.batched import SESSION_BUCKETS, Segment, batched_forward, service_forward, unbatched_reason
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
 from specpipe.engine.kv import SlotKV
 from specpipe.engine.planner import (
@@ -175,15 +175,19 @@ def causal(n: int) -> torch.Tensor:
 
 class Scheduler:
     def __init__(self, model: PreTrainedModel | None, config: BatchConfig = BatchConfig(), role: str = "verifier",
-                 forward: Callable[[Sequence[Segment]], list] | None = None, attention: float | None = None):
+                 forward: Callable[[Sequence[Segment]], list] | None = None, attention: float | None = None,
+                 group: int | None = None):
         """forward: the batched forward (specpipe.engine.batched.service_forward: batched_forward, or in the
         graphs mode a BatchGraphs'); model may be None where forward and attention (attention_weight of
-        the model's config) are given (a replayed verifier, verifier_service/replay.py)."""
+        the model's config) are given (a replayed verifier, verifier_service/replay.py). group: the
+        sessions of whole steps that forward runs at once, where it runs larger batches as groups one
+        after another (the graphs mode, a cost model's curve; planner.plan_forward); None: any batch at once."""
         if forward is None or attention is None:
             assert model is not None, "a scheduler without a model needs its forward and attention weight"
         self._model = model
         self._forward = forward or (lambda segments: batched_forward(cast(PreTrainedModel, model), segments))
         self.config = config
+        self._group = group
         self._role = role
         self._batch_sessions, self._batch_tokens = _BATCH_METRICS[role]
         self._forward_seconds = metrics.FORWARD_SECONDS.labels(role=role)
@@ -285,13 +289,14 @@ class Scheduler:
             return True
         steps = [Pending(*w.left(), w.kv.length, w.next_chunk) for w in pending]
         elsewhere = self._decoding_elsewhere(pending)
-        if elsewhere and not self._graced:
+        full = self._group is not None and sum(not p.chunked for p in steps) >= self._group  # no room for more
+        if elsewhere and not self._graced and not full:
             decoding = sum(step_work(p.left, p.past, self._attention) for p in steps if not p.chunked)
             if self._wait_for_rounds_due(pending, decoding + elsewhere):
                 return True  # rounds due now join this forward instead of waiting out one
         learned = Learned(self._cost.line(), self._decode_cost.line(), self._chunk_cost.line(), self._chunk_credit_ms,
                           self._attention)
-        plan = plan_forward(steps, elsewhere, learned, self.config)
+        plan = plan_forward(steps, elsewhere, learned, self.config, self._group)
         self._step([(pending[i], n) for i, n in plan.batch])
         return True
 
@@ -361,18 +366,19 @@ class Scheduler:
         chunks = [(w, n) for w, n in batch if w.current.chunked]
         stall = self.config.prefill_stall
         shape = step_shape([n for w, n in batch if not w.current.chunked])
+        whole_chunk_ms = self._chunk_cost.predict(self.config.prefill_chunk)  # what a whole chunk adds
         if not chunks:
             self._decode_cost.add(decode, forward_ms)
             self._alone_ms.setdefault(shape, Ewma(0.8)).add(forward_ms)
             if decode and stall:
-                self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, forward_ms, 0.0)
+                self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, forward_ms, 0.0, whole_chunk_ms)
         elif decode and stall and self._decode_cost.line() is not None:
             alone_ms = self._decode_cost.predict(decode)
             prompt, tokens = chunks[0]
             added_ms = max(0.0, forward_ms - alone_ms)
             if shape in self._alone_ms:  # what the chunks added beside forwards of the same whole steps alone
                 self._chunk_cost.add(sum(n for _, n in chunks), max(0.0, forward_ms - self._alone_ms[shape].mean()))
-            self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, alone_ms, added_ms)
+            self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, alone_ms, added_ms, whole_chunk_ms)
             prompt.next_chunk = next_chunk(tokens, added_ms, (stall - 1) * alone_ms)
 
     def _trace_forward(self, batch: list[tuple[Work, int]], launched: float, ended: float, tokens: int) -> None:
@@ -478,7 +484,9 @@ def serving_scheduler(runner: Runner, batching: bool, config: BatchConfig, role:
         runner.warm_up()
         return None
     forward = service_forward(runner.model, runner.mode, max_context)
+    group = SESSION_BUCKETS[-1] if runner.mode == "graphs" else None
     if curve is not None:
         forward = ClockedForward(forward, curve)
+        group = curve.group
         log.info(f"{role} forwards held to a cost model", extra={"clock": curve.label})
-    return Scheduler(runner.model, config, role, forward)
+    return Scheduler(runner.model, config, role, forward, group=group)
