@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -250,6 +251,10 @@ def test_up_table_and_locust_command(tmp_path):
     steps = locust_command(LocustRun("h:1", tmp_path, "steps", 4, 20.0, "1,2", 5.0))
     assert steps[steps.index("-f") + 1].endswith("shapes.py") and "-u" not in steps
     assert steps[steps.index("--levels") + 1] == "1,2" and steps[steps.index("--hold-s") + 1] == "5"
+    assert "--processes" not in steps and "--load-processes" not in steps
+    workers = locust_command(LocustRun("h:1", tmp_path, "steps", 4, 20.0, "2,4", 5.0, processes=2), master_port=6000)
+    assert workers[workers.index("--processes") + 1] == workers[workers.index("--load-processes") + 1] == "2"
+    assert workers[workers.index("--master-bind-port") + 1] == "6000"
 
 
 def test_report_section_and_plots(tmp_path):
@@ -322,11 +327,11 @@ def test_a_load_at_gpu_speed_reports_where_the_cpu_goes(tmp_path):
     has the CPU of each service's hops and processes (the load generator's too) and the verifier's
     busy share, and the run names its clock."""
     proc, summary = loadtest(tmp_path, "--preset", "tiny", "--up-args", "--cost-model nvidia-h200-qwen-coder",
-                             "--shape", "steps", "--levels", "1,4", "--hold-s", "6", "--max-new-tokens", "24",
-                             "--prompt-limit", "5")
+                             "--shape", "steps", "--levels", "2,4", "--hold-s", "6", "--max-new-tokens", "24",
+                             "--prompt-limit", "5", "--load-processes", "2")  # the load generator's workers too
     assert proc.returncode == 0, proc.stderr
     (costs,) = summary["costs"].values()
-    assert [c["users"] for c in costs] == [1, 4]
+    assert [c["users"] for c in costs] == [2, 4]
     for level in costs:
         assert 0 < level["busy_share"] <= 1.0 and level["tokens"] > 0 and level["forwards"] > 0
         hops = level["hop_cpu_s"]
@@ -373,6 +378,44 @@ def test_errors_are_counted_by_grpc_status(tmp_path):
     assert [(name, f["Error"]) for name, f in failures.items()] == [("e2e", "StatusError('UNAVAILABLE')")]
 
 
+def test_a_process_s_cpu_counts_its_running_children():
+    """The load generator's CPU (Locust's master) includes its workers' while they run."""
+    import psutil
+
+    from specpipe.bench.loadruns import tree_cpu_s
+
+    spin = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"])
+    try:
+        process = psutil.Process(parent.pid)
+        deadline = time.monotonic() + 20
+        while tree_cpu_s(process) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        own = process.cpu_times()
+        assert tree_cpu_s(process) >= 1.0 > own.user + own.system
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+
+
+def test_several_load_processes_split_the_users_and_record_the_whole_level(tmp_path):
+    """--load-processes 2: Locust's two workers run a user each, append their records to one file (whole
+    lines) and record the level as the load's 2 users, not their own 1."""
+    proc, summary = loadtest(tmp_path, "--addr", f"127.0.0.1:{free_port()}", "--shape", "constant", "--users", "2",
+                             "--run-time", "2", "--suite", "random", "--deadline-s", "1", "--load-processes", "2")
+    assert proc.returncode == 1
+    records = read_records(tmp_path / "requests.jsonl")  # every line parses
+    (level,) = summary["runs"]["default"]
+    assert level["users"] == 2 and {r.users for r in records} == {2}
+    assert level["requests"] == len(records) > 0 and level["errors"] == {"UNAVAILABLE": len(records)}
+    # Locust's own CSV (its master's sum of the workers' reports) drops a worker's last report, sent after the
+    # master counts it stopped: the tables come from the records
+    assert 0 < int(csv_rows(tmp_path / "locust_stats.csv")["e2e"]["Request Count"]) <= len(records)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(float(os.environ.get("SPECPIPE_SOAK_S", "600")) + 400)  # past pyproject's 600 s
 def test_soak_memory_flat_and_no_errors(tmp_path):
@@ -399,6 +442,10 @@ def test_soak_memory_flat_and_no_errors(tmp_path):
     (["--up-args", "a=--pin", "--up-args", "a=--batching off"], "needs a distinct LABEL=FLAGS each"),
     (["--addr", "127.0.0.1:1", "--up-args=--pin"], "drop --addr"),
     (["--up-args", "a:fast=--pin", "--up-args", "b=--pin"], "--drafter takes default"),
+    (["--load-processes", "2", "--shape", "constant", "--users", "3"], "every user count must be a multiple of it"),
+    (["--load-processes", "2", "--levels", "2,3,4"], "got 3"),
+    (["--load-processes", "2", "--shape", "ramp", "--levels", "2,4"], "a ramp passes through every user count"),
+    (["--load-processes", "0"], "--load-processes must be at least 1"),
 ])
 def test_loadtest_rejects_before_starting(flags, message, capsys):
     from specpipe.cli.main import main

@@ -4,13 +4,15 @@
 # qwen-coder replayed from a transcript of its greedy decoding (recorded first when missing: `specpipe transcript
 # record`, about half an hour on 2 cores). Each load table ends with where the CPU goes, per level.
 # LEVELS (default 1,16,32,64,128), HOLD (seconds a level, default 20), TOK (new tokens, default 128), ORCH
-# (orchestrator replicas, default 1), DRAFTERS (default none,ngram), STALL (the verifier's --prefill-stall, default
-# its own), RUNS (default "tiny replay"). Writes bench-results/<today>-gpu-speed-load/ (or $OUT).
+# (orchestrator replicas, default 1), LOADPROCS (Locust processes, default 1: `--load-processes`; every level a
+# multiple of it, e.g. LEVELS=16,32,64,128 LOADPROCS=4 where the load needs several cores), DRAFTERS (default
+# none,ngram), STALL (the verifier's --prefill-stall, default its own), RUNS (default "tiny replay"). Writes bench-results/<today>-gpu-speed-load/ (or $OUT).
 . "$(dirname "$0")/lib.sh"  # --help; run_folder
 set -e
 cd "$(dirname "$0")/../.."
 out=$(run_folder gpu-speed-load)
-levels=${LEVELS:-1,16,32,64,128}; hold=${HOLD:-20}; tok=${TOK:-128}; orch=${ORCH:-1}; drafters=${DRAFTERS:-none,ngram}
+levels=${LEVELS:-1,16,32,64,128}; hold=${HOLD:-20}; tok=${TOK:-128}; orch=${ORCH:-1}; loadprocs=${LOADPROCS:-1}
+drafters=${DRAFTERS:-none,ngram}
 transcript=${TRANSCRIPT:-$out/qwen-coder-mix-20x128.json.gz}
 verifier_flags=${STALL:+--verifier-flags=--prefill-stall=$STALL}
 for run in ${RUNS:-tiny replay}; do
@@ -23,5 +25,6 @@ for run in ${RUNS:-tiny replay}; do
     up="$up --replay $transcript"
   fi
   specpipe loadtest --preset $preset --up-args="$up" --shape steps --levels "$levels" --hold-s "$hold" \
-    --max-new-tokens "$tok" --drafter "$drafters" --deadline-s 600 --out "$out/$run" --json > "$out/$run.json"
+    --max-new-tokens "$tok" --drafter "$drafters" --load-processes "$loadprocs" --deadline-s 600 --out "$out/$run" \
+    --json > "$out/$run.json"
 done

@@ -20,6 +20,7 @@ grpc_gevent.init_gevent()  # locust patched the stdlib when it loaded; grpc must
 
 import itertools
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -29,7 +30,7 @@ import gevent
 from locust import User, constant, events, task
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from specpipe.bench.loadstats import OK, RequestRecord, itl_per_token, round_parts, write_record
+from specpipe.bench.loadstats import OK, RequestRecord, itl_per_token, record_line, round_parts
 from specpipe.bench.prompts import Prompt, load_suite
 from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 from specpipe.config.env import environment
@@ -69,6 +70,9 @@ def _add_options(parser) -> None:
     parser.add_argument("--schedule", default="", help="sequential or branch")
     parser.add_argument("--adaptive", default="", help="on or off")
     parser.add_argument("--records", default="", help="append one JSON line per call to this file")
+    parser.add_argument("--load-processes", type=int, default=1,
+                        help="with Locust's --processes N: N, so each worker records the whole load's user count "
+                        "(its own share times N; every count a multiple of N) (default: %(default)s)")
     parser.add_argument("--itl-events", default="token", choices=ITL_EVENTS,
                         help="Locust's itl entries: token (one event per token), chunk (one per chunk, its "
                         "per-token gap, length its tokens: far less of the load generator's CPU at thousands of "
@@ -105,19 +109,20 @@ def workload(options) -> Workload:
 
 
 class RecordLog:
-    """The --records file: one JSON line per call (gevent runs one greenlet at a time, so lines never interleave)."""
+    """The --records file: one JSON line per call, appended in one write (gevent runs one greenlet at a time, and
+    the workers of --processes append to the same file: a line is never split)."""
 
     def __init__(self, path: str):
-        self.stream = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 (open for the run)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else None
 
     def write(self, record: RequestRecord) -> None:
-        if self.stream is not None:
-            write_record(self.stream, record)
-            self.stream.flush()
+        if self.fd is not None:
+            os.write(self.fd, record_line(record).encode())
 
     def close(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 @events.init.add_listener
@@ -158,7 +163,7 @@ class GenerateUser(User):
 
     def on_start(self) -> None:
         hosts = self.host.split(",")  # several orchestrator replicas: the users take them in turn
-        host = hosts[next(GenerateUser.started) % len(hosts)]
+        host = hosts[(next(GenerateUser.started) + self.load_index()) % len(hosts)]  # each worker from its own
         if self.api == "openai":
             self.client = OpenAIStream(host, self.workload, self.auth_token, self.options_ca())
         else:
@@ -176,14 +181,19 @@ class GenerateUser(User):
         self.environment.events.request.fire(request_type="grpc", name=name, response_time=ms,
                                              response_length=length, exception=exception, context={})
 
+    def load_index(self) -> int:
+        """This process's place among the load's (Locust's worker index; 0 alone)."""
+        return getattr(self.environment.runner, "worker_index", 0)
+
     @task
     def generate(self) -> None:
-        w, n = self.workload, next(self.order)
+        processes = getattr(self.environment.parsed_options, "load_processes", 1)
+        w, n = self.workload, next(self.order) * processes + self.load_index()  # the workers take prompts in turn
         prompt = w.prompts[n % len(w.prompts)]
         sampling = (
             types.SamplingParams(temperature=w.temperature, top_p=w.top_p, seed=n) if w.temperature else types.GREEDY
         )
-        users = self.environment.runner.target_user_count
+        users = self.environment.runner.target_user_count * processes  # a worker runs its share
         start_s, tokens, ttft_ms, itls, status = time.time(), 0, None, [], OK
         rounds, parts = Counter(), Counter()
         last = started = time.perf_counter()

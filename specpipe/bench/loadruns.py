@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specpipe.core.errors import Unavailable
+from specpipe.devtools.local_redis import free_port
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: deploy/ is not part of the installed package
 LOCUSTFILE = ROOT / "deploy" / "locust" / "locustfile.py"
@@ -100,13 +101,16 @@ class LocustRun:
     hold_s: float             # shapes: seconds per level
     workload: tuple[str, ...] = field(default=())  # the locustfile's own flags (--suite, --drafter, ...)
     stop_timeout_s: float = 120.0                  # at the end, wait this long for calls in flight
+    processes: int = 1                             # Locust's --processes: workers the users are split among
 
     @property
     def records(self) -> Path:
         return self.out_dir / "requests.jsonl"
 
 
-def locust_command(run: LocustRun) -> list[str]:
+def locust_command(run: LocustRun, master_port: int = 5557) -> list[str]:
+    """master_port: where Locust's workers meet their master (--processes; Locust's default 5557 is taken
+    by any other such run on the host)."""
     files = str(LOCUSTFILE) if run.shape == "constant" else f"{LOCUSTFILE},{SHAPES_FILE}"
     load = (["-u", str(run.users), "-r", str(run.users), "-t", f"{run.run_time_s:g}s"] if run.shape == "constant"
             else ["--shape", run.shape, "--levels", run.levels, "--hold-s", f"{run.hold_s:g}"])
@@ -114,6 +118,8 @@ def locust_command(run: LocustRun) -> list[str]:
             "--csv", str(run.out_dir / "locust"), "--csv-full-history", "--html", str(run.out_dir / "locust.html"),
             "--records", str(run.records), "--only-summary", "--loglevel", "WARNING",
             "--stop-timeout", f"{run.stop_timeout_s:g}",  # users end their call: every call is counted
+            *(["--processes", str(run.processes), "--master-bind-port", str(master_port), "--master-port",
+               str(master_port), "--load-processes", str(run.processes)] if run.processes > 1 else []),
             *run.workload]
 
 
@@ -123,8 +129,8 @@ def run_locust(run: LocustRun, started: Callable[[int], None] | None = None) -> 
     run.out_dir.mkdir(parents=True, exist_ok=True)
     run.records.unlink(missing_ok=True)
     with open(run.out_dir / "locust.log", "wb") as log:
-        proc = subprocess.Popen(locust_command(run), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=child_env(), cwd=run.out_dir)
+        proc = subprocess.Popen(locust_command(run, free_port()), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=child_env(), cwd=run.out_dir)
         if started is not None:
             started(proc.pid)
         return proc.wait()
@@ -164,7 +170,22 @@ class MemorySampler(threading.Thread):
         self.join()
 
 
-LOAD_GENERATOR = "load generator"  # the Locust process, in the cost samples
+LOAD_GENERATOR = "load generator"  # the Locust process (and its workers), in the cost samples
+
+
+def tree_cpu_s(process: Any) -> float:
+    """A process's CPU seconds with its children's, running (Locust's workers) or ended."""
+    import psutil
+
+    times = process.cpu_times()
+    spent = times.user + times.system + times.children_user + times.children_system
+    for child in process.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:
+            continue  # ended meanwhile: counted in children_* once reaped
+        spent += child_times.user + child_times.system
+    return spent
 
 
 class CostSampler(threading.Thread):
@@ -204,8 +225,7 @@ class CostSampler(threading.Thread):
             pids = dict(self.pids)
         for name, pid in pids.items():
             try:
-                times = psutil.Process(pid).cpu_times()
-                cpu[name] = times.user + times.system + times.children_user + times.children_system
+                cpu[name] = tree_cpu_s(psutil.Process(pid))
             except psutil.Error:
                 continue
         return Sample(time.time(), counters, cpu)

@@ -246,7 +246,12 @@ def to_json(levels: Sequence[LevelSummary], slo: Slo) -> dict:
 
 
 def write_record(stream: TextIO, record: RequestRecord) -> None:
-    stream.write(json.dumps(asdict(record)) + "\n")
+    stream.write(record_line(record))
+
+
+def record_line(record: RequestRecord) -> str:
+    """A record as its JSON line (the --records file: one a call)."""
+    return json.dumps(asdict(record)) + "\n"
 
 
 def read_records(path: str | Path) -> list[RequestRecord]:

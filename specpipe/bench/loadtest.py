@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specpipe.bench import loadreport, loadruns, loadstats, pipecost
+from specpipe.bench.loadshapes import parse_levels
 from specpipe.bench.prompts import RECURRING, RECURRING_SIZE
 from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 from specpipe.config.services import TlsFiles
@@ -75,7 +76,8 @@ def loadtest(config: LoadtestConfig) -> int:
                 run_dir = out_dir / label.replace(" ", "-") if len(servers) > 1 or len(config.drafters) > 1 else out_dir
                 locust_run = loadruns.LocustRun(host, run_dir, config.shape, config.users, config.run_time,
                                                 config.levels, config.hold_s,
-                                                workload_flags(config, drafter) + security, config.deadline_s)
+                                                workload_flags(config, drafter) + security, config.deadline_s,
+                                                config.load_processes)
                 print(f"specpipe loadtest: {label or drafter}, {config.shape} load on {host}; output in {run_dir}",
                       file=sys.stderr, flush=True)
                 statuses[label], samples = run_sampled(locust_run, stack)
@@ -148,8 +150,25 @@ def check(config: LoadtestConfig) -> None:
     if importlib.util.find_spec("locust") is None:
         raise FailedPrecondition("specpipe loadtest drives Locust: pip install 'specpipe[load]'")
     check_drafters(config.drafters, config.drafter)
+    check_processes(config)
     if config.report:
         check_report(Path(config.report))
+
+
+def check_processes(config: LoadtestConfig) -> None:
+    """Several load processes split every user count evenly (each records its share times their number)."""
+    processes = config.load_processes
+    if processes < 1:
+        raise InvalidArgument(f"--load-processes must be at least 1, got {processes}")
+    if processes == 1:
+        return
+    if config.shape == "ramp":
+        raise InvalidArgument("--load-processes: a ramp passes through every user count, which several processes "
+                              "cannot split evenly; use --shape steps or constant")
+    counts = [config.users] if config.shape == "constant" else list(parse_levels(config.levels))
+    if uneven := [n for n in counts if n % processes]:
+        raise InvalidArgument(f"--load-processes {processes}: every user count must be a multiple of it (the users "
+                              f"split evenly among the processes); got {', '.join(map(str, uneven))}")
 
 
 def server_configs(up_args: tuple[str, ...] | list[str], addr: str | None,

@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     load = parser.add_argument_group("load")
     options.add_setting(load, LoadtestConfig, "shape", choices=("constant", *SHAPES))
     options.add_setting(load, LoadtestConfig, "levels", type=_levels)
-    options.add_settings(load, LoadtestConfig, "hold_s", "users", "run_time")
+    options.add_settings(load, LoadtestConfig, "hold_s", "users", "run_time", "load_processes")
     work = parser.add_argument_group("requests (flags of deploy/locust/locustfile.py)")
     options.add_setting(work, LoadtestConfig, "workload", choices=WORKLOADS)
     options.add_setting(work, LoadtestConfig, "suite", choices=SUITES)
