@@ -378,22 +378,26 @@ def test_errors_are_counted_by_grpc_status(tmp_path):
     assert [(name, f["Error"]) for name, f in failures.items()] == [("e2e", "StatusError('UNAVAILABLE')")]
 
 
-def test_a_process_s_cpu_counts_its_running_children():
-    """The load generator's CPU (Locust's master) includes its workers' while they run."""
+def test_a_process_s_cpu_counts_its_children_running_and_ended():
+    """The load generator's CPU (Locust's master) includes its workers', also once they have ended."""
     import psutil
 
     from specpipe.bench.loadruns import tree_cpu_s
 
-    spin = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\ntime.sleep(30)"
-    parent = subprocess.Popen([sys.executable, "-c",
-                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"])
+    spin = "import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass"
+    # the parent starts the child, then sleeps without reaping it (a zombie once it ends, as Locust's workers)
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               f"subprocess.Popen([sys.executable, '-c', {spin!r}]); time.sleep(60)"])
     try:
-        process = psutil.Process(parent.pid)
+        process, children = psutil.Process(parent.pid), {}
         deadline = time.monotonic() + 20
-        while tree_cpu_s(process) < 1.0 and time.monotonic() < deadline:
+        while tree_cpu_s(process, children) < 1.0 and time.monotonic() < deadline:
             time.sleep(0.1)
         own = process.cpu_times()
-        assert tree_cpu_s(process) >= 1.0 > own.user + own.system
+        assert tree_cpu_s(process, children) >= 1.0 > own.user + own.system
+        while any(c.status() != psutil.STATUS_ZOMBIE for c in process.children()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tree_cpu_s(process, children) >= 1.0  # ended, not reaped: its last reading stands
     finally:
         for child in psutil.Process(parent.pid).children(recursive=True):
             child.kill()

@@ -173,19 +173,19 @@ class MemorySampler(threading.Thread):
 LOAD_GENERATOR = "load generator"  # the Locust process (and its workers), in the cost samples
 
 
-def tree_cpu_s(process: Any) -> float:
-    """A process's CPU seconds with its children's, running (Locust's workers) or ended."""
+def tree_cpu_s(process: Any, children: dict[int, float]) -> float:
+    """A process's CPU seconds with its children's (Locust's workers). children: each child's CPU seconds
+    when last seen, kept across calls, so one that has ended (a zombie, or reaped) still counts."""
     import psutil
 
     times = process.cpu_times()
-    spent = times.user + times.system + times.children_user + times.children_system
     for child in process.children(recursive=True):
         try:
             child_times = child.cpu_times()
         except psutil.Error:
-            continue  # ended meanwhile: counted in children_* once reaped
-        spent += child_times.user + child_times.system
-    return spent
+            continue  # ended meanwhile: its last reading stands
+        children[child.pid] = child_times.user + child_times.system
+    return times.user + times.system + sum(children.values())
 
 
 class CostSampler(threading.Thread):
@@ -196,6 +196,7 @@ class CostSampler(threading.Thread):
         super().__init__(daemon=True)
         self.urls = {svc: f"http://127.0.0.1:{port}/metrics" for svc, port in metrics_ports.items()}
         self.pids = dict(pids)
+        self._children: dict[int, dict[int, float]] = {}  # pid -> its children's CPU s when last seen (tree_cpu_s)
         self.every_s = every_s
         self.samples: list[Any] = []
         self._stop_event = threading.Event()
@@ -225,7 +226,7 @@ class CostSampler(threading.Thread):
             pids = dict(self.pids)
         for name, pid in pids.items():
             try:
-                cpu[name] = tree_cpu_s(psutil.Process(pid))
+                cpu[name] = tree_cpu_s(psutil.Process(pid), self._children.setdefault(pid, {}))
             except psutil.Error:
                 continue
         return Sample(time.time(), counters, cpu)
