@@ -215,20 +215,22 @@ def mln_lookup(tables: Sequence[Table], context: Sequence[int], k: int, width: i
                       ngram_confidence(parents, levels))
 
 
-def occurrences(context: np.ndarray, tail: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def occurrences(context: np.ndarray, tail: Sequence[int]) -> tuple[list[int], list[int]]:
     """Where tail's last token occurs in context followed by a token: (ends: the index of the token
     after each occurrence; whole: how many of tail's last tokens, at most MATCH_TOKENS, end there), both
-    [occurrences] in context order. context: [num_tokens] int64."""
+    in context order. context: [num_tokens] int64 (one vectorised scan; what follows works on the few
+    occurrences as Python ints, which numpy's per-call cost would dominate)."""
     ends = np.flatnonzero(context[:-1] == tail[-1]) + 1
-    return ends, match_lengths(context, ends, tail)
+    return ends.tolist(), match_lengths(context, ends, tail).tolist()
 
 
-def advance(context: np.ndarray, ends: np.ndarray, whole: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+def advance(context: Sequence[int], ends: list[int], whole: list[int], token: int) -> tuple[list[int], list[int]]:
     """The occurrences of tail + [token] whose whole match is two tokens or more, from tail's (ends,
     whole): the ones followed by token and by one more, one token on. Every other occurrence of the
     new tail matches just its last token."""
-    on = (ends < len(context) - 1) & (context[ends] == token)
-    return ends[on] + 1, np.minimum(whole[on] + 1, MATCH_TOKENS)
+    last = len(context) - 1
+    on = [i for i, end in enumerate(ends) if end < last and context[end] == token]
+    return [ends[i] + 1 for i in on], [min(whole[i] + 1, MATCH_TOKENS) for i in on]
 
 
 def match_lengths(context: np.ndarray, ends: np.ndarray, tail: Sequence[int]) -> np.ndarray:
@@ -253,22 +255,23 @@ def context_lookup(
     of the context is told from a 4-token coincidence. The longest n-gram is the longest whole match
     cut to max_n - 1, so one ranking by whole match does both. A step after the first searches the
     context again only where no occurrence of the last step continues (advance)."""
-    ids = np.asarray(context, dtype=np.int64)
+    tokens_in = list(context)
+    ids = np.asarray(tokens_in, dtype=np.int64)
     keep = max(MATCH_TOKENS, max_n - 1)
-    tail = list(context[max(0, len(context) - keep):])  # the context and the chain so far: its suffix
+    tail = tokens_in[max(0, len(tokens_in) - keep):]  # the context and the chain so far: its suffix
     found = occurrences(ids, tail) if len(ids) >= 2 else None
     draft: list[tuple[int, int, int, float]] = []  # (token, parent, n, confidence)
     parent = ROOT
     for depth in range(k):
-        if found is None or found[0].size == 0:
+        if found is None or not found[0]:
             break
         ends, whole = found
-        longest = int(whole.max())
+        longest = max(whole)
         n = min(longest, max_n - 1) + 1
-        first = int(ids[ends[np.flatnonzero(whole == longest)[-1]]])
+        first = tokens_in[ends[len(whole) - 1 - whole[::-1].index(longest)]]  # the most recent longest match
         continuations = [first]
         if depth == 0:  # the n-gram's other continuations, most recent first
-            others = ids[ends[np.minimum(whole, max_n - 1) == n - 1]][::-1].tolist()
+            others = [tokens_in[end] for end, w in zip(ends, whole) if min(w, max_n - 1) == n - 1][::-1]
             continuations = list(dict.fromkeys(continuations + others))[:min(width, max_continuations)]
         chain_parent = parent
         for rank, token in enumerate(continuations):
@@ -277,8 +280,8 @@ def context_lookup(
             if rank == 0:
                 parent = len(draft) - 1
         tail = (tail + [first])[-keep:]
-        found = advance(ids, ends, whole, first)
-        if found[0].size == 0:
+        found = advance(tokens_in, ends, whole, first)
+        if not found[0]:
             found = occurrences(ids, tail)
     tokens, parents, levels, confidence = (tuple(column) for column in zip(*draft)) if draft else ((),) * 4
     return NgramDraft(Draft(tokens, parents), levels, ("context",) * len(draft), confidence)
