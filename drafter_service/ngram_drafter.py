@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,17 @@ from specpipe.runtime import cpu, metrics
 from specpipe.runtime.breaker import Breaker
 
 log = logging.getLogger("specpipe.drafter")
+
+
+@functools.lru_cache(maxsize=None)
+def draft_tokens(level: str) -> Any:
+    """The draft tokens of an n-gram level ("long": past max_n; labels bound once, a lookup drafts tens)."""
+    return metrics.NGRAM_DRAFT_TOKENS.labels(level=level)
+
+
+@functools.lru_cache(maxsize=None)
+def draft_time() -> Any:
+    return metrics.DRAFT_MS.labels(drafter="ngram")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -74,9 +86,10 @@ class NgramDrafter:
                     )
         draft_ms = (time.perf_counter() - start) * 1e3
         metrics.NGRAM_LOOKUPS.inc()
-        for level in found.levels:
-            metrics.NGRAM_DRAFT_TOKENS.labels(level=str(level) if level <= self._config.max_n else "long").inc()
-        metrics.DRAFT_MS.labels(drafter="ngram").observe(draft_ms)
+        levels = Counter(str(level) if level <= self._config.max_n else "long" for level in found.levels)
+        for level, tokens in levels.items():
+            draft_tokens(level).inc(tokens)
+        draft_time().observe(draft_ms)
         return ProposeResult(found.as_draft(), draft_ms)
 
     def _context(self, context: Sequence[int], k: int, width: int) -> NgramDraft:

@@ -211,11 +211,18 @@ class AdaptiveController:
     def _node_rater(self, sources: Sequence[str],
                     confidence: Sequence[float] | None) -> Callable[[int, int, int], float]:
         """rate(node, depth, rank) for node_acceptance: P(node accepted | its parent was and its earlier
-        siblings were not), by rank, source and evidence."""
+        siblings were not), by rank, source and evidence. Each rate is looked up once a draft: the nodes
+        of a long copy share their source and evidence."""
+        rates: dict[tuple, float] = {}
+
         def rate(node: int, depth: int, rank: int) -> float:
-            if rank:
-                return self._rate(self._alternative_key(depth, rank))
-            return self._node_rate(depth, sources[node], confidence[node] if confidence else -1.0)
+            source, evidence = sources[node], confidence[node] if confidence else -1.0
+            key = ("rank", rank, depth) if rank else ("evidence", source, evidence) \
+                if evidence >= 0 and source in EVIDENCE_SOURCES else ("depth", source, depth)  # what it depends on
+            if key not in rates:
+                rates[key] = self._rate(self._alternative_key(depth, rank)) if rank else \
+                    self._node_rate(depth, source, evidence)
+            return rates[key]
 
         return rate
 
