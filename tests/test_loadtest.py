@@ -37,11 +37,11 @@ from specpipe.bench.loadstats import (
     parse_slo,
     percentile,
     read_records,
+    record_line,
     speculation_cell,
     summarize,
     token_times,
     within_slo,
-    write_record,
 )
 from specpipe.core.errors import InvalidArgument
 
@@ -159,7 +159,7 @@ def test_from_run_takes_the_run_s_own_flags(tmp_path, capsys):
     from specpipe.cli.main import main
 
     with open(tmp_path / "requests.jsonl", "w") as stream:
-        write_record(stream, replace(record(ttft=300.0), rounds=2, plain_rounds=1, drafted=4, accepted=1))
+        stream.write(record_line(replace(record(ttft=300.0), rounds=2, plain_rounds=1, drafted=4, accepted=1)))
     argv = ["--preset", "qwen-coder", "--levels", "1", "--hold-s", "5", "--slo", "ttft=200", "--out", str(tmp_path)]
     (tmp_path / "summary.json").write_text(json.dumps({"argv": argv, "runs": {"default": []}}))
     doc = tmp_path / "load.md"
@@ -191,7 +191,7 @@ def test_records_round_trip(tmp_path):
     path = tmp_path / "requests.jsonl"
     with open(path, "w") as stream:
         for r in (record(), record(status="UNAVAILABLE", ttft=None, itl=(), tokens=0)):
-            write_record(stream, r)
+            stream.write(record_line(r))
     assert read_records(path) == [record(), record(status="UNAVAILABLE", ttft=None, itl=(), tokens=0)]
 
 

@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TextIO
 
 from specpipe.core.errors import InvalidArgument
 from specpipe.core.types import ROUND_PARTS, RoundStats
@@ -243,10 +242,6 @@ def markdown_table(levels: Sequence[LevelSummary], slo: Slo) -> str:
 def to_json(levels: Sequence[LevelSummary], slo: Slo) -> dict:
     return {"slo": {k: (v if math.isfinite(v) else None) for k, v in asdict(slo).items()},
             "levels": [asdict(s) for s in levels]}
-
-
-def write_record(stream: TextIO, record: RequestRecord) -> None:
-    stream.write(record_line(record))
 
 
 def record_line(record: RequestRecord) -> str:

@@ -136,8 +136,8 @@ class LoadtestConfig:
     users: int = setting(4, "constant: users")
     load_processes: int = setting(
         1, "Locust processes generating the load (Locust's --processes: its workers, the users split evenly among "
-        "them): one Python process's CPU caps the load it makes near 3,000 tokens a second, so a faster server "
-        "needs several; every user count must be a multiple of it", metavar="N")
+        "them): one Python process's CPU caps the load it makes near 3,000 plainly decoded tokens a second, so a "
+        "faster server needs several; every user count must be a multiple of it", metavar="N")
     run_time: float = setting(60.0, "constant: seconds", metavar="S")
     workload: str = setting(  # suite: the --suite prompts; recurring: specpipe.bench.recurring
         "suite", "suite: the --suite prompts in turn; recurring: a sequence from HumanEval, MT-Bench and GSM8K where "
