@@ -366,20 +366,25 @@ class Scheduler:
         chunks = [(w, n) for w, n in batch if w.current.chunked]
         stall = self.config.prefill_stall
         shape = step_shape([n for w, n in batch if not w.current.chunked])
-        whole_chunk_ms = self._chunk_cost.predict(self.config.prefill_chunk)  # what a whole chunk adds
         if not chunks:
             self._decode_cost.add(decode, forward_ms)
             self._alone_ms.setdefault(shape, Ewma(0.8)).add(forward_ms)
             if decode and stall:
-                self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, forward_ms, 0.0, whole_chunk_ms)
+                self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, forward_ms, 0.0,
+                                                     self._whole_chunk_ms())
         elif decode and stall and self._decode_cost.line() is not None:
             alone_ms = self._decode_cost.predict(decode)
             prompt, tokens = chunks[0]
             added_ms = max(0.0, forward_ms - alone_ms)
             if shape in self._alone_ms:  # what the chunks added beside forwards of the same whole steps alone
                 self._chunk_cost.add(sum(n for _, n in chunks), max(0.0, forward_ms - self._alone_ms[shape].mean()))
-            self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, alone_ms, added_ms, whole_chunk_ms)
+            self._chunk_credit_ms = chunk_credit(self._chunk_credit_ms, stall, alone_ms, added_ms,
+                                                 self._whole_chunk_ms())
             prompt.next_chunk = next_chunk(tokens, added_ms, (stall - 1) * alone_ms)
+
+    def _whole_chunk_ms(self) -> float:
+        """What a whole prompt chunk adds to a forward, as learned (0 before any was seen)."""
+        return self._chunk_cost.predict(self.config.prefill_chunk)
 
     def _trace_forward(self, batch: list[tuple[Work, int]], launched: float, ended: float, tokens: int) -> None:
         """The forward as a span under each traced request in it (its batch: sessions and tokens)."""
