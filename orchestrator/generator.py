@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from orchestrator.adaptive import FREE_DRAFTERS, STOP_CONFIDENCE, SharedModels
 from orchestrator.branch import NO_SPECULATION, Resolution
 from orchestrator.detokenize import Detokenizer
+from orchestrator.gate import SpeculationGate
 from orchestrator.generation import Generation
 from orchestrator.inputs import chat_ids, check_input
 from orchestrator.observer import RoundObserver, count_parts, count_prediction, count_round
@@ -34,7 +35,7 @@ from specpipe.core.errors import FailedPrecondition, InvalidArgument, SpecpipeEr
 from specpipe.core.protocols import Drafter, NgramCache, Verifier
 from specpipe.core.sampling import check_sampling
 from specpipe.core.tenancy import check_tenant, session_prefix
-from specpipe.core.trees import fit_nodes
+from specpipe.core.trees import fit_nodes, within_depth
 from specpipe.core.types import (
     ADAPTIVE,
     ALL_HYPOTHESES,
@@ -103,6 +104,8 @@ class Generator:
         self._pool = ContextPool(max_workers=192, thread_name_prefix="specpipe-branch")
         self._predictor_state: dict[tuple[str, str], object] = {}  # (drafter, predictor) -> state shared by sessions
         self._adaptive = SharedModels()  # cost lines and acceptance rates that adaptive sessions learn together
+        self._gates: dict[str, SpeculationGate] = {}  # drafter kind -> whether its generations draft at all
+        self._gates_lock = threading.Lock()
         self._load = Load()
         self.shared_cores = shared_cores
         for kind, drafter in self.drafters.items():
@@ -204,7 +207,8 @@ class Generator:
                         verify_end = laps.lap("call")
                         self.observer.verified(gen, proposal, result)
                         laps.lap("record")
-                        policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3))
+                        policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3,
+                                                self._load.active))
                         laps.lap("control")
                         idle_ms = (start - idle_since) * 1e3 if idle_since is not None else 0.0
                         chunk = self._emit(gen, proposal, result, resolution, idle_ms, start, laps)
@@ -237,9 +241,10 @@ class Generator:
                 spans.end(gen.finish, len(gen.output), error)
 
     def _fit(self, gen: Generation, proposal: ProposeResult) -> ProposeResult:
-        """The draft cut to the verifier's context window: the room caps a draft's depth, not a
-        tree's nodes, and a fresh draft or a pre-draft may be a tree (docs/security.md, "Context window")."""
-        fitted = fit_nodes(proposal.draft, gen.window_room(self.info.max_context))
+        """The draft cut to what the generation can still emit (a hybrid's n-gram tail may reach past it)
+        and to the verifier's context window: the room caps a draft's depth, not a tree's nodes, and a
+        fresh draft or a pre-draft may be a tree (docs/security.md, "Context window")."""
+        fitted = fit_nodes(within_depth(proposal.draft, max(0, gen.room())), gen.window_room(self.info.max_context))
         return proposal if fitted is proposal.draft else replace(proposal, draft=fitted)
 
     def _emit(self, gen: Generation, proposal: ProposeResult, result: VerifyResult, resolution: Resolution,
@@ -273,7 +278,8 @@ class Generator:
             return policy.suffices(proposal, draft_len, self._load.active, branch)
 
         return Proposer(self.drafters.get(spec.drafter), spec.drafter, template, free,
-                        spec.draft_len * FREE_DRAFT_FACTOR, suffices if free is not None else None)
+                        spec.draft_len * FREE_DRAFT_FACTOR, suffices if free is not None else None,
+                        lambda: policy.drafting(self._load.active))
 
     def _branch(self, spec: SpeculationOptions) -> bool:
         """Whether a generation runs the branch schedule: asked for, with a drafter, and under adaptive
@@ -293,8 +299,14 @@ class Generator:
 
     def _policy(self, spec: SpeculationOptions) -> DraftPolicy:
         if spec.adaptive == "on" and self.drafters.get(spec.drafter) is not None:
-            return AdaptivePolicy(self._adaptive, spec)
+            return AdaptivePolicy(self._adaptive, spec, self._gate(spec.drafter))
         return FixedPolicy(spec)
+
+    def _gate(self, kind: str) -> SpeculationGate:
+        with self._gates_lock:
+            if kind not in self._gates:
+                self._gates[kind] = SpeculationGate(kind)
+            return self._gates[kind]
 
     def _release(self, session_id: str, drafter: Drafter | None) -> None:
         with deadline_scope(None), cancel_scope(None):  # releasing is cleanup: it runs after the client left too

@@ -48,6 +48,7 @@ class Proposer:
     free: Drafter | None = None  # drafts at no forward cost (n-gram) for rounds the drafter sits out
     free_len: int = 0             # ... up to this many tokens
     suffices: Callable[[ProposeResult, int], bool] | None = None  # the free draft beats drafting k: n-gram first
+    drafting: Callable[[], bool] = lambda: True  # whether the round may draft at all (the speculation gate)
 
     def propose(self, context: Sequence[int], draft_len: int, epoch: int) -> ProposeResult:
         if self.drafter is None or draft_len <= 0:
@@ -63,7 +64,7 @@ class Proposer:
     def propose_free(self, context: Sequence[int], room: int) -> ProposeResult:
         """The free drafter's draft of up to min(free_len, room) tokens (none without one)."""
         draft_len = min(self.free_len, room)
-        if self.free is None or draft_len <= 0:
+        if self.free is None or draft_len <= 0 or not self.drafting():
             return NO_DRAFT
         try:
             return self.free.propose(replace(self.template, context=tuple(context), draft_len=draft_len, width=1))

@@ -20,7 +20,7 @@ KINDS = {  # marker -> the test files of that kind (every test file has one; pyp
                  "test_limits", "test_lifecycle", "test_openai_api", "test_cache_cluster", "test_verify_stream",
                  "test_replay", "test_tracing"),
     "golden": ("test_golden_embedded", "test_golden_grpc", "test_golden_ngram", "test_golden_smollm2", "test_compile",
-               "test_batching", "test_draft_batching", "test_branch", "test_adaptive", "test_sampling_e2e",
+               "test_batching", "test_draft_batching", "test_branch", "test_adaptive", "test_gate", "test_sampling_e2e",
                "test_sampling_schedules", "test_context_window", "test_drafter_warm_up", "test_generator_errors",
                "test_gguf_load"),
     "faults": ("test_faults", "test_failover", "test_fuzz", "test_cache_soak", "test_http_hardening"),

@@ -1,4 +1,12 @@
-from specpipe.core.trees import attach, common_prefix, first_path, merge_drafts, subtree, tried_children
+from specpipe.core.trees import (
+    attach,
+    common_prefix,
+    first_path,
+    merge_drafts,
+    subtree,
+    tried_children,
+    within_depth,
+)
 from specpipe.core.types import Draft
 
 
@@ -75,3 +83,13 @@ def test_common_prefix_of_the_main_chain_and_the_accepted_nodes():
     chain = [0, 2, 4]  # of the tree above
     assert common_prefix(chain, [0, 2, 4]) == 3 and common_prefix(chain, [0, 2]) == 2
     assert common_prefix(chain, [0, 3]) == 1 and common_prefix(chain, [1]) == 0 and common_prefix(chain, []) == 0
+
+
+def test_within_depth_keeps_the_nodes_a_generation_can_still_emit():
+    #        0 - 1 - 2 - 3      depths 1..4
+    #         \- 4 - 5          depths 2, 3
+    # 6                         depth 1 (a sibling of 0)
+    draft = Draft((10, 11, 12, 13, 14, 15, 16), (-1, 0, 1, 2, 0, 4, -1))
+    cut = within_depth(draft, 2)
+    assert cut.tokens == (10, 11, 14, 16) and cut.parents == (-1, 0, 0, -1)
+    assert within_depth(draft, 4) is draft and within_depth(draft, 0).tokens == ()

@@ -74,6 +74,19 @@ def first_path_nodes(draft: Draft) -> list[int]:
     return path
 
 
+def within_depth(draft: Draft, max_depth: int) -> Draft:
+    """draft without its nodes deeper than max_depth (a generation's last tokens: what they would draft
+    past it can never be emitted). Still a tree: a node's parent is shallower."""
+    if len(draft) <= max_depth:
+        return draft
+    depth: list[int] = []
+    for parent in draft.parents:
+        depth.append(1 if parent == ROOT else depth[parent] + 1)
+    if max(depth) <= max_depth:
+        return draft
+    return draft.select([node for node, d in enumerate(depth) if d <= max_depth])
+
+
 def fit_nodes(draft: Draft, max_nodes: int) -> Draft:
     """draft cut to at most max_nodes nodes (the positions left in the verifier's context window):
     its first path (the drafter's best guess) first, then the other nodes in order, each only with

@@ -56,6 +56,8 @@ PREFILL_MS = Histogram("specpipe_prefill_ms", "Verifier prefill time", buckets=_
 DRAFT_MS = Histogram("specpipe_draft_ms", "Drafter time per proposal", ["drafter"], buckets=_MS_BUCKETS)
 ADAPTIVE_DRAFT_LEN = Histogram("specpipe_adaptive_draft_len", "Main-chain draft length per round chosen by adaptive "
                                "control (0 = plain decoding)", ["drafter"], buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16))
+SPECULATION_GATE = Gauge("specpipe_speculation_gate", "1 while the orchestrator's generations of a drafter kind may "
+                         "draft, 0 while its speculation gate runs them plain (orchestrator/gate.py)", ["drafter"])
 VERIFY_COST_MS = Gauge(
     "specpipe_verify_cost_ms",
     "Verify time fitted by adaptive control, T(n) = fixed + per_token * n for n tokens fed",
