@@ -1,8 +1,8 @@
 """A verifier that answers from a recorded transcript of a model's greedy decoding (docs/pipeline.md,
 "Replay"): the real presets at another device's speed in a load test, with the real model's acceptance.
 
-A transcript holds, for each recorded prompt (its token ids), the model's greedy continuation and the
-entropy of its distribution at each position (`specpipe transcript record`, specpipe.bench.transcript).
+A transcript (specpipe.core.transcript) holds, for each recorded prompt (its token ids), the model's greedy
+continuation and the entropy of its distribution at each position (`specpipe transcript record`).
 A session opened with a recorded prompt is a TokenSlot: the tokens a KV cache would hold. A round's
 rows are answered from the transcript: a row whose path (the context, then the draft nodes up to it)
 is the recorded sequence gets the recorded next token as its argmax and the recorded entropy, so a
@@ -17,88 +17,22 @@ or a position past the recorded continuation, is FAILED_PRECONDITION.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from specpipe.config.limits import DEFAULT_LIMITS, Limits
 from specpipe.config.services import BatchConfig
-from specpipe.core.errors import FailedPrecondition, InvalidArgument
+from specpipe.core.errors import FailedPrecondition
+from specpipe.core.transcript import Entry, Transcript
 from specpipe.core.types import Draft, ModelInfo, SamplingParams
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
 from specpipe.engine.scheduler import Scheduler
 from verifier_service.verifier import PendingRound, Scores, SessionVerifier
 
-FORMAT = 1
 UNKNOWN = -1  # the argmax of a row off the transcript
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One recorded prompt: its ids, the greedy continuation (EOS included when it ended there) and the
-    entropy (nats) of the distribution that chose each continuation token."""
-
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    entropy: tuple[float, ...]   # [len(output_ids)]
-    finish: str                  # eos | length
-    prompt_id: str = ""
-
-    def __post_init__(self) -> None:
-        if len(self.entropy) != len(self.output_ids):
-            raise InvalidArgument(f"transcript entry {self.prompt_id!r}: {len(self.output_ids)} tokens but "
-                                  f"{len(self.entropy)} entropies")
-
-
-@dataclass(frozen=True)
-class Transcript:
-    info: ModelInfo              # the recorded verifier's, as it served them
-    attention: float             # the model's attention weight (specpipe.engine.planner.attention_weight)
-    entries: tuple[Entry, ...]
-    source: str = ""             # the command that recorded it
-
-    def entry(self, prompt_ids: Sequence[int]) -> Entry:
-        found = self._index().get(tuple(prompt_ids))
-        if found is None:
-            raise FailedPrecondition(f"this prompt ({len(prompt_ids)} tokens) is not in the replay transcript, which "
-                                     f"holds {len(self.entries)} prompts: replay serves the prompts it was recorded on "
-                                     "(specpipe transcript record)")
-        return found
-
-    def _index(self) -> dict[tuple[int, ...], Entry]:
-        index = self.__dict__.get("_by_prompt")
-        if index is None:
-            index = {e.prompt_ids: e for e in self.entries}
-            object.__setattr__(self, "_by_prompt", index)
-        return index
-
-
-def save(transcript: Transcript, path: str | Path) -> None:
-    data = {"format": FORMAT, "info": asdict(transcript.info), "attention": transcript.attention,
-            "source": transcript.source, "entries": [asdict(e) for e in transcript.entries]}
-    with gzip.open(path, "wt") as out:
-        json.dump(data, out)
-
-
-def load(path: str | Path) -> Transcript:
-    try:
-        with gzip.open(path, "rt") as file:
-            data = json.load(file)
-    except (OSError, ValueError, EOFError) as err:
-        raise InvalidArgument(f"replay transcript {path}: not a readable transcript file: {err}") from None
-    if data.get("format") != FORMAT:
-        raise InvalidArgument(f"replay transcript {path}: format {data.get('format')!r}, this version reads {FORMAT}")
-    info = data["info"]
-    info = ModelInfo(**{**info, "eos_token_ids": tuple(info["eos_token_ids"]), "methods": tuple(info["methods"])})
-    entries = tuple(Entry(tuple(e["prompt_ids"]), tuple(e["output_ids"]), tuple(e["entropy"]), e["finish"],
-                          e.get("prompt_id", "")) for e in data["entries"])
-    return Transcript(info, float(data["attention"]), entries, data.get("source", ""))
 
 
 class TokenSlot:

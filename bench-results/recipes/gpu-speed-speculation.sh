@@ -1,9 +1,9 @@
 #!/bin/bash
 # Speculation under load at GPU cost against plain batched decoding (docs/pipeline.md): qwen-coder replayed from a
-# transcript of its greedy decoding, its verifier held to the packaged H200 curve, through `specpipe up --pin`; the
-# n-gram drafter (replay cannot run the model drafter) with the store learning finished outputs (learn-on) and not
-# (learn-off: the unique-prompt figure, as the suites' 20 prompts repeat under load) beside no drafter, on HumanEval
-# (code) and MT-Bench (chat). Then the same on the CPU as the services run there (SmolLM2, real forwards, no cost
+# transcript of its greedy decoding (its small model's drafts too), verifier and drafter held to the packaged H200
+# curve, through `specpipe up --pin`; the n-gram drafter and the preset's default, the hybrid (the replayed small model
+# and the store), with the store learning finished outputs (learn-on) and not (learn-off: the unique-prompt figure, as
+# the suites' 20 prompts repeat under load) beside no drafter, on HumanEval (code) and MT-Bench (chat). Then the same on the CPU as the services run there (SmolLM2, real forwards, no cost
 # model, its default drafter). LEVELS (default 1,4,16,32,64), CPU_LEVELS (default 1,4,16), HOLD (default 20), TOK
 # (default 128), TRANSCRIPT (default: recorded into the run's folder first). Writes bench-results/<today>-gpu-speed-
 # speculation/ (or $OUT): one loadtest folder and JSON summary per suite and regime.
@@ -18,8 +18,8 @@ transcript=${TRANSCRIPT:-$out/qwen-coder-mix-20x128.json.gz}
 gpu="--pin --cost-model nvidia-h200-qwen-coder --replay $transcript"
 for suite in humaneval mtbench; do
   specpipe loadtest --preset qwen-coder --suite "$suite" --shape steps --levels "$levels" --hold-s "$hold" \
-    --max-new-tokens "$tok" --deadline-s 600 --drafter none,ngram \
-    --up-args "learn-on=$gpu" --up-args "learn-off:ngram=$gpu --learn-global off" \
+    --max-new-tokens "$tok" --deadline-s 600 --drafter none,ngram,hybrid \
+    --up-args "learn-on=$gpu" --up-args "learn-off:ngram,hybrid=$gpu --learn-global off" \
     --out "$out/gpu-$suite" --json > "$out/gpu-$suite.json"
   specpipe loadtest --preset smollm2 --suite "$suite" --shape steps --levels "$cpu_levels" --hold-s "$hold" \
     --max-new-tokens "$tok" --deadline-s 900 --drafter none,default \

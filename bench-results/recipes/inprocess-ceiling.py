@@ -33,13 +33,14 @@ def main() -> None:
     from specpipe.app.wiring import build_drafters
     from specpipe.config.presets import ModelSpec
     from specpipe.config.services import BatchConfig
+    from specpipe.core.transcript import load
     from specpipe.core.types import GenerationRequest, SpeculationOptions
     from specpipe.engine.costmodel import load_curve
     from specpipe.engine.models import load_tokenizer
     from specpipe.runtime import metrics
     from verifier_service import replay
 
-    transcript = replay.load(args.transcript)
+    transcript = load(args.transcript)
     batch = BatchConfig() if args.prefill_stall is None else BatchConfig(prefill_stall=args.prefill_stall)
     verifier = replay.TranscriptVerifier(transcript, load_curve("nvidia-h200-qwen-coder", "verifier"),
                                          max_sessions=4 * args.users, batch=batch)

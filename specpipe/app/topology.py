@@ -185,12 +185,12 @@ def tracing_flags(config: TracingConfig) -> tuple[str, ...]:
 
 
 def simulation_flags(config: UpConfig, role: str) -> tuple[str, ...]:
-    """A model service's simulated device: the cost model (verifiers and drafters), the replay (verifiers)."""
+    """A model service's simulated device: the cost model and the replay."""
     def absolute(path: str) -> str:  # the children may run elsewhere
         return str(pathlib.Path(path).resolve()) if pathlib.Path(path).exists() else path
 
     flags = ("--cost-model", absolute(config.cost_model)) if config.cost_model else ()
-    return flags + (("--replay", absolute(config.replay)) if config.replay and role == "verifier" else ())
+    return flags + (("--replay", absolute(config.replay)) if config.replay else ())
 
 
 def http_flags(config: UpConfig, name: str = "orchestrator") -> tuple[str, ...]:

@@ -116,9 +116,10 @@ def load_verifier(config: VerifierConfig) -> Any:
 
     curve = cost_curve(config.cost_model, "verifier")
     if config.replay:
+        from specpipe.core.transcript import load
         from verifier_service import replay
 
-        return replay.TranscriptVerifier(replay.load(config.replay), curve, config.max_sessions,
+        return replay.TranscriptVerifier(load(config.replay), curve, config.max_sessions,
                                          config.session_ttl_s, config.batch, config.limits)
     model = config.model
     spec, mode = model.specs()[0], forward_mode(model)
@@ -154,16 +155,32 @@ def load_drafter(spec: ModelSpec, model: ModelConfig, forward: dict[str, Any], *
 
 
 def drafter_methods(config: DrafterConfig) -> dict:
-    """What a drafter service serves: the small model alone, or, given an n-gram store (cache), the
-    model, ngram and hybrid draft methods over it."""
-    model = config.model
-    drafter = load_drafter(model.specs()[1], model, drafter_forward(model), session_ttl_s=config.session_ttl_s,
-                           cost_model=cost_curve(config.cost_model, "drafter"))
+    """What a drafter service serves: the small model alone (or, with replay, its drafter table), or,
+    given an n-gram store (cache), the model, ngram and hybrid draft methods over it."""
+    drafter = replayed_drafter(config.replay, cost_curve(config.cost_model, "drafter")) if config.replay else None
+    if drafter is None:
+        model = config.model
+        drafter = load_drafter(model.specs()[1], model, drafter_forward(model), session_ttl_s=config.session_ttl_s,
+                               cost_model=cost_curve(config.cost_model, "drafter"))
     if not config.cache:
         return {"model": traced_drafter(drafter, "model", "propose")}
     methods = build_drafters(("model", "ngram", "hybrid"), ngram_cache(config.cache, config.tls), drafter,
                              drafter.info())
     return {method: traced_drafter(served, method, "propose") for method, served in methods.items()}
+
+
+def replayed_drafter(path: str, curve: Any) -> Any:
+    """The TranscriptDrafter of the transcript at path held to curve (None: no cost model), or None (the
+    model runs) where the transcript holds no drafter table."""
+    from drafter_service.replay import TranscriptDrafter
+    from specpipe.core.transcript import load
+
+    transcript = load(path)
+    if transcript.drafter is None:
+        log.warning("the replay transcript holds no drafter table: the small model runs (record the transcript again "
+                    "to replay it)", extra={"transcript": path})
+        return None
+    return TranscriptDrafter(transcript, curve)
 
 
 def embedded_generator(config: GeneratorConfig, drafter_kinds: tuple[str, ...] | None = None,

@@ -1,7 +1,8 @@
-"""Recording a replay transcript (verifier_service/replay.py; docs/pipeline.md, "Replay"): a preset's
+"""Recording a replay transcript (specpipe.core.transcript; docs/pipeline.md, "Replay"): a preset's
 verifier decodes the load test's prompts greedily, and one teacher-forced forward over each prompt and
 its continuation gives the entropy at every position (what adaptive control reads) and checks the
-continuation against the forward's own argmax.
+continuation against the forward's own argmax; one of the small model gives its likeliest tokens at
+every position (what the replayed drafter drafts).
 
 The continuation comes from the embedded default (speculative, and so token for token the verifier's
 own greedy decoding: the golden tests), which is several times faster on a CPU than decoding alone.
@@ -11,7 +12,7 @@ messages through the orchestrator's own encoding."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,9 @@ import torch
 
 from specpipe.bench.prompts import Prompt, load_suite
 from specpipe.config.services import GeneratorConfig
+from specpipe.core.transcript import DRAFT_TOP, Entry, Transcript
 from specpipe.core.types import GenerationRequest
 from specpipe.engine.planner import attention_weight
-from verifier_service.replay import Entry, Transcript
 
 MIX = ("humaneval", "mtbench", "gsm8k")  # the load test's mix (deploy/locust/locustfile.py)
 FORCE_CHUNK = 128  # positions per teacher-forced forward
@@ -47,22 +48,43 @@ def row_entropy(logits: torch.Tensor) -> list[float]:
 
 
 @torch.inference_mode()
-def forced(model: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> tuple[list[float], list[int]]:
-    """Entropy and argmax of the distributions that chose each output token, from forwards over the
-    whole sequence (in chunks, through the model's own cache)."""
+def forced_logits(model: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> Iterator[torch.Tensor]:
+    """The logits [n, vocab] of the distributions that chose each output token, a chunk of positions at a
+    time, from forwards over the whole sequence (through the model's own cache)."""
     from transformers import DynamicCache
 
     sequence = [*prompt_ids, *output_ids]
-    cache, entropy, argmax = DynamicCache(), [], []
+    cache = DynamicCache()
     first = len(prompt_ids) - 1  # the position whose logits choose output_ids[0]
     for start in range(0, len(sequence) - 1, FORCE_CHUNK):
         ids = torch.tensor([sequence[start:min(start + FORCE_CHUNK, len(sequence) - 1)]])
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]  # [n, vocab]
         wanted = logits[max(0, first - start):]
         if len(wanted):
-            entropy += row_entropy(wanted)
-            argmax += wanted.argmax(dim=-1).tolist()
+            yield wanted
+
+
+def forced(model: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> tuple[list[float], list[int]]:
+    """Entropy and argmax of the distributions that chose each output token."""
+    entropy: list[float] = []
+    argmax: list[int] = []
+    for logits in forced_logits(model, prompt_ids, output_ids):
+        entropy += row_entropy(logits)
+        argmax += logits.argmax(dim=-1).tolist()
     return entropy, argmax
+
+
+def drafter_table(model: Any, prompt_ids: Sequence[int],
+                  output_ids: Sequence[int]) -> tuple[list[tuple[int, ...]], list[tuple[float, ...]]]:
+    """The small model's DRAFT_TOP likeliest tokens and their probabilities at each output position,
+    on the verified context."""
+    top: list[tuple[int, ...]] = []
+    p: list[tuple[float, ...]] = []
+    for logits in forced_logits(model, prompt_ids, output_ids):
+        best = logits.float().softmax(dim=-1).topk(DRAFT_TOP)
+        top += [tuple(row) for row in best.indices.tolist()]
+        p += [tuple(round(x, 5) for x in row) for row in best.values.tolist()]
+    return top, p
 
 
 def record(config: GeneratorConfig, prompts: Sequence[Prompt], max_new_tokens: int, source: str,
@@ -72,8 +94,9 @@ def record(config: GeneratorConfig, prompts: Sequence[Prompt], max_new_tokens: i
 
     from specpipe.app.wiring import embedded_generator
 
-    generator = embedded_generator(config)
+    generator = embedded_generator(config, (config.speculation.drafter, "model"))
     model = generator.verifier.model  # type: ignore[attr-defined]  # embedded: the ModelVerifier, whose model it is
+    drafter = generator.drafters["model"]
     entries, disagreements, tokens = [], 0, 0
     for prompt in tqdm(prompts, desc="recording greedy continuations", disable=not progress):
         prompt_ids = generator.encode(messages=prompt.messages)
@@ -83,9 +106,11 @@ def record(config: GeneratorConfig, prompts: Sequence[Prompt], max_new_tokens: i
             output += chunk.token_ids
             finish = chunk.finish_reason or finish
         entropy, argmax = forced(model, prompt_ids, output)
+        draft_top, draft_p = drafter_table(drafter.model, prompt_ids, output)  # type: ignore[attr-defined]
         disagreements += sum(a != t for a, t in zip(argmax, output))
         tokens += len(output)
         entries.append(Entry(tuple(prompt_ids), tuple(output), tuple(round(e, 5) if math.isfinite(e) else 0.0
-                                                                     for e in entropy), finish, prompt.id))
-    transcript = Transcript(generator.info, attention_weight(model.config), tuple(entries), source)
+                                                                     for e in entropy), finish, prompt.id,
+                             tuple(draft_top), tuple(draft_p)))
+    transcript = Transcript(generator.info, attention_weight(model.config), tuple(entries), source, drafter.info())
     return Recorded(transcript, disagreements, tokens)

@@ -54,9 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         if role in ("verifier", "drafter"):
             security_args.add_session_ttl_arg(sub)
             group = sub.add_argument_group("simulated device (load tests)")
-            options.add_setting(group, VerifierConfig if role == "verifier" else DrafterConfig, "cost_model")
-            if role == "verifier":
-                options.add_setting(group, VerifierConfig, "replay")
+            options.add_settings(group, VerifierConfig if role == "verifier" else DrafterConfig, "cost_model", "replay")
         sub.set_defaults(func=run)
 
 

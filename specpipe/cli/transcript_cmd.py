@@ -1,5 +1,6 @@
 """`specpipe transcript record`: a preset's greedy decoding of the load test's prompts, recorded once
-for the replay verifier (`specpipe serve verifier --replay FILE`; docs/pipeline.md, "Replay")."""
+for the replayed verifier and drafter (`specpipe serve verifier|drafter --replay FILE`; docs/pipeline.md,
+"Replay")."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ from specpipe.config.bench import SUITE_PROMPTS, LoadtestConfig
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "transcript", help="record a replay transcript of a model's greedy decoding",
-        description="A transcript holds a verifier's greedy continuation of each prompt and the entropy at every "
-                    "position. `specpipe serve verifier --replay FILE` answers from it instead of running the model, "
-                    "so a load test can run the real model's acceptance at another device's speed (--cost-model).",
+        description="A transcript holds a verifier's greedy continuation of each prompt, the entropy at every "
+                    "position, and the small model's likeliest tokens there. `specpipe serve verifier|drafter --replay "
+                    "FILE` answer from it instead of running the models, so a load test can run the real models' "
+                    "acceptance at another device's speed (--cost-model).",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     rec = actions.add_parser(
         "record", help="decode the load test's prompts and write the transcript",
         description="Decode the prompts of --suite (the first --prompt-limit of each suite, as `specpipe loadtest` "
-                    "sends them) greedily with the preset's verifier, then run one teacher-forced forward over each "
-                    "for the entropies; write a gzip JSON transcript.",
+                    "sends them) greedily with the preset's verifier, then run one teacher-forced forward of the "
+                    "verifier over each for the entropies and one of the small model for its drafts; write a gzip "
+                    "JSON transcript.",
     )
     rec.add_argument("--out", required=True, metavar="FILE", help="the transcript to write (.json.gz)")
     rec.add_argument("--suite", default=LoadtestConfig.suite, choices=SUITES,
@@ -46,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run_record(args: argparse.Namespace) -> int:
     from specpipe.bench import transcript
     from specpipe.config.services import generator_config
-    from verifier_service.replay import save
+    from specpipe.core.transcript import save
 
     prompts = transcript.suite_prompts(args.suite, args.prompt_limit)
     source = "specpipe " + shlex.join(args.argv)

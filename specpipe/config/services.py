@@ -257,6 +257,11 @@ class DrafterConfig:
     session_ttl_s: float = _session_ttl()
     tls: TlsFiles | None = None  # of its channel to a cache service
     cost_model: str | None = _cost_model()  # the model drafter's forwards
+    replay: str | None = setting(
+        None, "the small model drafts from a recorded transcript's drafter table (`specpipe transcript record`) "
+        "instead of running: its drafts at --cost-model's speed, without its weights; greedy requests on the "
+        "recorded prompts only (a transcript without the table: the model runs)", metavar="FILE",
+        shown="off; docs/pipeline.md")
     tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
@@ -425,8 +430,9 @@ class UpConfig:
         (), "more `specpipe serve verifier` flags for every verifier replica, e.g. \"--max-batch-tokens 1024 "
         "--gather-grace 0\"", metavar="FLAGS", shown="")
     cost_model: str | None = _cost_model()  # every verifier's and drafter's
-    replay: str | None = setting(None, "every verifier answers from this transcript (`specpipe serve verifier "
-                                 "--replay`)", metavar="FILE", shown="off; docs/pipeline.md")
+    replay: str | None = setting(None, "every verifier answers from this transcript, and every drafter's small model "
+                                 "drafts from its drafter table (`specpipe serve verifier|drafter --replay`)",
+                                 metavar="FILE", shown="off; docs/pipeline.md")
     tracing: TracingConfig = field(default_factory=TracingConfig)  # every service's
 
     def __post_init__(self) -> None:
