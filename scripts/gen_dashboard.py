@@ -78,6 +78,10 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "that had hypotheses.",
               ((f"{HITS} / ({HITS} + {rate('specpipe_prediction_misses_total', 'predictor')})", "{{predictor}}"),),
               unit="percentunit"),
+        Panel("Speculation gate", "1 while an orchestrator's generations of a drafter kind may draft, 0 while its "
+              "speculation gate runs them plain because plain rounds gave it more tokens a second "
+              "(docs/adaptive.md).",
+              (("min by (drafter, instance) (specpipe_speculation_gate)", "{{drafter}} {{instance}}"),)),
     )),
     ("Verifier and drafter", (
         Panel("Verifier batch size", "Sessions and tokens per batched verifier forward.",
