@@ -16,10 +16,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specpipe.core.sampling import STREAM_DRAFT, sample_sparse, truncate, uniform, warp
-from specpipe.core.types import ROOT, Draft, SamplingParams, SparseDist
+from specpipe.core.errors import InvalidArgument
+from specpipe.core.sampling import STREAM_DRAFT, check_sampling, sample_sparse, truncate, uniform, warp
+from specpipe.core.types import ROOT, Draft, ProposeRequest, SamplingParams, SparseDist
+from specpipe.core.verification import check_token_ids
 
 BRANCH_LEVELS = 2  # tree drafts add the top-(width - 1) alternatives at this many first levels
+
+
+def check_proposal(request: ProposeRequest, vocab_size: int) -> None:
+    """A proposal's arguments, checked before any work (INVALID_ARGUMENT)."""
+    if not request.session_id:
+        raise InvalidArgument("session_id is empty")
+    check_token_ids(request.context, vocab_size, "context")
+    check_sampling(request.sampling)
+    if request.draft_len < 0 or request.width < 1:
+        raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {request.draft_len} and {request.width}")
 
 
 @dataclass

@@ -32,14 +32,12 @@ from typing import Any, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from drafter_service.drafting import draft_steps
+from drafter_service.drafting import check_proposal, draft_steps
 from specpipe.config.presets import ModelSpec
 from specpipe.config.services import SESSION_TTL_S, BatchConfig
-from specpipe.core.errors import Aborted, InvalidArgument
-from specpipe.core.sampling import check_sampling
+from specpipe.core.errors import Aborted
 from specpipe.core.trees import common_prefix
 from specpipe.core.types import Draft, ModelInfo, ProposeRequest, ProposeResult
-from specpipe.core.verification import check_token_ids
 from specpipe.engine import cores, runner
 from specpipe.engine.costmodel import ForwardCurve
 from specpipe.engine.kv import SlotKV, new_slot
@@ -116,12 +114,7 @@ class ModelDrafter:
         return self._info
 
     def propose(self, request: ProposeRequest) -> ProposeResult:
-        if not request.session_id:
-            raise InvalidArgument("session_id is empty")
-        check_token_ids(request.context, self._info.vocab_size, "context")
-        check_sampling(request.sampling)
-        if request.draft_len < 0 or request.width < 1:
-            raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {request.draft_len} and {request.width}")
+        check_proposal(request, self._info.vocab_size)
         draft_len = min(request.draft_len, self._info.max_context - len(request.context) - 1)
         if draft_len <= 0 and request.draft_len > 0:  # no room left in the context window
             return ProposeResult(Draft(), 0.0)

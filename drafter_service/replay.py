@@ -26,10 +26,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Generator, Sequence
 
-from drafter_service.drafting import BRANCH_LEVELS
+from drafter_service.drafting import BRANCH_LEVELS, check_proposal
 from specpipe.config.services import BatchConfig
 from specpipe.core.errors import FailedPrecondition, InvalidArgument
-from specpipe.core.transcript import DRAFT_TOP, Entry, Transcript
+from specpipe.core.transcript import DRAFT_TOP, Entry, Transcript, replayed
 from specpipe.core.trees import common_prefix, first_path_nodes
 from specpipe.core.types import ROOT, Draft, ModelInfo, ProposeRequest, ProposeResult
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
@@ -110,9 +110,7 @@ class TranscriptDrafter:
         # the scheduler steers prompt chunks by an attention weight: the verifier's stands in for the drafter's
         self._scheduler = Scheduler(None, batch or BatchConfig(max_queue=256), "drafter", forward,
                                     attention=transcript.attention, group=curve.group if curve is not None else None)
-        info = transcript.drafter
-        self._info = ModelInfo(f"{info.model_name} (replayed)", info.vocab_size, info.eos_token_ids, info.max_context,
-                               info.vocab_fingerprint)
+        self._info = replayed(transcript.drafter)
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[str, TokenCache] = OrderedDict()  # LRU
         self._lock = threading.Lock()
@@ -121,10 +119,7 @@ class TranscriptDrafter:
         return self._info
 
     def propose(self, request: ProposeRequest) -> ProposeResult:
-        if not request.session_id:
-            raise InvalidArgument("session_id is empty")
-        if request.draft_len < 0 or request.width < 1:
-            raise InvalidArgument(f"draft_len must be >= 0 and width >= 1, got {request.draft_len} and {request.width}")
+        check_proposal(request, self._info.vocab_size)
         if not request.sampling.greedy:
             raise FailedPrecondition("the replayed drafter drafts greedy requests only (its table holds the model's "
                                      "likeliest tokens); send temperature 0")

@@ -29,7 +29,7 @@ class Verified:
     as_drafted: ProposeResult  # before trim()
     result: VerifyResult
     call_ms: float             # the verify call as the orchestrator saw it
-    load: int = 1              # generations running
+    load: int                  # generations running
 
 
 class DraftPolicy(Protocol):

@@ -201,15 +201,44 @@ def test_models_load_in_the_dtype_asked_for():
 
 
 @pytest.mark.parametrize("source", ["no-such-org/no-such-model", "/no/such/model/folder"])
-def test_a_model_that_is_not_here_is_a_clear_error_never_a_download(source):
-    """Models load from local files only (a packaged model, a folder, the local Hugging Face cache)."""
+def test_a_model_that_is_not_here_is_a_clear_error_never_a_download(source, monkeypatch):
+    """Models load from local files only (a packaged model, a folder, the local Hugging Face cache): no
+    host is even looked up (transformers' loaders ask the hub for an id even with local_files_only)."""
+    import socket
+
     from specpipe.config.presets import ModelSpec
     from specpipe.core.errors import InvalidArgument
     from specpipe.engine.models import load_model, load_tokenizer
 
+    asked = []
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *args, **kwargs: asked.append(host) or [])
     for load in (load_model, load_tokenizer):
         with pytest.raises(InvalidArgument, match="is not here.*nothing is downloaded"):
             load(ModelSpec(source))
+    assert asked == []
+
+
+def test_a_model_id_in_the_local_hugging_face_cache_loads_without_asking_the_hub(tmp_path, monkeypatch,
+                                                                                  tiny_verifier, tiny_tokenizer):
+    import socket
+
+    from huggingface_hub import constants
+
+    from specpipe.config.presets import ModelSpec
+    from specpipe.engine.models import load_model, load_tokenizer
+
+    snapshot = tmp_path / "models--local--tiny" / "snapshots" / "abc"
+    tiny_verifier.model.save_pretrained(snapshot)
+    tiny_tokenizer.save_pretrained(snapshot)
+    (tmp_path / "models--local--tiny" / "refs").mkdir()
+    (tmp_path / "models--local--tiny" / "refs" / "main").write_text("abc")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *args, **kwargs: asked.append(host) or [])
+    model = load_model(ModelSpec("local/tiny"))
+    assert model.config.num_hidden_layers == tiny_verifier.model.config.num_hidden_layers
+    assert load_tokenizer(ModelSpec("local/tiny"))("def f():")["input_ids"] == tiny_tokenizer("def f():")["input_ids"]
+    assert asked == []
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -26,8 +26,8 @@ import torch
 from specpipe.config.limits import DEFAULT_LIMITS, Limits
 from specpipe.config.services import BatchConfig
 from specpipe.core.errors import FailedPrecondition
-from specpipe.core.transcript import Entry, Transcript
-from specpipe.core.types import Draft, ModelInfo, SamplingParams
+from specpipe.core.transcript import Entry, Transcript, replayed
+from specpipe.core.types import Draft, SamplingParams
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
 from specpipe.engine.scheduler import Scheduler
 from verifier_service.verifier import PendingRound, Scores, SessionVerifier
@@ -120,9 +120,7 @@ class TranscriptVerifier(SessionVerifier):
         forward = replay_forward if curve is None else ClockedForward(replay_forward, curve)
         scheduler = Scheduler(None, batch or BatchConfig(), "verifier", forward, attention=transcript.attention,
                               group=curve.group if curve is not None else None)
-        info = ModelInfo(f"{transcript.info.model_name} (replayed)", transcript.info.vocab_size,
-                         transcript.info.eos_token_ids, transcript.info.max_context, transcript.info.vocab_fingerprint)
-        super().__init__(info, scheduler, max_sessions, session_ttl_s, limits)
+        super().__init__(replayed(transcript.info), scheduler, max_sessions, session_ttl_s, limits)
 
     def _new_cache(self, prompt_ids: Sequence[int]) -> TokenSlot:
         return TokenSlot(self.transcript.entry(prompt_ids), self._info.eos_token_ids[0] if self._info.eos_token_ids

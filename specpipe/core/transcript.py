@@ -88,6 +88,12 @@ class Transcript:
         return index
 
 
+def replayed(info: ModelInfo) -> ModelInfo:
+    """What a replayed role serves as: the recorded model's info, named as replayed (no draft methods)."""
+    return ModelInfo(f"{info.model_name} (replayed)", info.vocab_size, info.eos_token_ids, info.max_context,
+                     info.vocab_fingerprint)
+
+
 def save(transcript: Transcript, path: str | Path) -> None:
     data = {"format": FORMAT, "info": asdict(transcript.info), "attention": transcript.attention,
             "source": transcript.source, "entries": [asdict(e) for e in transcript.entries]}

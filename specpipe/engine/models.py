@@ -74,9 +74,24 @@ def tiny_model(num_layers: int | None = None) -> PreTrainedModel:
 # --- loading -----------------------------------------------------------------------------------
 
 def _local_dir(source: str) -> str:
+    """The folder a model loads from: a packaged model's, a local folder, or a model id's snapshot in the
+    local Hugging Face cache, found on disk. Nothing asks the hub: transformers' loaders contact it for
+    an id even with local_files_only (huggingface_hub's user-agent lookup), so an id is resolved here."""
+    from huggingface_hub import try_to_load_from_cache
+
     from specpipe.models import packaged
 
-    return str(packaged.model_dir(source)) if source in packaged.PACKAGED else source
+    if source in packaged.PACKAGED:
+        return str(packaged.model_dir(source))
+    if Path(source).is_dir():
+        return source
+    try:
+        cached = try_to_load_from_cache(source, "config.json")
+    except ValueError:  # not a model id either (huggingface_hub's HFValidationError)
+        cached = None
+    if not isinstance(cached, str):
+        raise OSError(f"no folder {source!r}, and no such model in the local Hugging Face cache")
+    return str(Path(cached).parent)
 
 
 def packaged_gguf(source: str) -> Path | None:
@@ -90,8 +105,8 @@ def packaged_gguf(source: str) -> Path | None:
 
 
 def _from_local(loader: Any, source: str, **kwargs: Any) -> Any:
-    """loader.from_pretrained on local files only (a packaged model's folder, a path, or an id in
-    the local Hugging Face cache): a model that is not here is a clear error, never a download."""
+    """loader.from_pretrained on local files only (_local_dir): a model that is not here is a clear error,
+    never a download."""
     try:
         return loader.from_pretrained(_local_dir(source), local_files_only=True, **kwargs)
     except OSError as err:
