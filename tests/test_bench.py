@@ -134,6 +134,28 @@ def test_llama_cpp_baselines_on_the_verifiers_gguf(tmp_path):
     assert "| over llama.cpp | over llama.cpp's prompt lookup (best setting) |" in readme.read_text()
 
 
+@pytest.mark.slow  # smollm2 and llama-cpp-python (the llama extra)
+def test_llama_cpp_worker_runs_without_torch():
+    from specpipe.bench.llamacpp import LlamaWorker, gguf_of
+
+    worker = LlamaWorker(gguf_of("smollm2-135m"), 1, 5, eos_token_ids=(), cores=[])
+    try:
+        maps = open(f"/proc/{worker.process.pid}/maps").read()
+        assert "libggml" in maps and "torch" not in maps  # llama.cpp's OpenMP on the libgomp it was built with
+        run = worker("p0", [1, 2, 3, 4])
+        assert run.prompt_id == "p0" and len(run.token_ids) == 5 and run.rounds == 5 and run.seconds > 0
+    finally:
+        worker.close()
+    assert worker.process.returncode == 0
+
+
+def test_a_dead_llama_cpp_worker_fails_the_run_with_its_words(tmp_path):
+    from specpipe.bench.llamacpp import LlamaWorker
+
+    with pytest.raises(RuntimeError, match=r"llama.cpp's worker died \(exit code 1\) while loading the GGUF: .+"):
+        LlamaWorker(tmp_path / "missing.gguf", 1, 4, eos_token_ids=(2,), cores=[])
+
+
 def test_llama_cpp_rows_compare_with_the_verifier_alone():
     from specpipe.bench.llamacpp import llama_cpp_references
 

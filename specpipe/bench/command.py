@@ -49,7 +49,6 @@ def run(config: BenchConfig) -> int:
         to_json,
     )
     from specpipe.bench.runs import (
-        all_cores,
         bench_prompts,
         embedded_generators,
         grpc_generators,
@@ -80,8 +79,8 @@ def run(config: BenchConfig) -> int:
         baseline_cores = pipeline_cores(config, methods, cores)
         runs = transformers_runs(config, baselines, any_generator.info.eos_token_ids, models, baseline_cores)
         if gguf is not None:
-            runs |= llama_cpp_runs(gguf, config.prompt_lookup_tokens, config.max_new_tokens,
-                                   any_generator.info.eos_token_ids, baseline_cores, lambda: all_cores(baseline_cores))
+            runs |= stack.enter_context(llama_cpp_runs(gguf, config.prompt_lookup_tokens, config.max_new_tokens,
+                                                       any_generator.info.eos_token_ids, baseline_cores))
         specs = {method: method.resolve(config) for method in methods}
         for spec in specs.values():
             generator = own_generator(generators[spec.hop_delay_ms], spec.drafter, spec.learn_global)

@@ -1,6 +1,7 @@
 """llama.cpp baselines of `specpipe bench` (--baselines llama-cpp): llama-cpp-python's plain greedy
 decoding and its prompt-lookup speculation on the verifier's own GGUF file (the one specpipe reads),
-with a thread per core the pipeline uses, on the same prompt token ids.
+with a thread per core the pipeline uses, on the same prompt token ids, each in a process of its own
+(specpipe.bench.llamacpp_worker: llama.cpp as its users run it, beside nothing of specpipe's).
 
 llama.cpp computes on the GGUF's quantized blocks, a different computation from specpipe's, so its
 output need not equal the verifier alone's: the run reports how often it does (the "identical to"
@@ -10,9 +11,14 @@ prefix reuse from the prompt before, as specpipe's sessions have none).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+import contextlib
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +27,6 @@ from specpipe.config.presets import ModelSpec
 from specpipe.core.errors import FailedPrecondition
 
 LLAMA_CPP = "llama.cpp"  # the baselines' names start with it
-CONTEXT = 4096           # tokens of context: the longest bench prompt and its new tokens
 
 
 def gguf_of(source: str) -> Path:
@@ -44,64 +49,82 @@ def baseline_gguf(verifier: ModelSpec) -> Path:
     gguf = gguf_of(verifier.source)
     if verifier.num_layers is not None:
         raise FailedPrecondition(f"the llama-cpp baseline runs the whole GGUF, not {verifier.label}")
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as err:
+    if importlib.util.find_spec("llama_cpp") is None:  # found, not loaded: it runs in workers of its own
         raise FailedPrecondition("the llama-cpp baselines need llama-cpp-python: pip install -e \".[llama]\" "
-                                 "(builds llama.cpp from source: docs/design.md)") from err
+                                 "(builds llama.cpp from source: docs/design.md)")
     return gguf
 
 
-def load_llama(gguf: Path, threads: int, lookup_tokens: int | None = None) -> Any:
-    """llama_cpp.Llama over gguf (prompt lookup drafting lookup_tokens a round, where given)."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+class LlamaWorker:
+    """One llama.cpp baseline's process (specpipe.bench.llamacpp_worker) and the MethodRun that feeds it
+    a prompt at a time. Plain decoding feeds a token a forward, so rounds = tokens; prompt lookup's
+    rounds are not known. The prefill is the time to the first token. A worker that dies (llama.cpp
+    crashed) fails the run with what it printed, never a silent row."""
 
-    draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
-    llama = Llama(model_path=str(gguf), n_ctx=CONTEXT, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                  draft_model=draft, verbose=False)
-    llama.eval([llama.token_bos() if llama.token_bos() >= 0 else 0])  # warm up: the first forward allocates
-    return llama
+    def __init__(self, gguf: Path, threads: int, max_new_tokens: int, eos_token_ids: Sequence[int],
+                 cores: Sequence[int], lookup_tokens: int = 0) -> None:
+        self.lookup = lookup_tokens > 0
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "specpipe.bench.llamacpp_worker", "--gguf", str(gguf), "--threads", str(threads),
+             "--lookup-tokens", str(lookup_tokens), "--max-new-tokens", str(max_new_tokens),
+             "--eos", ",".join(map(str, eos_token_ids)), "--cores", ",".join(map(str, cores))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self._answer("loading the GGUF")
+
+    def __call__(self, prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(json.dumps(list(prompt_ids)) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the worker is gone: _answer says why
+        answer = self._answer(f"prompt {prompt_id}")
+        tokens = tuple(answer["tokens"])
+        return PromptRun(prompt_id, len(prompt_ids), tokens, answer["seconds"],
+                         rounds=0 if self.lookup else len(tokens), prefill_ms=answer["prefill_ms"],
+                         prefill_tokens=1 if tokens else 0)
+
+    def _answer(self, doing: str) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if line:
+            return dict(json.loads(line))
+        code = self.process.wait()
+        self.stderr.seek(0)
+        said = self.stderr.read()[-2000:]
+        self.stderr.close()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        raise RuntimeError(f"llama.cpp's worker died ({how}) while {doing}: {said}")
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
 
 
-def llama_cpp_method(llama: Any, max_new_tokens: int, eos_token_ids: Sequence[int],
-                     pinned: Callable[[], AbstractContextManager[Any]], lookup: bool = False) -> MethodRun:
-    """Greedy decoding of prompt token ids on llama (load_llama), under the pinned context; output cut
-    after the first EOS, as the transformers baselines'. Plain decoding feeds a token a forward, so
-    rounds = tokens; prompt lookup's rounds are not known. The prefill is the time to the first token."""
-
-    def run(prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:
-        tokens: list[int] = []
-        first = 0.0
-        with pinned():
-            llama.reset()  # an empty cache: no prefix of the last prompt reused
-            start = time.perf_counter()
-            for token in llama.generate(list(prompt_ids), temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
-                                        repeat_penalty=1.0, reset=True):
-                first = first or time.perf_counter()
-                tokens.append(int(token))
-                if token in eos_token_ids or len(tokens) >= max_new_tokens:
-                    break
-            seconds = time.perf_counter() - start
-        prefill_ms = (first - start) * 1e3 if first else seconds * 1e3
-        return PromptRun(prompt_id, len(prompt_ids), tuple(tokens), seconds, rounds=0 if lookup else len(tokens),
-                         prefill_ms=prefill_ms, prefill_tokens=1 if tokens else 0)
-
-    return run
-
-
+@contextlib.contextmanager
 def llama_cpp_runs(gguf: Path, lookup_tokens: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int],
-                   cores: list[int], pinned: Callable[[], AbstractContextManager[Any]]) -> dict[str, MethodRun]:
+                   cores: list[int]) -> Iterator[dict[str, MethodRun]]:
     """llama.cpp's plain decoding, then its prompt lookup at each of lookup_tokens, on gguf
-    (baseline_gguf), a thread per core of cores (pinned: the context that runs on them)."""
+    (baseline_gguf), each in a worker process of its own pinned to cores, a thread per core."""
     threads = max(1, len(cores))
     where = f"{threads} threads, {gguf.parent.name} GGUF"
-    runs = {f"{LLAMA_CPP} plain, {where}": llama_cpp_method(load_llama(gguf, threads), max_new_tokens,
-                                                             eos_token_ids, pinned)}
-    for n in lookup_tokens:
-        runs[f"{LLAMA_CPP} prompt lookup ({n} tokens), {where}"] = llama_cpp_method(
-            load_llama(gguf, threads, n), max_new_tokens, eos_token_ids, pinned, lookup=True)
-    return runs
+    with contextlib.ExitStack() as stack:
+        def worker(lookup: int = 0) -> LlamaWorker:
+            started = LlamaWorker(gguf, threads, max_new_tokens, eos_token_ids, cores, lookup)
+            stack.callback(started.close)
+            return started
+
+        runs: dict[str, MethodRun] = {f"{LLAMA_CPP} plain, {where}": worker()}
+        for n in lookup_tokens:
+            runs[f"{LLAMA_CPP} prompt lookup ({n} tokens), {where}"] = worker(n)
+        yield runs
 
 
 def llama_cpp_references(methods: Sequence[str], verifier_alone: str) -> dict[str, str]:
