@@ -59,6 +59,11 @@ from specpipe.runtime.traced import traced_drafter, traced_verifier
 
 log = logging.getLogger("specpipe.orchestrator")
 
+# Sessions sharing a verifier forward beyond which a draft is cut to its captured step (ModelInfo.max_step_tokens):
+# a longer step adds about a forward, which pays while the others lose less than it lands (at ~4 tokens a
+# round each, a few sessions; on the packaged GPU curve, code: 4 users gained from long steps, 16 lost).
+CROWDED_SESSIONS = 4
+
 
 class Load:
     """Generations running now: they share the verifier and the drafter (adaptive control's load)."""
@@ -183,9 +188,12 @@ class Generator:
         def draft_len(emitted: int | None = None) -> int:  # draft only what can still be emitted
             return min(policy.draft_len(self._load.active, branch), gen.room(emitted))
 
+        crowded = False  # the last round's forward held more than CROWDED_SESSIONS sessions' steps
+
         def send(proposal: ProposeResult) -> tuple[ProposeResult, ProposeResult, Round, float]:
             """The round's draft as sent (after the draft policy and the window), as drafted, the round, its start."""
-            as_drafted, proposal = proposal, self._fit(gen, policy.trim(proposal, self._load.active))
+            trimmed = policy.trim(proposal, self._load.active)
+            as_drafted, proposal = proposal, self._fit(gen, trimmed, crowded or self._load.active > CROWDED_SESSIONS)
             hypotheses = policy.hypotheses(proposal, self._load.active) if branch else 0  # pre-drafts
             start = laps.lap("control")
             return proposal, as_drafted, schedule.start(gen, proposal, as_drafted, hypotheses, draft_len), start
@@ -205,6 +213,7 @@ class Generator:
                     with spans.in_round():
                         result = sent()
                         verify_end = laps.lap("call")
+                        crowded = result.batch_sessions > CROWDED_SESSIONS
                         self.observer.verified(gen, proposal, result)
                         laps.lap("record")
                         policy.observe(Verified(proposal, as_drafted, result, (verify_end - start) * 1e3,
@@ -240,11 +249,17 @@ class Generator:
                     self._release(gen.session_id, proposer.drafter)
                 spans.end(gen.finish, len(gen.output), error)
 
-    def _fit(self, gen: Generation, proposal: ProposeResult) -> ProposeResult:
-        """The draft cut to what the generation can still emit (a hybrid's n-gram tail may reach past it)
-        and to the verifier's context window: the room caps a draft's depth, not a tree's nodes, and a
-        fresh draft or a pre-draft may be a tree (docs/security.md, "Context window")."""
-        fitted = fit_nodes(within_depth(proposal.draft, max(0, gen.room())), gen.window_room(self.info.max_context))
+    def _fit(self, gen: Generation, proposal: ProposeResult, crowded: bool) -> ProposeResult:
+        """The draft cut to what the generation can still emit (a hybrid's n-gram tail may reach past it),
+        to the verifier's context window (the room caps a draft's depth, not a tree's nodes, and a fresh
+        draft or a pre-draft may be a tree: docs/security.md, "Context window") and, where many sessions
+        share the verifier's forwards (crowded), to its captured step: a longer step costs a forward of
+        its own, which every other session's round in the batch waits for (docs/batching.md, "Gather
+        policy")."""
+        nodes = gen.window_room(self.info.max_context)
+        if crowded and self.info.max_step_tokens:
+            nodes = min(nodes, self.info.max_step_tokens - 1)  # the step is the last token and the draft
+        fitted = fit_nodes(within_depth(proposal.draft, max(0, gen.room())), nodes)
         return proposal if fitted is proposal.draft else replace(proposal, draft=fitted)
 
     def _emit(self, gen: Generation, proposal: ProposeResult, result: VerifyResult, resolution: Resolution,

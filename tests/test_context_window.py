@@ -1,6 +1,7 @@
 """The context-window edge: a draft (chain or tree, fresh or pre-drafted) is cut to the positions the
 verifier has left (specpipe.core.trees.fit_nodes), so a generation runs right up to the window and never
-fails there. Tiny preset with a 64-token window; every output equals the verifier's own greedy one."""
+fails there; likewise to the step a verifier's captured shapes hold (ModelInfo.max_step_tokens). Tiny
+preset with a 64-token window; every output equals the verifier's own greedy one."""
 
 from __future__ import annotations
 
@@ -68,3 +69,47 @@ def test_tree_drafts_run_up_to_the_window(small_window, tiny_tokenizer, schedule
         chunks = list(generator.generate(GenerationRequest(PROMPT, max_new, speculation=spec)))
         assert [t for c in chunks for t in c.token_ids] == reference, adaptive
         assert max(c.round.drafted for c in chunks) > 6  # trees: more nodes than the draft length
+
+
+def test_drafts_fit_the_verifiers_captured_step_where_sessions_share_it(tiny_tokenizer):
+    """A verifier whose forwards run groups of captured shapes (here a cost model's curve) says how long
+    a step fits one. While more than CROWDED_SESSIONS generations run, a free n-gram draft (up to 4x the
+    cap) is cut to it; alone, a longer step costs only its own forward and is kept. The outputs are
+    unchanged."""
+    from cache_service.memory import InMemoryNgramCache
+    from orchestrator.generator import CROWDED_SESSIONS, Generator
+    from specpipe.app.wiring import build_drafters
+    from specpipe.config.presets import ModelSpec
+    from specpipe.engine.batched import TOKEN_BUCKETS
+    from specpipe.engine.costmodel import load_curve
+    from specpipe.engine.models import model_info, tiny_model
+    from verifier_service.verifier import ModelVerifier
+
+    model = tiny_model()
+    info = model_info(ModelSpec("tiny"), model)
+    assert ModelVerifier(model, info).info().max_step_tokens == 0  # a CPU's batched forward: any step
+    verifier = ModelVerifier(model, info, cost_model=load_curve("nvidia-h200-qwen-coder", "verifier"))
+    assert verifier.info().max_step_tokens == TOKEN_BUCKETS[-1]
+    prompt, max_new = (100, 101, 102, 103, 104, 105, 106) * 6, 48
+    reference = reference_greedy(model, prompt, max_new)
+    store = InMemoryNgramCache()
+    generator = Generator(tiny_tokenizer, verifier, build_drafters(("ngram",), store, None, verifier.info()),
+                          cache=store)
+    request = GenerationRequest(prompt, max_new, speculation=SpeculationOptions(drafter="ngram", draft_len=24,
+                                                                               adaptive="off"))
+    alone = list(generator.generate(request))
+    assert [t for c in alone for t in c.token_ids] == reference
+    assert max(c.round.drafted for c in alone) == 24  # the repeat drafts long
+
+    crowd = [generator.generate(request) for _ in range(CROWDED_SESSIONS + 1)]
+    streams = [[next(g)] for g in crowd]  # from here on they all run
+    live = list(range(len(crowd)))
+    while live:  # a round of each in turn
+        for i in list(live):
+            chunk = next(crowd[i], None)
+            if chunk is None:
+                live.remove(i)
+            else:
+                streams[i].append(chunk)
+    assert all([t for c in stream for t in c.token_ids] == reference for stream in streams)
+    assert max(c.round.drafted for stream in streams[-1:] for c in stream) == TOKEN_BUCKETS[-1] - 1  # cut

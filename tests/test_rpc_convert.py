@@ -96,6 +96,8 @@ def test_verify_result_round_trip():
 def test_model_info_round_trip():
     info = ModelInfo("tiny", 257, (256, 0), 2048, "a0df08aa9220f9c4")
     assert convert.model_info_from_proto(wire(convert.model_info_to_proto(info))) == info
+    captured = ModelInfo("tiny", 257, (256,), 2048, "a0df08aa9220f9c4", max_step_tokens=16)
+    assert convert.model_info_from_proto(wire(convert.model_info_to_proto(captured))) == captured
 
 
 @pytest.mark.parametrize("chunk", [

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -107,7 +107,8 @@ class SessionVerifier:
 
     def __init__(self, info: ModelInfo, scheduler: Scheduler | None, max_sessions: int = 64,
                  session_ttl_s: float = 600.0, limits: Limits = DEFAULT_LIMITS):
-        self._info = info
+        step_tokens = scheduler.step_tokens if scheduler is not None else None
+        self._info = info if step_tokens is None else replace(info, max_step_tokens=step_tokens)
         self._scheduler = scheduler  # None: one session per forward (ModelVerifier's unbatched path)
         self._max_sessions = max_sessions
         self._limits = limits

@@ -95,12 +95,19 @@ def replayed(info: ModelInfo) -> ModelInfo:
 
 
 def save(transcript: Transcript, path: str | Path) -> None:
-    data = {"format": FORMAT, "info": asdict(transcript.info), "attention": transcript.attention,
+    data = {"format": FORMAT, "info": _info_data(transcript.info), "attention": transcript.attention,
             "source": transcript.source, "entries": [asdict(e) for e in transcript.entries]}
     if transcript.drafter is not None:
-        data["drafter"] = asdict(transcript.drafter)
+        data["drafter"] = _info_data(transcript.drafter)
     with gzip.open(path, "wt") as out:
         json.dump(data, out)
+
+
+def _info_data(info: ModelInfo) -> dict[str, Any]:
+    """A model's info as recorded: what the model is, not how a server runs it (its captured step)."""
+    data = asdict(info)
+    del data["max_step_tokens"]
+    return data
 
 
 def _info(data: dict[str, Any]) -> ModelInfo:

@@ -132,6 +132,9 @@ class ModelInfo:
     max_context: int
     vocab_fingerprint: str
     methods: tuple[str, ...] = ()  # a drafter's draft methods (DRAFTER_KINDS); () for a verifier
+    # a verifier's: the most tokens of a verify step (last token + draft) that its forward runs in one captured
+    # shape with the other sessions' steps; a longer step costs a forward of its own (0: no such bound)
+    max_step_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,14 @@ from specpipe.config.services import BatchConfig
 from specpipe.core.errors import Cancelled, FailedPrecondition, ResourceExhausted, Unavailable
 from specpipe.core.fits import Ewma, LinearFit
 from specpipe.engine import cores
-from specpipe.engine.batched import SESSION_BUCKETS, Segment, batched_forward, service_forward, unbatched_reason
+from specpipe.engine.batched import (
+    SESSION_BUCKETS,
+    TOKEN_BUCKETS,
+    Segment,
+    batched_forward,
+    service_forward,
+    unbatched_reason,
+)
 from specpipe.engine.costmodel import ClockedForward, ForwardCurve
 from specpipe.engine.kv import SlotKV
 from specpipe.engine.planner import (
@@ -250,6 +257,12 @@ class Scheduler:
         """Requests queued or in the forward now."""
         with self._cond:
             return len(self._pending)
+
+    @property
+    def step_tokens(self) -> int | None:
+        """The most tokens of a whole step that a group's forward runs in one captured shape (a longer step
+        is a forward of its own: specpipe.engine.batched.TOKEN_BUCKETS); None where batches are not groups."""
+        return TOKEN_BUCKETS[-1] if self._group is not None else None
 
     def close(self) -> None:
         with self._cond:

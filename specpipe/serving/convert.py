@@ -126,6 +126,7 @@ def model_info_to_proto(info: types.ModelInfo) -> common_pb2.ModelInfo:
         max_context=info.max_context,
         vocab_fingerprint=info.vocab_fingerprint,
         methods=info.methods,
+        max_step_tokens=info.max_step_tokens,
     )
 
 
@@ -137,6 +138,7 @@ def model_info_from_proto(msg: common_pb2.ModelInfo) -> types.ModelInfo:
         max_context=msg.max_context,
         vocab_fingerprint=msg.vocab_fingerprint,
         methods=tuple(msg.methods),
+        max_step_tokens=msg.max_step_tokens,
     )
 
 

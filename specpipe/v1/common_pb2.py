@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specpipe/v1/common.proto\x12\x0bspecpipe.v1\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"6\n\nSparseDist\x12\x15\n\ttoken_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x11\n\x05probs\x18\x02 \x03(\x02\x42\x02\x10\x01\"X\n\tDraftTree\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x07parents\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\"\n\x01q\x18\x03 \x03(\x0b\x32\x17.specpipe.v1.SparseDist\"\x8f\x01\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x19\n\reos_token_ids\x18\x03 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x0bmax_context\x18\x04 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07methods\x18\x06 \x03(\t\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08*\x91\x01\n\x0b\x44raftSource\x12\x1c\n\x18\x44RAFT_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAFT_SOURCE_MODEL\x10\x01\x12\x18\n\x14\x44RAFT_SOURCE_CONTEXT\x10\x02\x12\x19\n\x15\x44RAFT_SOURCE_VERIFIER\x10\x03\x12\x17\n\x13\x44RAFT_SOURCE_GLOBAL\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18specpipe/v1/common.proto\x12\x0bspecpipe.v1\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"6\n\nSparseDist\x12\x15\n\ttoken_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x11\n\x05probs\x18\x02 \x03(\x02\x42\x02\x10\x01\"X\n\tDraftTree\x12\x12\n\x06tokens\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x07parents\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\"\n\x01q\x18\x03 \x03(\x0b\x32\x17.specpipe.v1.SparseDist\"\xa8\x01\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x19\n\reos_token_ids\x18\x03 \x03(\x05\x42\x02\x10\x01\x12\x13\n\x0bmax_context\x18\x04 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07methods\x18\x06 \x03(\t\x12\x17\n\x0fmax_step_tokens\x18\x07 \x01(\x05\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08*\x91\x01\n\x0b\x44raftSource\x12\x1c\n\x18\x44RAFT_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAFT_SOURCE_MODEL\x10\x01\x12\x18\n\x14\x44RAFT_SOURCE_CONTEXT\x10\x02\x12\x19\n\x15\x44RAFT_SOURCE_VERIFIER\x10\x03\x12\x17\n\x13\x44RAFT_SOURCE_GLOBAL\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,8 +41,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTTREE'].fields_by_name['parents']._serialized_options = b'\020\001'
   _globals['_MODELINFO'].fields_by_name['eos_token_ids']._loaded_options = None
   _globals['_MODELINFO'].fields_by_name['eos_token_ids']._serialized_options = b'\020\001'
-  _globals['_DRAFTSOURCE']._serialized_start=489
-  _globals['_DRAFTSOURCE']._serialized_end=634
+  _globals['_DRAFTSOURCE']._serialized_start=514
+  _globals['_DRAFTSOURCE']._serialized_end=659
   _globals['_SAMPLINGPARAMS']._serialized_start=41
   _globals['_SAMPLINGPARAMS']._serialized_end=122
   _globals['_SPARSEDIST']._serialized_start=124
@@ -50,9 +50,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTTREE']._serialized_start=180
   _globals['_DRAFTTREE']._serialized_end=268
   _globals['_MODELINFO']._serialized_start=271
-  _globals['_MODELINFO']._serialized_end=414
-  _globals['_RELEASEREQUEST']._serialized_start=416
-  _globals['_RELEASEREQUEST']._serialized_end=452
-  _globals['_RELEASEREPLY']._serialized_start=454
-  _globals['_RELEASEREPLY']._serialized_end=486
+  _globals['_MODELINFO']._serialized_end=439
+  _globals['_RELEASEREQUEST']._serialized_start=441
+  _globals['_RELEASEREQUEST']._serialized_end=477
+  _globals['_RELEASEREPLY']._serialized_start=479
+  _globals['_RELEASEREPLY']._serialized_end=511
 # @@protoc_insertion_point(module_scope)
