@@ -103,15 +103,54 @@ def test_w8a8_sums_are_exact_at_the_int8_extremes():
 
 
 def test_w8a8_runs_on_the_cpus_integer_dot_products():
-    """The kernel is built for this CPU: its W8A8 sums take AVX-512 VNNI where the CPU has it, else AVX2,
-    its W4A8 sums AVX2 (elsewhere a portable loop, and a W8A8 or W4A8 runner says so)."""
+    """The kernel is built for this CPU: its W8A8 sums take AVX-512 VNNI where the CPU has it, else AVX2
+    (elsewhere a portable loop, and a W8A8 runner says so); its W4A8 sums AVX-512 VNNI, else AVX2 (an
+    AVX-512 host without VNNI runs the AVX2 code)."""
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), None)
     if flags is None:
         pytest.skip("no /proc/cpuinfo flags")
     vnni = "avx512_vnni" in flags and "avx512f" in flags
     expected = "avx512-vnni" if vnni else "avx2" if "avx2" in flags and "avx512f" not in flags else "portable"
     assert native.q8_simd() == expected
-    assert native.q4_simd() == ("avx2" if "avx2" in flags else "portable")  # W4A8: AVX2 code on AVX-512 hosts too
+    assert native.q4_simd() == ("avx512-vnni" if vnni else "avx2" if "avx2" in flags else "portable")
+
+
+def repanel(packed: torch.Tensor, n: int, p: int) -> torch.Tensor:
+    """W4A8 words packed in panels of one width ([panels, super-blocks, words, P]) -> panels of p columns."""
+    columns = packed.permute(0, 3, 1, 2).reshape(-1, *packed.shape[1:3])[:n]
+    padded = torch.zeros((n + p - 1) // p * p, *columns.shape[1:], dtype=columns.dtype)
+    padded[:n] = columns
+    return padded.view(-1, p, *columns.shape[1:]).permute(0, 2, 3, 1).contiguous()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86 instruction sets")
+def test_w4a8_gives_the_same_bits_on_every_instruction_set(tmp_path):
+    """The W4A8 sums are exact integers, so the kernel built for AVX2 and for plain x86-64 (the portable
+    loop) gives the bits of this host's build (AVX-512 VNNI where it has it): a token's logits do not
+    depend on the machine's vector unit."""
+    import ctypes
+
+    from specpipe.engine.native import toolchain
+
+    torch.manual_seed(0)
+    n, k = 100, 3 * native.q4_block() - 40
+    w = torch.randn(n, k)
+    packed, _, _ = packed_in(w, torch.int32)
+    for march, simd in (("x86-64-v3", 1), ("x86-64", 0)):
+        library = tmp_path / f"{march}.so"
+        build = [toolchain._compiler(), "-O3", f"-march={march}", "-fPIC", "-shared", str(toolchain.SOURCE)]
+        subprocess.run([*build, "-o", str(library)], check=True, capture_output=True)
+        lib = ctypes.CDLL(str(library))
+        assert lib.specpipe_q4_simd() == simd
+        kernel = lib.specpipe_packed_linear_q4
+        kernel.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        words = repanel(packed, n, lib.specpipe_panel_width())
+        for m in (1, 3, 9):
+            x, b = torch.randn(m, k), torch.randn(n)
+            y = torch.empty(m, n)
+            assert kernel(x.data_ptr(), m, k, words.data_ptr(), n, None, b.data_ptr(), y.data_ptr(), 1) == 0
+            assert torch.equal(y, native.packed_linear(x, packed, n, b)), (march, m)
 
 
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # bytes of a block's fp16s

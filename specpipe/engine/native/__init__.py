@@ -86,7 +86,8 @@ def q4_block() -> int:
 
 
 def q4_simd() -> str:
-    """Where the W4A8 kernel's integer dot products run here: AVX2, or a portable integer loop."""
+    """Where the W4A8 kernel's integer dot products run here: AVX-512 VNNI, AVX2, or a portable integer
+    loop (the same sums: the same bits on each)."""
     return SIMD[library().specpipe_q4_simd()]
 
 
