@@ -2,8 +2,8 @@
 reference for every row count, row block and panel tail, with fp32, bf16 and int8 weights and W8A8
 (int8 weights and activations, against the same quantization in float64); batch
 invariant bit for bit (a row alone, in a draft of up to 33 rows, among other sessions' rows); threads
-change nothing; a packed model gives the eager model's logits; no
-compiler is a clear error."""
+change nothing; the integer kernels give the same bits built for any x86 level; a packed model gives
+the eager model's logits; no compiler is a clear error."""
 
 import json
 import os
@@ -116,41 +116,58 @@ def test_w8a8_runs_on_the_cpus_integer_dot_products():
 
 
 def repanel(packed: torch.Tensor, n: int, p: int) -> torch.Tensor:
-    """W4A8 words packed in panels of one width ([panels, super-blocks, words, P]) -> panels of p columns."""
-    columns = packed.permute(0, 3, 1, 2).reshape(-1, *packed.shape[1:3])[:n]
+    """W8A8 ([panels, K / 4, P, 4]) or W4A8 ([panels, super-blocks, words, P]) weights packed in panels of one
+    width -> panels of p columns."""
+    order, inverse = ((0, 2, 1, 3),) * 2 if packed.dtype == torch.uint8 else ((0, 3, 1, 2), (0, 2, 3, 1))
+    columns = packed.permute(order)  # [panels, P, ...]
+    columns = columns.reshape(-1, *columns.shape[2:])[:n]
     padded = torch.zeros((n + p - 1) // p * p, *columns.shape[1:], dtype=columns.dtype)
+    if packed.dtype == torch.uint8:
+        padded += 128  # a padding column's weights: 0, stored as w + 128
     padded[:n] = columns
-    return padded.view(-1, p, *columns.shape[1:]).permute(0, 2, 3, 1).contiguous()
+    return padded.view(-1, p, *columns.shape[1:]).permute(inverse).contiguous()
+
+
+# x86-64 levels the kernel is built for besides -march=native: the CPU flags each needs, and where its W8A8
+# and W4A8 sums run (v4, AVX-512 without VNNI: W8A8 the portable loop, W4A8 the AVX2 code over 48-column
+# panels; v3: AVX2; x86-64: the portable loops)
+X86_LEVELS = {"x86-64-v4": (("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"), {"q8": 0, "q4": 1}),
+              "x86-64-v3": (("avx2", "fma", "bmi2"), {"q8": 1, "q4": 1}), "x86-64": ((), {"q8": 0, "q4": 0})}
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86 instruction sets")
-def test_w4a8_gives_the_same_bits_on_every_instruction_set(tmp_path):
-    """The W4A8 sums are exact integers, so the kernel built for AVX2 and for plain x86-64 (the portable
-    loop) gives the bits of this host's build (AVX-512 VNNI where it has it): a token's logits do not
-    depend on the machine's vector unit."""
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32])
+def test_integer_kernels_give_the_same_bits_on_every_instruction_set(tmp_path, dtype):
+    """The W8A8 and W4A8 sums are exact integers, so the kernel built for AVX-512 without VNNI, for AVX2 and
+    for plain x86-64 (the portable loops) gives the bits of this host's build (AVX-512 VNNI where it has
+    it): a token's logits do not depend on the machine's vector unit. Levels this CPU cannot run are left out."""
     import ctypes
 
     from specpipe.engine.native import toolchain
 
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    suffix = native.WEIGHT_DTYPES[dtype]
     torch.manual_seed(0)
     n, k = 100, 3 * native.q4_block() - 40
-    w = torch.randn(n, k)
-    packed, _, _ = packed_in(w, torch.int32)
-    for march, simd in (("x86-64-v3", 1), ("x86-64", 0)):
+    packed, scale, _ = packed_in(torch.randn(n, k), dtype)
+    for march, (needs, simd) in X86_LEVELS.items():
+        if not set(needs) <= set(flags):
+            continue
         library = tmp_path / f"{march}.so"
         build = [toolchain._compiler(), "-O3", f"-march={march}", "-fPIC", "-shared", str(toolchain.SOURCE)]
         subprocess.run([*build, "-o", str(library)], check=True, capture_output=True)
         lib = ctypes.CDLL(str(library))
-        assert lib.specpipe_q4_simd() == simd
-        kernel = lib.specpipe_packed_linear_q4
+        assert getattr(lib, f"specpipe_{suffix}_simd")() == simd[suffix]
+        kernel = getattr(lib, f"specpipe_packed_linear_{suffix}")
         kernel.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         words = repanel(packed, n, lib.specpipe_panel_width())
         for m in (1, 3, 9):
             x, b = torch.randn(m, k), torch.randn(n)
             y = torch.empty(m, n)
-            assert kernel(x.data_ptr(), m, k, words.data_ptr(), n, None, b.data_ptr(), y.data_ptr(), 1) == 0
-            assert torch.equal(y, native.packed_linear(x, packed, n, b)), (march, m)
+            scales = None if scale is None else scale.data_ptr()
+            assert kernel(x.data_ptr(), m, k, words.data_ptr(), n, scales, b.data_ptr(), y.data_ptr(), 1) == 0
+            assert torch.equal(y, native.packed_linear(x, packed, n, b, scale)), (march, m)
 
 
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # bytes of a block's fp16s

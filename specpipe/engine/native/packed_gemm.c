@@ -130,6 +130,14 @@ ROW_BLOCKS(f32, float, 0)
 ROW_BLOCKS(bf16, unsigned short, 1)
 ROW_BLOCKS(i8, signed char, 1)
 
+/* Output column c of a row: its sum, times the column's scale s[c] (int8 weights) and plus its bias b[c] where
+ * there are, with one rounding where both are (a fused multiply-add, whether or not the compiler may fuse). */
+static inline float output(float sum, const float *s, const float *b, size_t c) {
+    if (s && b) return __builtin_fmaf(sum, s[c], b[c]);
+    if (s) return sum * s[c];
+    return b ? sum + b[c] : sum;
+}
+
 /* x [M][K], w packed [ceil(N/P)][K][P], s [N] (int8 weights' scales) or NULL, b [N] or NULL,
  * y [M][N] = s * (x @ w^T) + b; panels split across threads, each with a buffer of M x P
  * accumulators. With narrow weights and several row blocks (WIDEN), the first row block of a chunk
@@ -170,8 +178,7 @@ ROW_BLOCKS(i8, signed char, 1)
                 }                                                                                          \
                 for (size_t r = 0; r < M; r++)                                                             \
                     for (size_t c = 0; c < ncols; c++) {                                                   \
-                        float v = s ? buf[r * P + c] * s[col + c] : buf[r * P + c];                        \
-                        y[r * N + col + c] = b ? v + b[col + c] : v;                                       \
+                        y[r * N + col + c] = output(buf[r * P + c], s, b, col + c);                         \
                     }                                                                                      \
             }                                                                                              \
             free(buf);                                                                                     \
@@ -353,8 +360,7 @@ static int integer_linear(const float *x, size_t M, size_t K, size_t Kp, size_t 
             panel(w, M, Kp, j, xq, xs, xsum, buf);
             for (size_t r = 0; r < M; r++)
                 for (size_t c = 0; c < ncols; c++) {
-                    float v = s ? buf[r * P + c] * s[col + c] : buf[r * P + c];
-                    y[r * N + col + c] = b ? v + b[col + c] : v;
+                    y[r * N + col + c] = output(buf[r * P + c], s, b, col + c);
                 }
         }
         free(buf);
