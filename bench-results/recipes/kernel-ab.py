@@ -17,6 +17,7 @@ Both revisions must take the kernel arguments of this checkout (the int8 weights
 import argparse
 import ctypes
 import functools
+import itertools
 import pathlib
 import statistics
 import subprocess
@@ -31,6 +32,7 @@ from specpipe.engine import runner as runners
 from specpipe.engine.kv import SlotKV
 from specpipe.engine.models import load_model
 from specpipe.engine.native import toolchain
+from specpipe.models import packaged
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--before", default="HEAD^", help="git revision of the first kernel")
@@ -89,6 +91,10 @@ def one_session(model, runner):
 GEMM_SHAPES = {"gate+up": (17920, 1536), "down": (1536, 8960), "o": (1536, 1536)}  # qwen2.5-coder-1.5b's
 
 
+def gemm_call(x, n, scale, copies):
+    return lambda: native.packed_linear(x, next(copies), n, None, scale)
+
+
 def gemm_calls(sizes):
     """(label, k) -> a call of the packed GEMM alone on k rows, on one of copies of a random weight (packed as
     --weights packs) that together outgrow the caches: each call reads its weight from memory, as a forward does."""
@@ -102,12 +108,9 @@ def gemm_calls(sizes):
             packed = native.pack_weight(q, runners.PACKED_WEIGHTS[args.weights])
         else:
             packed, scale = native.pack_weight(w, runners.PACKED_WEIGHTS[args.weights]), None
-        copies = [packed.clone() for _ in range(max(2, 400_000_000 // packed.nbytes))]
+        copies = itertools.cycle([packed.clone() for _ in range(max(2, 400_000_000 // packed.nbytes))])
         for m in sizes:
-            x, turn = torch.randn(m, k_in), iter(range(10**9))
-            calls[shape, m] = functools.partial(
-                lambda x, n, scale, copies, turn: native.packed_linear(x, copies[next(turn) % len(copies)], n, None,
-                                                                       scale), x, n, scale, copies, turn)
+            calls[shape, m] = gemm_call(torch.randn(m, k_in), n, scale, copies)
     return calls
 
 
@@ -121,6 +124,7 @@ with tempfile.TemporaryDirectory() as tmp:
     if args.gemm:
         calls = gemm_calls(sizes)
     else:
+        packaged.model_dir(PRESETS[args.preset].verifier)  # prepared here (`specpipe models prepare`): none is fetched
         model = load_model(ModelSpec(PRESETS[args.preset].verifier), packed=args.weights)
         forward, crop = one_session(model, runners.Runner(model, "packed", weights=args.weights))
         forward([(7 * i + 10) % 1000 for i in range(args.context)])
