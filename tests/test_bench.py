@@ -31,6 +31,8 @@ def test_transformers_baselines_beside_specpipe(tmp_path):
         "prompt-lookup,assisted,generate-threads",
         "--prompt-lookup-tokens",
         "3,10",
+        "--verifier-weights",  # transformers' exact model: its speculation is lossless there (a W4A8 one: below)
+        "fp32",
         "--json",
         str(out),
     )
@@ -166,6 +168,30 @@ def test_llama_cpp_rows_compare_with_the_verifier_alone():
     assert llama_cpp_references(names[:2], "verifier-only generate()") == {plain: "verifier-only generate()"}
 
 
+def test_the_lossless_verdict_is_specpipes_and_names_transformers_differences():
+    from specpipe.bench.command import lossless_check
+    from specpipe.bench.measure import MethodSpec, MethodSummary
+
+    spec = MethodSpec("ngram", "branch", "calibrated", 8, 1, 1, "on", compiled=True)
+
+    def summary(name, identical, spec=None):
+        return MethodSummary(name, 8, 2.0, 4.0, 1.0, 1.0, 0.0, identical, 2, spec=spec)
+
+    packed = "verifier-only generate(), 2 threads, packed w4a8"
+    alone = "specpipe verifier alone compiled"
+    runs = [summary("verifier-only generate()", 2), summary(packed, 0), summary(alone, 0, spec),
+            summary("llama.cpp plain, 2 threads, m GGUF", 1), summary("specpipe ngram", 2, spec)]
+    # the verifiers alone are yardsticks (another model than eager's: 0/2), llama.cpp another computation
+    assert lossless_check(runs, {packed, alone}) == (
+        True, "lossless check: every output is identical to the verifier-only output run the same way")
+    ok, verdict = lossless_check([*runs, summary("transformers prompt lookup (4 tokens), 2 threads, packed w4a8", 1)],
+                                 {packed, alone})
+    assert ok and verdict.startswith("lossless check: every specpipe output is identical") and \
+        verdict.endswith("(outputs equal to its generate() on them: transformers prompt lookup (4 tokens), "
+                         "2 threads, packed w4a8 1/2)")
+    assert lossless_check([*runs, summary("specpipe model", 1, spec)], {packed, alone})[0] is False
+
+
 def test_report_section_needs_its_markers():
     from specpipe.bench.report import replace_section
 
@@ -194,7 +220,9 @@ def test_mtbench_second_turns_and_categories(tmp_path):
     assert ids == ["mtbench/81", "mtbench/91", "mtbench/81/turn2", "mtbench/91/turn2"]
     assert data["meta"]["categories"] == {"mtbench/81": "writing", "mtbench/91": "roleplay",
                                           "mtbench/81/turn2": "writing", "mtbench/91/turn2": "roleplay"}
-    assert all(m["identical"] == 4 for m in data["methods"])
+    # every output its verifier alone's; those are other models than eager generate()'s (W4A8)
+    alone = ("verifier-only generate(), ", "specpipe verifier alone")
+    assert all(m["identical"] == 4 for m in data["methods"] if not m["method"].startswith(alone))
     proc = bench("--report", str(out), "--plot-dir", str(tmp_path / "plots"), timeout=120)
     assert "| category | prompts |" in proc.stdout and "| roleplay | 2 |" in proc.stdout, proc.stderr[-2000:]
 

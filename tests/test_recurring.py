@@ -221,6 +221,8 @@ def test_recurring_bench_on_smollm2(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "lossless check: every output is identical" in proc.stdout and " over learning off |" in proc.stdout
     data = json.loads(out.read_text())
-    assert all(m["identical"] == 6 for m in data["methods"])
+    # every output its verifier alone's; those are other models than eager generate()'s (W4A8)
+    alone = ("verifier-only generate(), ", "specpipe verifier alone")
+    assert all(m["identical"] == 6 for m in data["methods"] if not m["method"].startswith(alone))
     (pair,) = data["recurring"]["learning"]
     assert set(pair["on_over_off"]) >= {"all", "unique"} and pair["on_over_alone"]["all"] > 0

@@ -13,7 +13,7 @@ run_folder() {
   mkdir -p "$folder"
   {
     echo "# $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    env | grep -E '^(PRESET|TOKENS|SUITES|BASELINES|RECORD|OUT|BEFORE|AFTER|PAIRS|MODES|LEVELS|HOLD|TOK|N|TRACE|ORCH|LOADPROCS|DRAFTERS|STALL|RUNS)=' | sort
+    env | grep -E '^(PRESET|TOKENS|SUITES|LIMITS|BASELINES|RECORD|OUT|BEFORE|AFTER|PAIRS|MODES|LEVELS|HOLD|TOK|N|TRACE|ORCH|LOADPROCS|DRAFTERS|STALL|RUNS)=' | sort
     echo "$RECIPE_COMMAND"
   } > "$folder/command.txt"
   echo "$folder"

@@ -7,7 +7,8 @@
 # generation, prompt lookup at 4 and 10 tokens), and eager generate() on one core, labelled. 20
 # HumanEval, 10 GSM8K and 8 MT-Bench prompts (every category in turn).
 # PRESET (default qwen-coder, the default preset), TOKENS (new tokens, default 128), SUITES
-# (default "humaneval gsm8k mtbench") and BASELINES (default every transformers method) change the run;
+# (default "humaneval gsm8k mtbench"), LIMITS (their prompts, default "20 10 8") and BASELINES (default
+# every transformers method) change the run;
 # it writes bench-results/<today>-headline-$TOKENS/$PRESET-$SUITE.json (or $OUT/), with the command, and the
 # section headline-$TOKENS-$PRESET of the record page $RECORD (its name under docs/results/).
 # On the 2-core AVX-512 EPYC, 128 tokens: smollm2 about 25 minutes, qwen-coder HumanEval 35 to 55 (by host);
@@ -23,7 +24,8 @@ preset=${PRESET:-qwen-coder}
 suites=${SUITES:-humaneval gsm8k mtbench}
 baselines=${BASELINES:-generate,generate-threads,assisted,prompt-lookup}
 out=$(run_folder "headline-$tokens")
-declare -A limit=([humaneval]=20 [gsm8k]=10 [mtbench]=8)
+read -r he gs mt <<< "${LIMITS:-20 10 8}"
+declare -A limit=([humaneval]=$he [gsm8k]=$gs [mtbench]=$mt)
 files=()
 for suite in $suites; do
   specpipe bench --preset "$preset" --max-new-tokens "$tokens" --baselines "$baselines" \

@@ -67,8 +67,12 @@ def drafter_forward(model: ModelConfig) -> dict:
 
 
 def verifier_weights(model: ModelConfig) -> str:
-    """The verifier's packed weights (fp32, or bf16 or int8: the CPU kernel only)."""
-    if model.verifier_weights != "fp32" and forward_mode(model) != "packed":
+    """The verifier's packed weights (fp32, or the others: the CPU kernel only); auto: w4a8 where the
+    CPU kernel runs batched forwards (its row-exact attention), else fp32."""
+    packed = forward_mode(model) == "packed"
+    if model.verifier_weights == "auto":
+        return "w4a8" if packed and model.batching else "fp32"
+    if model.verifier_weights != "fp32" and not packed:
         raise InvalidArgument(f"--verifier-weights {model.verifier_weights} packs the verifier's weights: it needs the "
                               "CPU kernel (--compile on, or auto with a C compiler) and a CPU --device")
     return model.verifier_weights

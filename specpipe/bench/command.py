@@ -8,14 +8,18 @@ import json
 import os
 import platform
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from specpipe.app.wiring import forward_mode
+from specpipe.app.wiring import forward_mode, verifier_weights
 from specpipe.bench import recurring_report
 from specpipe.bench.methods import Method, parse_baselines, parse_methods, recurring
 from specpipe.bench.prompts import RECURRING
 from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
 from specpipe.engine.cores import set_threads
+
+if TYPE_CHECKING:
+    from specpipe.bench.measure import MethodSummary
 
 
 def bench(config: BenchConfig) -> int:
@@ -37,7 +41,7 @@ def pipeline_cores(config: BenchConfig, methods: list, cores: list[int]) -> list
 
 
 def run(config: BenchConfig) -> int:
-    from specpipe.bench.llamacpp import LLAMA_CPP, baseline_gguf, llama_cpp_references, llama_cpp_runs
+    from specpipe.bench.llamacpp import baseline_gguf, llama_cpp_references, llama_cpp_runs
     from specpipe.bench.measure import BASELINE, benchmark, specpipe_method
     from specpipe.bench.report import (
         cpu_table,
@@ -77,7 +81,8 @@ def run(config: BenchConfig) -> int:
         any_generator = next(iter(generators.values()))
         prompts, categories = bench_prompts(config, any_generator)
         baseline_cores = pipeline_cores(config, methods, cores)
-        runs = transformers_runs(config, baselines, any_generator.info.eos_token_ids, models, baseline_cores)
+        runs, references = transformers_runs(config, baselines, any_generator.info.eos_token_ids, models,
+                                             baseline_cores)
         if gguf is not None:
             runs |= stack.enter_context(llama_cpp_runs(gguf, config.prompt_lookup_tokens, config.max_new_tokens,
                                                        any_generator.info.eos_token_ids, baseline_cores))
@@ -86,7 +91,7 @@ def run(config: BenchConfig) -> int:
             generator = own_generator(generators[spec.hop_delay_ms], spec.drafter, spec.learn_global)
             runs[spec.name()] = specpipe_method(generator, config.max_new_tokens, spec.speculation())
         reference = specs[none].name() if compiled and none is not None else None
-        references = {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
+        references |= {spec.name(): reference for m, spec in specs.items() if reference and m is not none}
         references |= llama_cpp_references(list(runs), reference or BASELINE)
         by_name = {spec.name(): spec for spec in specs.values()}
         default = in_process_default(config.model) if config.transport == "embedded" else \
@@ -106,15 +111,15 @@ def run(config: BenchConfig) -> int:
     if recurring(config):
         print()
         print(recurring_report.markdown(summaries, categories))
-    ok = all(s.identical == s.prompts for s in summaries
-             if s.method != reference and not s.method.startswith(LLAMA_CPP))  # llama.cpp: another computation
-    print("lossless check: every output is identical to the verifier-only output run the same way" if ok else
-          "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way")
+    ok, verdict = lossless_check(summaries, set(references.values()))
+    print(verdict)
     if reference:
         alone = next(s for s in summaries if s.method == reference)
+        weights = verifier_weights(config.model)
+        why = " (floating-point differences changed a greedy token)" if weights == "fp32" else \
+            f" (its linear layers are {weights}: another model than the eager fp32 one)"
         print(f"compiled vs eager: the compiled verifier alone gave the eager generate() output on {alone.identical} "
-              f"of {alone.prompts} prompts" + ("" if alone.identical == alone.prompts else
-                                               " (floating-point differences changed a greedy token)"))
+              f"of {alone.prompts} prompts" + ("" if alone.identical == alone.prompts else why))
     if config.json_file:
         import torch
 
@@ -122,7 +127,7 @@ def run(config: BenchConfig) -> int:
                 "max_new_tokens": config.max_new_tokens,
                 "threads": torch.get_num_threads(), "pinned": config.pin, "transport": config.transport,
                 "compile": config.model.compile, "draft_weights": config.model.draft_weights,
-                "verifier_weights": config.model.verifier_weights, "models": any_generator.info.model_name,
+                "verifier_weights": verifier_weights(config.model), "models": any_generator.info.model_name,
                 "cache": config.generator.cache, "baselines": baselines, "sweep": config.sweep, "turns": config.turns,
                 "categories": categories, **machine_info()}
         data = to_json(summaries, meta)
@@ -228,3 +233,23 @@ def machine_info() -> dict:
         flags = set(fields.get("flags", "").split())
     return {"machine": cpu, "cpu_count": os.cpu_count(),
             "vector_extensions": [x for x in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if x in flags]}
+
+
+def lossless_check(summaries: list[MethodSummary], yardsticks: set[str]) -> tuple[bool, str]:
+    """The bench's verdict: whether each specpipe method's outputs equal its verifier alone's (the claim),
+    and the line that says so; where a transformers method's differ from its own generate() on the same
+    weights, the line says that beside it. Yardsticks (each verifier alone: generate() on any weights,
+    specpipe's compared with eager below) and llama.cpp (another computation) are left out."""
+    from specpipe.bench.llamacpp import LLAMA_CPP
+    from specpipe.bench.measure import BASELINE
+
+    checked = [s for s in summaries
+               if s.method not in yardsticks and not s.method.startswith((BASELINE, LLAMA_CPP))]
+    ok = all(s.identical == s.prompts for s in checked if s.spec is not None)
+    theirs = [f"{s.method} {s.identical}/{s.prompts}" for s in checked if s.spec is None and s.identical != s.prompts]
+    verdict = "lossless check: every output is identical to the verifier-only output run the same way" if ok else \
+        "LOSSLESS CHECK FAILED: some outputs differ from the verifier-only output run the same way"
+    if theirs:
+        verdict = verdict.replace("every output", "every specpipe output") + "; transformers' own speculation " + \
+            f"is not lossless on these weights (outputs equal to its generate() on them: {', '.join(theirs)})"
+    return ok, verdict

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from specpipe.app.wiring import drafter_forward, forward_mode
+from specpipe.app.wiring import drafter_forward, forward_mode, verifier_weights
 from specpipe.bench.methods import STORE_DRAFTERS, Method
 from specpipe.config.bench import BenchConfig
 from specpipe.core.errors import InvalidArgument
@@ -31,20 +31,23 @@ class BaselineModels:
 
 
 def transformers_runs(config: BenchConfig, baselines: list[str], eos: Sequence[int], models: BaselineModels,
-                      cores: list[int]) -> dict[str, MethodRun]:
-    """The transformers methods of baselines, in this process; the first is the baseline (eager, one
-    thread on one core). The others run on specpipe's weights path with a thread per core the
-    pipeline uses (cores)."""
+                      cores: list[int]) -> tuple[dict[str, MethodRun], dict[str, str]]:
+    """The transformers methods of baselines, in this process, and what each one's outputs must equal.
+    The first is the baseline (eager, one thread on one core). The others run on specpipe's weights
+    path with a thread per core the pipeline uses (cores); their yardstick is generate() on the same
+    weights where it runs (generate-threads): a packed verifier in other weights than fp32 is another
+    model than the eager one."""
     from specpipe.bench.measure import BASELINE, transformers_method
 
     runs = {
         BASELINE: transformers_method(models.eager, config.max_new_tokens, eos, threads=lambda: all_cores(cores[:1]))
     }
     path, threads = forward_mode(config.model), lambda: all_cores(cores)
-    where = f"{len(cores)} threads, {path}"
+    weights = verifier_weights(config.model) if path == "packed" else "fp32"
+    where = f"{len(cores)} threads, {path}" + (f" {weights}" if weights != "fp32" else "")
+    plain = f"verifier-only generate(), {where}"
     if "generate-threads" in baselines:
-        runs[f"verifier-only generate(), {where}"] = transformers_method(
-            models.verifier, config.max_new_tokens, eos, threads=threads)
+        runs[plain] = transformers_method(models.verifier, config.max_new_tokens, eos, threads=threads)
     if "assisted" in baselines:
         runs[f"transformers assisted generation, {where}"] = transformers_method(
             models.verifier, config.max_new_tokens, eos, threads=threads, plain=False, assistant_model=models.drafter)
@@ -53,7 +56,8 @@ def transformers_runs(config: BenchConfig, baselines: list[str], eos: Sequence[i
             runs[f"transformers prompt lookup ({tokens} tokens), {where}"] = transformers_method(
                 models.verifier, config.max_new_tokens, eos, threads=threads, plain=False,
                 prompt_lookup_num_tokens=tokens)
-    return runs
+    references = {method: plain for method in list(runs)[2:]} if plain in runs else {}
+    return runs, references
 
 
 @contextlib.contextmanager
@@ -182,7 +186,7 @@ def grpc_baseline_models(config: BenchConfig, baselines: list[str]) -> BaselineM
     specpipe's weights are packed, a packed copy (and a packed drafter for assisted generation)."""
     eager = _load(config, 0)
     packed = forward_mode(config.model) == "packed"
-    verifier = _load(config, 0, config.model.verifier_weights) if packed and len(baselines) > 1 else eager
+    verifier = _load(config, 0, verifier_weights(config.model)) if packed and len(baselines) > 1 else eager
     drafter = None
     if "assisted" in baselines:
         drafter = _load(config, 1, drafter_forward(config.model)["weights"] if packed else None)

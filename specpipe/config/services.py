@@ -35,7 +35,7 @@ from specpipe.core.types import (
 DTYPES = ("auto", "float32", "bfloat16")
 COMPILE = ("auto", "off", "on")
 DRAFT_WEIGHTS = ("auto", "fp32", "bf16", "int8", "w8a8")
-VERIFIER_WEIGHTS = ("fp32", "bf16", "int8", "w8a8", "w4a8")
+VERIFIER_WEIGHTS = ("auto", "fp32", "bf16", "int8", "w8a8", "w4a8")
 ON_OFF = ("on", "off")  # the choices of a bool setting's flag
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_SPECULATION = SpeculationOptions()  # the product's defaults (specpipe.core.types)
@@ -113,12 +113,13 @@ class ModelConfig:
         "drafter proposes, never what is emitted (the verifier's weights are --verifier-weights). auto: int8 when "
         "the CPU kernel runs, else fp32", choices=DRAFT_WEIGHTS)
     verifier_weights: str = setting(
-        "fp32", "the weights of the verifier's packed linear layers (CPU kernel only): bf16 streams half the bytes "
+        "auto", "the weights of the verifier's packed linear layers (CPU kernel only): bf16 streams half the bytes "
         "per token, int8 (a scale per output feature) a quarter, with fp32 arithmetic; w8a8: int8 weights times "
         "int8 activations in integer dot products, attention row by row (batching on); w4a8: as w8a8 on the GGUF's "
         "own 4-bit Q4_K blocks (its other layers, and a model not read from GGUF, in Q4_K rounded at load); each "
-        "changes the model: the output is then that verifier's own greedy decoding (lossless against it, not "
-        "against fp32)",
+        "but fp32 changes the model: the output is then that verifier's own greedy decoding (lossless against it, "
+        "not against transformers' fp32 output, which fp32 keeps). auto: w4a8 where the CPU kernel runs with "
+        "batching on, else fp32",
         choices=VERIFIER_WEIGHTS)
     batching: bool = setting(
         True, "on: the verifier (and the model drafter) run the work of all their sessions as one forward "
