@@ -501,55 +501,77 @@ static void (*const row_block_q4_wide[Q4_WIDE_ROWS + 1])(const signed char *, si
                                                          float *, const float *, const int *) = {
     NULL, row_block_q4_wide_1, row_block_q4_wide_2, row_block_q4_wide_3};
 #elif defined(__AVX2__)
-#define Q4_COLS 8
+/* vpmaddubsw multiplies the unsigned nibbles by the signed bytes of x, a pair a lane into int16 (exact:
+ * an int16 adds 16 products of |q x| <= 15 * 127 over a sub-block, 30,480 < 2^15), vpmaddwd by
+ * sc_j into int32. A row block takes the whole 32-column panel (CV = 4 vectors, sharing the rows'
+ * broadcasts), so each super-block streams in order: 0.6-0.85x the time 8-column strips took at 1 to
+ * 16 rows (the same bits). Built for AVX-512 without VNNI (48-column panels), blocks of 16 columns. */
+#define Q4_CV (P % 32 ? 2 : 4) /* vectors of 8 columns a block: AVX2's whole panel; 16 of 48 with AVX-512 */
+#define Q4_COLS (Q4_CV * 8)
 static inline __m256i int16_pair(int lo, int hi) { /* (lo, hi) as int16 in every 32-bit lane; |lo|, |hi| < 2^15 */
     return _mm256_set1_epi32((int)(((unsigned)lo & 0xFFFF) | (unsigned)hi << 16));
 }
-#define Q4_ROW_BLOCK(R)                                                                                    \
-    static void row_block_q4_##R(const signed char *xq, size_t Kp, size_t sb, const int *w, size_t col,    \
-                                 float *buf, const float *xs, const int *xsum) {                           \
+#define Q4_AVX2_BLOCK(R, CV, NAME)                                                                         \
+    static void NAME(const signed char *xq, size_t Kp, size_t sb, const int *w, size_t col, float *buf,    \
+                     const float *xs, const int *xsum) {                                                   \
         const __m256i low = _mm256_set1_epi8(0x0F), byte = _mm256_set1_epi32(0xFF);                        \
         const __m256i evens = _mm256_set1_epi32(0x00FF00FF);                                               \
-        __m256i sums[R];                                                                                   \
-        for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();                                      \
-        __m256i scales[2] = {_mm256_loadu_si256((const __m256i *)(w + 32 * P + col)),                      \
-                             _mm256_loadu_si256((const __m256i *)(w + 33 * P + col))};                     \
+        __m256i sums[R][CV];                                                                               \
+        for (int r = 0; r < R; r++)                                                                        \
+            for (int v = 0; v < CV; v++) sums[r][v] = _mm256_setzero_si256();                              \
         for (int j = 0; j < 8; j++) {                                                                      \
-            __m256i sc = _mm256_and_si256(_mm256_srli_epi32(scales[j / 4], 8 * (j % 4)), byte);           \
-            sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* sc_j in both int16 halves */           \
-            __m256i part[R];                                                                               \
-            for (int r = 0; r < R; r++) part[r] = _mm256_setzero_si256();                                  \
+            __m256i part[R][CV];                                                                           \
+            for (int r = 0; r < R; r++)                                                                    \
+                for (int v = 0; v < CV; v++) part[r][v] = _mm256_setzero_si256();                          \
             for (int g = 4 * j; g < 4 * j + 4; g++) {                                                      \
-                __m256i q = _mm256_loadu_si256((const __m256i *)(w + g * P + col));                        \
-                __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low); \
+                __m256i xa[R], xb[R];                                                                      \
                 for (int r = 0; r < R; r++) {                                                              \
                     int a, b;                                                                              \
                     memcpy(&a, xq + r * Kp + sb * SB + 8 * g, 4);                                          \
                     memcpy(&b, xq + r * Kp + sb * SB + 8 * g + 4, 4);                                      \
-                    /* each int16 adds 8 products of |q x| <= 15 * 127: < 2^15 */                          \
-                    part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)));    \
-                    part[r] = _mm256_add_epi16(part[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b)));    \
+                    xa[r] = _mm256_set1_epi32(a);                                                          \
+                    xb[r] = _mm256_set1_epi32(b);                                                          \
+                }                                                                                          \
+                for (int v = 0; v < CV; v++) {                                                             \
+                    const int *wg = w + g * P + col + v * 8;                                               \
+                    __builtin_prefetch(wg + Q4_WORDS * P);                                                 \
+                    __m256i q = _mm256_loadu_si256((const __m256i *)wg);                                   \
+                    __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low); \
+                    for (int r = 0; r < R; r++) {                                                          \
+                        part[r][v] = _mm256_add_epi16(part[r][v], _mm256_maddubs_epi16(lo, xa[r]));        \
+                        part[r][v] = _mm256_add_epi16(part[r][v], _mm256_maddubs_epi16(hi, xb[r]));        \
+                    }                                                                                      \
                 }                                                                                          \
             }                                                                                              \
-            for (int r = 0; r < R; r++) sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(part[r], sc)); \
-        }                                                                                                  \
-        __m256i mins[2] = {_mm256_loadu_si256((const __m256i *)(w + 34 * P + col)),                        \
-                           _mm256_loadu_si256((const __m256i *)(w + 35 * P + col))};                       \
-        __m256 d = _mm256_loadu_ps((const float *)(w + 36 * P + col));                                    \
-        __m256 dmin = _mm256_loadu_ps((const float *)(w + 37 * P + col));                                 \
-        for (int r = 0; r < R; r++) {                                                                      \
-            const int *xsr = xsum + (r * (Kp / SB) + sb) * 8;                                              \
-            __m256i m = _mm256_setzero_si256();                                                            \
-            for (int h = 0; h < 2; h++) { /* m_j * xsum_j, two sub-blocks an int16 pair */                 \
-                __m256i even = _mm256_and_si256(mins[h], evens), odd = _mm256_and_si256(_mm256_srli_epi32(mins[h], 8), evens); \
-                m = _mm256_add_epi32(m, _mm256_madd_epi16(even, int16_pair(xsr[4 * h], xsr[4 * h + 2])));    \
-                m = _mm256_add_epi32(m, _mm256_madd_epi16(odd, int16_pair(xsr[4 * h + 1], xsr[4 * h + 3]))); \
+            for (int v = 0; v < CV; v++) {                                                                 \
+                __m256i sc = _mm256_loadu_si256((const __m256i *)(w + (32 + j / 4) * P + col + v * 8));      \
+                sc = _mm256_and_si256(_mm256_srli_epi32(sc, 8 * (j % 4)), byte);                           \
+                sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); /* sc_j in both int16 halves */       \
+                for (int r = 0; r < R; r++) sums[r][v] = _mm256_add_epi32(sums[r][v], _mm256_madd_epi16(part[r][v], sc)); \
             }                                                                                              \
-            __m256 t = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m))); \
-            float *f = buf + r * P + col;                                                                  \
-            _mm256_storeu_ps(f, _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * (Kp / SB) + sb]), _mm256_loadu_ps(f))); \
+        }                                                                                                  \
+        for (int v = 0; v < CV; v++) {                                                                     \
+            const int *wv = w + col + v * 8;                                                               \
+            __m256i mins[2] = {_mm256_loadu_si256((const __m256i *)(wv + 34 * P)),                         \
+                               _mm256_loadu_si256((const __m256i *)(wv + 35 * P))};                        \
+            __m256 d = _mm256_loadu_ps((const float *)(wv + 36 * P));                                     \
+            __m256 dmin = _mm256_loadu_ps((const float *)(wv + 37 * P));                                  \
+            for (int r = 0; r < R; r++) {                                                                  \
+                const int *xsr = xsum + (r * (Kp / SB) + sb) * 8;                                          \
+                __m256i m = _mm256_setzero_si256();                                                        \
+                for (int h = 0; h < 2; h++) { /* m_j * xsum_j, two sub-blocks an int16 pair */             \
+                    __m256i even = _mm256_and_si256(mins[h], evens);                                       \
+                    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mins[h], 8), evens);                  \
+                    m = _mm256_add_epi32(m, _mm256_madd_epi16(even, int16_pair(xsr[4 * h], xsr[4 * h + 2]))); \
+                    m = _mm256_add_epi32(m, _mm256_madd_epi16(odd, int16_pair(xsr[4 * h + 1], xsr[4 * h + 3]))); \
+                }                                                                                          \
+                __m256 t = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(sums[r][v]), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m))); \
+                float *f = buf + r * P + col + v * 8;                                                      \
+                _mm256_storeu_ps(f, _mm256_fmadd_ps(t, _mm256_set1_ps(xs[r * (Kp / SB) + sb]), _mm256_loadu_ps(f))); \
+            }                                                                                              \
         }                                                                                                  \
     }
+#define Q4_ROW_BLOCK(R) Q4_AVX2_BLOCK(R, Q4_CV, row_block_q4_##R)
 #else
 #define Q4_COLS 8
 #define Q4_ROW_BLOCK(R)                                                                                    \
