@@ -66,7 +66,7 @@ def metrics_section() -> str:
     return "\n".join(rows)
 
 
-HEADLINE = "2026-11-30-headline-128"  # the run folder under bench-results/ the README's table comes from
+HEADLINE = "2026-12-07-headline-128"  # the run folder under bench-results/ the README's table comes from
 HEADLINE_RUNS = tuple(f"{HEADLINE}/{preset}-{suite}" for preset in ("qwen-coder", "smollm2")
                       for suite in ("humaneval", "gsm8k", "mtbench"))
 

@@ -433,7 +433,9 @@ def test_bench_sweep_reports_the_best_fixed_setting_against_adaptive(tmp_path):
         "specpipe model adaptive k<=4 width=1 branch calibrated M<=1",
         "specpipe ngram k=2 width=1 branch calibrated M=1 learning",
     ]  # ngram/2: a fixed k, kept out of the sweep
-    assert all(m["identical"] == 2 for m in result["methods"]) and result["meta"]["suite"] == str(prompts)
+    alone = ("verifier-only generate(), ", "specpipe verifier alone")  # yardsticks: other models than eager's (W4A8)
+    assert all(m["identical"] == 2 for m in result["methods"] if not m["method"].startswith(alone))
+    assert result["meta"]["suite"] == str(prompts)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -175,19 +175,23 @@ def test_graphs_keep_their_buffers(compiled, references):
     assert addresses() == before
 
 
-@pytest.mark.parametrize("device, compile_, dtype, mode, model_dtype", [
-    ("cpu", "off", "auto", "eager", "float32"),
-    ("cpu", "on", "auto", "packed", "float32"),
-    ("cuda", "auto", "auto", "graphs", "bfloat16"),  # a GPU's defaults: captured graphs in bfloat16
-    ("cuda:1", "on", "float32", "graphs", "float32"),
-    ("cuda", "off", "auto", "eager", "bfloat16"),
+@pytest.mark.parametrize("device, compile_, dtype, mode, model_dtype, weights", [
+    ("cpu", "off", "auto", "eager", "float32", "fp32"),
+    ("cpu", "on", "auto", "packed", "float32", "w4a8"),  # the CPU verifier on its 4-bit blocks
+    ("cuda", "auto", "auto", "graphs", "bfloat16", "fp32"),  # a GPU's defaults: captured graphs in bfloat16
+    ("cuda:1", "on", "float32", "graphs", "float32", "fp32"),
+    ("cuda", "off", "auto", "eager", "bfloat16", "fp32"),
 ])
-def test_forward_mode_and_dtype_follow_the_device(device, compile_, dtype, mode, model_dtype):
-    from specpipe.app.wiring import forward_mode
+def test_forward_mode_dtype_and_verifier_weights_follow_the_device(device, compile_, dtype, mode, model_dtype,
+                                                                   weights):
+    from specpipe.app.wiring import forward_mode, verifier_weights
     from specpipe.config.services import ModelConfig
 
     model = ModelConfig(device=device, compile=compile_, dtype=dtype)
-    assert (forward_mode(model), model.torch_dtype) == (mode, model_dtype)
+    assert (forward_mode(model), model.torch_dtype, verifier_weights(model)) == (mode, model_dtype, weights)
+    # W4A8 attends row by row in batched forwards only: one session per forward keeps fp32 unless asked
+    assert verifier_weights(ModelConfig(device=device, compile=compile_, batching=False)) == "fp32"
+    assert verifier_weights(ModelConfig(compile="on", verifier_weights="int8")) == "int8"
 
 
 def test_models_load_in_the_dtype_asked_for():
@@ -296,6 +300,8 @@ def test_bench_compiled_over_grpc_reports_both_baselines(tmp_path):
             "grpc",
             "--compile",
             "on",
+            "--verifier-weights",  # the compiled fp32 verifier, whose greedy output is eager's here
+            "fp32",
             "--no-pin",
             "--methods",
             "model:branch/4",

@@ -257,7 +257,8 @@ def test_specpipe_up_learns_across_requests_by_default_and_not_with_learning_off
     expected = reference_greedy(tiny_model(), prompt, 48)
     rounds = {}
     for learn in ("on", "off"):
-        with specpipe_up(tmp_path / learn, "--cache", "redis", "--drafter", "ngram", "--learn-global", learn) as (
+        with specpipe_up(tmp_path / learn, "--cache", "redis", "--drafter", "ngram", "--learn-global", learn,
+                         "--verifier-weights", "fp32") as (  # the eager reference's model
             proc,
             lines,
         ):

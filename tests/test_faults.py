@@ -326,8 +326,8 @@ def test_lone_verifier_process_sigkilled_and_restarted(reference, tiny_tokenizer
     def start(name: str) -> subprocess.Popen:
         out = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 (the child writes it)
         return subprocess.Popen([sys.executable, "-m", "specpipe.cli.main", "serve", "verifier", "--preset", "tiny",
-                                 "--port", str(port), "--log-level", "WARNING"], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT)
+                                 "--port", str(port), "--log-level", "WARNING", "--verifier-weights", "fp32"],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)  # fp32: the eager reference's model
 
     def ready(name: str) -> bool:
         return any(READY_RE.match(line) for line in (tmp_path / f"{name}.out").read_text(errors="replace").splitlines())

@@ -30,7 +30,8 @@ def stream(client, ids):
 @pytest.mark.slow  # six processes: about 90 s on two shared cores
 def test_up_replicas_golden_then_verifier_killed_and_drafter_drained(tmp_path):
     model = tiny_model()
-    flags = ("--verifiers", "2", "--drafters", "3", "--hop-delay-ms", "5", "--drain-timeout", "2")
+    flags = ("--verifiers", "2", "--drafters", "3", "--hop-delay-ms", "5", "--drain-timeout", "2",
+             "--verifier-weights", "fp32")  # the eager reference's model
     with specpipe_up(tmp_path, *flags) as (proc, lines):
         services = table(lines)
         assert {"orchestrator", "verifier-1", "verifier-2", "drafter-1", "drafter-2", "drafter-3"} <= set(services)
