@@ -24,7 +24,8 @@ ray = pytest.importorskip("ray", reason="the ray extra (pip install -e '.[ray]')
 ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 MAX_NEW_TOKENS = 32
 SPANS = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"specpipe-ray-spans-{os.getpid()}.jsonl"
-SETTINGS = {"preset": "tiny", "threads": 1, "tracing": "on", "trace_file": str(SPANS)}
+SETTINGS = {"preset": "tiny", "threads": 1, "tracing": "on", "trace_file": str(SPANS),
+            "verifier_weights": "fp32"}  # the eager reference's model
 BRANCH = {drafter: SpeculationOptions(drafter=drafter, draft_len=4, schedule="branch", adaptive="off")
           for drafter in ("model", "ngram")}
 
