@@ -56,7 +56,7 @@ def transformers_runs(config: BenchConfig, baselines: list[str], eos: Sequence[i
             runs[f"transformers prompt lookup ({tokens} tokens), {where}"] = transformers_method(
                 models.verifier, config.max_new_tokens, eos, threads=threads, plain=False,
                 prompt_lookup_num_tokens=tokens)
-    references = {method: plain for method in list(runs)[2:]} if plain in runs else {}
+    references = {method: plain for method in runs if method not in (BASELINE, plain)} if plain in runs else {}
     return runs, references
 
 
