@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -154,7 +155,7 @@ def test_integer_kernels_give_the_same_bits_on_every_instruction_set(tmp_path, d
         if not set(needs) <= set(flags):
             continue
         library = tmp_path / f"{march}.so"
-        build = [toolchain._compiler(), "-O3", f"-march={march}", "-fPIC", "-shared", str(toolchain.SOURCE)]
+        build = [toolchain._compiler(), "-O3", f"-march={march}", "-fPIC", "-shared", "-pthread", str(toolchain.SOURCE)]
         subprocess.run([*build, "-o", str(library)], check=True, capture_output=True)
         lib = ctypes.CDLL(str(library))
         assert getattr(lib, f"specpipe_{suffix}_simd")() == simd[suffix]
@@ -248,6 +249,63 @@ def test_batch_invariant_and_thread_invariant(dtype):
         assert torch.equal(native.packed_linear(x[i : i + 1], weight, 300, b, scale)[0], together[i])
     torch.set_num_threads(2)
     assert torch.equal(native.packed_linear(x, weight, 300, b, scale), together)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_callers_on_many_threads_at_once_get_the_same_bits(dtype):
+    """The kernel's worker pool serves every caller: two roles' forwards at once (the second finds the
+    pool busy and runs on its own thread), more threads than cores, and attention beside a GEMM give
+    every call the bits of a call alone."""
+    torch.manual_seed(3)
+    n, k = 300, 1100
+    w, b = torch.randn(n, k), torch.randn(n)
+    weight, scale, _ = packed_in(w, dtype)
+    xs = [torch.randn(m, k) for m in (1, 4, 9)]
+    torch.set_num_threads(1)
+    expected = [native.packed_linear(x, weight, n, b, scale) for x in xs]
+    q, keys, values = torch.randn(4, 3, 16), torch.randn(2, 40, 16), torch.randn(2, 40, 16)
+    visible = torch.ones(3, 40, dtype=torch.bool).tril(37)
+    attention = native.row_exact_attention(q, keys, values, visible, 0.25)
+    torch.set_num_threads(2 * (os.cpu_count() or 1) + 1)
+    wrong = []
+
+    def call(times: int) -> None:
+        for i in range(times):
+            if not torch.equal(native.packed_linear(xs[i % 3], weight, n, b, scale), expected[i % 3]):
+                wrong.append(("linear", i))
+            if not torch.equal(native.row_exact_attention(q, keys, values, visible, 0.25), attention):
+                wrong.append(("attention", i))
+
+    callers = [threading.Thread(target=call, args=(40,)) for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert not wrong
+
+
+def _forked_child(weight, x, expected, done):
+    torch.set_num_threads(2)
+    done.put(torch.equal(native.packed_linear(x, weight, 300), expected))
+
+
+def test_a_forked_child_runs_the_kernel_on_threads():
+    """A child forked after the kernel's workers started (a service's worker processes) starts workers
+    of its own rather than waiting for its parent's."""
+    import multiprocessing
+
+    torch.manual_seed(4)
+    weight, x = native.pack_weight(torch.randn(300, 600)), torch.randn(5, 600)
+    torch.set_num_threads(2)
+    expected = native.packed_linear(x, weight, 300)  # the parent's pool has a worker now
+    context = multiprocessing.get_context("fork")
+    done = context.Queue()
+    child = context.Process(target=_forked_child, args=(weight, x, expected, done))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0 and done.get(timeout=5), "the forked child's kernel call hung or differed"
 
 
 def test_packed_model_gives_the_eager_logits():

@@ -1,9 +1,10 @@
-"""Interleaved T(k) of the packed GEMM at two git revisions of specpipe/engine/native/packed_gemm.c:
-each built as specpipe.engine.native builds it (the host compiler, its FLAGS, OpenMP), one packed
-verifier (W8A8 and W4A8: in the batched forward a service runs them in), the kernels in turn at every
-forward (the order alternating), the best and the median of --repeats (on a shared host the median is
-what a run meets); every forward's logits must be the same bits under both kernels. --gemm: the GEMM
-alone at the model's layer shapes instead, on weights read from memory at every call.
+"""Interleaved T(k) of the packed GEMM at two git revisions of specpipe/engine/native/packed_gemm.c: each built
+as specpipe.engine.native builds it (the host compiler, its FLAGS; -fopenmp for the revisions whose threads
+were OpenMP's, before 2026-12-08), one packed verifier (W8A8 and W4A8: in the batched forward a service runs
+them in), the kernels in turn at every forward (the order alternating), the best and the median of --repeats
+(on a shared host the median is what a run meets); every forward's logits must be the same bits under both
+kernels. --gemm: the GEMM alone at the model's layer shapes instead, on weights read from memory at every
+call.
 
     python3 bench-results/recipes/kernel-ab.py --before d69ada6^ --after d69ada6 [--weights bf16]
     python3 bench-results/recipes/kernel-ab.py --before HEAD --after worktree --weights w4a8 --gemm --sizes 1,2,4,8,16

@@ -27,9 +27,13 @@
  * Built by specpipe.engine.native with the host compiler and -march=native; GNU C vector extensions pick
  * the host's vector width (AVX-512: 16 floats, AVX2: 8, NEON and SSE: 4).
  */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -60,6 +64,124 @@ typedef unsigned short vh __attribute__((vector_size(VL * sizeof(short)), aligne
 typedef unsigned int vu __attribute__((vector_size(VL * sizeof(int))));
 typedef signed char vb __attribute__((vector_size(VL)));
 typedef int vi __attribute__((vector_size(VL * sizeof(int))));
+
+/* --- Threads ---------------------------------------------------------------------------------------
+ * A kernel call splits its work (column panels, attention rows, blocks) over worker threads of this
+ * library's own, not OpenMP's. libgomp keeps a team for each thread that ever ran a parallel region
+ * (the main thread at load, each role's scheduler thread, a servicer computing entropy), and once
+ * their threads outnumber the cores its idle workers spin 100 times, not about 300,000, before they
+ * sleep: every kernel call of a forward then woke its workers from sleep, and a verifier's forward on
+ * its scheduler thread took 1.25x the time it took on the main thread (2 cores, qwen-coder, W4A8).
+ * Here one pool serves every caller: its workers spin for SPIN_NS after their last job before they
+ * sleep, so the calls of a forward, and forwards a round apart, find them awake. A caller that finds
+ * the pool busy (the other role's forward) runs its call on its own thread: a column's sums are the
+ * same on any number of threads, so that changes timing, never a bit. */
+typedef void (*Job)(void *ctx, int thread, int threads);
+
+#define MAX_WORKERS 255
+#define SPIN_NS 2000000L /* 2 ms */
+
+typedef struct {
+    _Alignas(64) atomic_ulong generation; /* incremented by the caller for each job of this worker */
+    Job job;
+    void *ctx;
+    int thread, threads;
+} Slot;
+
+static Slot slots[MAX_WORKERS + 1];                              /* slots[1..workers] */
+static int workers;                                             /* started (under busy) */
+static pthread_mutex_t busy = PTHREAD_MUTEX_INITIALIZER;         /* held by the caller of a job */
+static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static atomic_int sleepers, pending;
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static void *worker(void *arg) {
+    Slot *slot = arg;
+    unsigned long seen = 0; /* a slot's worker is started before its first job */
+    for (;;) {
+        long start = now_ns();
+        for (unsigned i = 1; atomic_load_explicit(&slot->generation, memory_order_acquire) == seen; i++) {
+            if (i % 256 == 0 && now_ns() - start > SPIN_NS) { /* idle: sleep until the next job */
+                pthread_mutex_lock(&sleep_lock);
+                atomic_fetch_add(&sleepers, 1);
+                while (atomic_load(&slot->generation) == seen) pthread_cond_wait(&wake, &sleep_lock);
+                atomic_fetch_sub(&sleepers, 1);
+                pthread_mutex_unlock(&sleep_lock);
+            }
+            relax();
+        }
+        seen++; /* one job at a time: the caller waits for it before it gives this worker another */
+        slot->job(slot->ctx, slot->thread, slot->threads);
+        atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+/* A forked child has none of the parent's workers (or whatever locks a parent's thread held). */
+static void forked(void) {
+    pthread_mutex_init(&busy, NULL);
+    pthread_mutex_init(&sleep_lock, NULL);
+    pthread_cond_init(&wake, NULL);
+    atomic_store(&sleepers, 0);
+    for (int i = 1; i <= workers; i++) atomic_store(&slots[i].generation, 0);
+    workers = 0;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forked); }
+
+/* job(ctx, t, n) for t = 0..n-1 on n threads (the caller's and n - 1 workers; fewer where the pool is
+ * busy or a thread cannot be started), returning when every part has. */
+static void run_threads(Job job, void *ctx, int threads) {
+    if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;
+    if (threads <= 1 || pthread_mutex_trylock(&busy)) {
+        job(ctx, 0, 1);
+        return;
+    }
+    while (workers < threads - 1) {
+        pthread_t id;
+        if (pthread_create(&id, NULL, worker, &slots[workers + 1])) break;
+        pthread_detach(id);
+        workers++;
+    }
+    if (threads > workers + 1) threads = workers + 1;
+    atomic_store(&pending, threads - 1);
+    for (int i = 1; i < threads; i++) {
+        slots[i].job = job, slots[i].ctx = ctx, slots[i].thread = i, slots[i].threads = threads;
+        atomic_fetch_add(&slots[i].generation, 1);
+    }
+    if (atomic_load(&sleepers)) {
+        pthread_mutex_lock(&sleep_lock);
+        pthread_cond_broadcast(&wake);
+        pthread_mutex_unlock(&sleep_lock);
+    }
+    job(ctx, 0, threads);
+    for (unsigned i = 1; atomic_load_explicit(&pending, memory_order_acquire); i++) {
+        if (i % 1024 == 0) sched_yield(); /* a worker without a core (more threads than cores) */
+        relax();
+    }
+    pthread_mutex_unlock(&busy);
+}
+
+/* Thread t's share [*begin, *end) of n items split over threads: contiguous, sizes differing by one. */
+static void share(long n, int t, int threads, long *begin, long *end) {
+    long q = n / threads, r = n % threads;
+    *begin = t * q + (t < r ? t : r);
+    *end = *begin + q + (t < r);
+}
 
 /* Weights in fp32, in bf16 (the upper half of an fp32: widened in a register, so the weights stream
  * at half the bytes while the arithmetic stays fp32), or in int8 with a scale per output column
@@ -140,51 +262,64 @@ static inline float output(float sum, const float *s, const float *b, size_t c) 
 
 /* x [M][K], w packed [ceil(N/P)][K][P], s [N] (int8 weights' scales) or NULL, b [N] or NULL,
  * y [M][N] = s * (x @ w^T) + b; panels split across threads, each with a buffer of M x P
- * accumulators. With narrow weights and several row blocks (WIDEN), the first row block of a chunk
+ * accumulators. With narrow weights and several row blocks (widen), the first row block of a chunk
  * keeps the weights it widened in a second buffer (KC x P floats, in L2) and the others read them
  * there, rather than each widening the chunk again. */
+typedef struct {
+    const float *x;
+    size_t M, K;
+    const void *w;
+    size_t N;
+    const float *s, *b;
+    float *y;
+    size_t kc, bytes;
+    int widen, failed;
+} Linear;
+
 #define PACKED_LINEAR(T, WT, WIDEN)                                                                        \
+    static void packed_linear_part_##T(void *ctx, int thread, int threads) {                              \
+        Linear *job = ctx;                                                                                 \
+        const float *x = job->x;                                                                             \
+        const WT *w = job->w;                                                                                \
+        size_t M = job->M, K = job->K, N = job->N, kc = job->kc;                                                   \
+        float *buf = aligned_alloc(64, job->bytes);                                                          \
+        float *wide = job->widen ? aligned_alloc(64, KC * P * sizeof(float)) : NULL;                         \
+        long begin, end;                                                                                   \
+        share((long)((N + P - 1) / P), thread, threads, &begin, &end);                                     \
+        if (!buf || (job->widen && !wide)) {                                                                 \
+            __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                             \
+            begin = end;                                                                                   \
+        } else if (!K) { /* no input features: y is the bias (or zero) */                                  \
+            memset(buf, 0, job->bytes);                                                                      \
+        }                                                                                                  \
+        for (long j = begin; j < end; j++) {                                                               \
+            const WT *panel = w + (size_t)j * K * P;                                                       \
+            size_t col = (size_t)j * P;                                                                    \
+            size_t ncols = N - col < P ? N - col : P;                                                      \
+            for (size_t k0 = 0; k0 < K; k0 += kc) {                                                        \
+                size_t k1 = K - k0 < kc ? K : k0 + kc;                                                     \
+                for (size_t m = 0; m < M; m += MR) {                                                       \
+                    size_t rows = M - m < MR ? M - m : MR;                                                 \
+                    if (m && wide)                                                                         \
+                        row_block_f32[rows](x + m * K, K, k0, k1, wide, buf + m * P, NULL);                \
+                    else                                                                                   \
+                        row_block_##T[rows](x + m * K, K, k0, k1, panel + k0 * P, buf + m * P, wide);      \
+                }                                                                                          \
+            }                                                                                              \
+            for (size_t r = 0; r < M; r++)                                                                 \
+                for (size_t c = 0; c < ncols; c++) {                                                       \
+                    job->y[r * N + col + c] = output(buf[r * P + c], job->s, job->b, col + c);              \
+                }                                                                                          \
+        }                                                                                                  \
+        free(buf);                                                                                         \
+        free(wide);                                                                                        \
+    }                                                                                                      \
     int specpipe_packed_linear_##T(const float *x, size_t M, size_t K, const WT *w, size_t N,              \
                                    const float *s, const float *b, float *y, int threads) {                \
-        long panels = (long)((N + P - 1) / P);                                                             \
-        size_t kc = M <= MR ? K : KC; /* one row block: one chunk */                                       \
-        size_t bytes = (M * P * sizeof(float) + 63) / 64 * 64;                                             \
-        int widen = WIDEN && M > MR;                                                                       \
-        int failed = 0;                                                                                    \
-        _Pragma("omp parallel num_threads(threads) if (threads > 1)") {                                    \
-            float *buf = aligned_alloc(64, bytes);                                                         \
-            float *wide = widen ? aligned_alloc(64, KC * P * sizeof(float)) : NULL;                        \
-            int ready = buf && (wide || !widen);                                                           \
-            if (!ready) {                                                                                  \
-                _Pragma("omp atomic write") failed = 1;                                                    \
-            } else if (!K) { /* no input features: y is the bias (or zero) */                              \
-                memset(buf, 0, bytes);                                                                     \
-            }                                                                                              \
-            _Pragma("omp for schedule(static)")                                                            \
-            for (long j = 0; j < panels; j++) {                                                            \
-                if (!ready) continue;                                                                      \
-                const WT *panel = w + (size_t)j * K * P;                                                   \
-                size_t col = (size_t)j * P;                                                                \
-                size_t ncols = N - col < P ? N - col : P;                                                  \
-                for (size_t k0 = 0; k0 < K; k0 += kc) {                                                    \
-                    size_t k1 = K - k0 < kc ? K : k0 + kc;                                                 \
-                    for (size_t m = 0; m < M; m += MR) {                                                   \
-                        size_t rows = M - m < MR ? M - m : MR;                                             \
-                        if (m && wide)                                                                     \
-                            row_block_f32[rows](x + m * K, K, k0, k1, wide, buf + m * P, NULL);            \
-                        else                                                                               \
-                            row_block_##T[rows](x + m * K, K, k0, k1, panel + k0 * P, buf + m * P, wide);  \
-                    }                                                                                      \
-                }                                                                                          \
-                for (size_t r = 0; r < M; r++)                                                             \
-                    for (size_t c = 0; c < ncols; c++) {                                                   \
-                        y[r * N + col + c] = output(buf[r * P + c], s, b, col + c);                         \
-                    }                                                                                      \
-            }                                                                                              \
-            free(buf);                                                                                     \
-            free(wide);                                                                                    \
-        }                                                                                                  \
-        return failed ? -1 : 0; /* -1: a thread's buffers could not be allocated */                        \
+        Linear part = {x, M, K, w, N, s, b, y, M <= MR ? K : KC, (M * P * sizeof(float) + 63) / 64 * 64,   \
+                       WIDEN && M > MR, 0};                                                                \
+        run_threads(packed_linear_part_##T, &part, threads);                                               \
+        return part.failed ? -1 : 0; /* -1: a thread's buffers could not be allocated */                   \
     }
 
 int specpipe_panel_width(void) { return P; }
@@ -337,38 +472,55 @@ static void (*const row_block_q8[QMR + 1])(const signed char *, size_t, size_t, 
 typedef void (*IntegerPanel)(const void *w, size_t M, size_t Kp, long j, const signed char *xq, const float *xs,
                              const int *xsum, float *buf);
 
+typedef struct {
+    size_t M, Kp, N;
+    IntegerPanel panel;
+    const void *w;
+    const float *s, *b;
+    float *y;
+    const signed char *xq;
+    const float *xs;
+    const int *xsum;
+    int failed;
+} Integer;
+
+static void integer_part(void *ctx, int thread, int threads) {
+    Integer *job = ctx;
+    size_t M = job->M, N = job->N, bytes = (M * P * sizeof(float) + 63) / 64 * 64;
+    float *buf = aligned_alloc(64, bytes);
+    long begin, end;
+    share((long)((N + P - 1) / P), thread, threads, &begin, &end);
+    if (!buf) {
+        __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+        begin = end;
+    }
+    for (long j = begin; j < end; j++) {
+        size_t col = (size_t)j * P, ncols = N - col < P ? N - col : P;
+        memset(buf, 0, bytes);
+        job->panel(job->w, M, job->Kp, j, job->xq, job->xs, job->xsum, buf);
+        for (size_t r = 0; r < M; r++)
+            for (size_t c = 0; c < ncols; c++) {
+                job->y[r * N + col + c] = output(buf[r * P + c], job->s, job->b, col + c);
+            }
+    }
+    free(buf);
+}
+
 static int integer_linear(const float *x, size_t M, size_t K, size_t Kp, size_t block, size_t sum_block,
                           IntegerPanel panel, const void *w, size_t N, const float *s, const float *b, float *y,
                           int threads) {
-    long panels = (long)((N + P - 1) / P);
-    size_t bytes = (M * P * sizeof(float) + 63) / 64 * 64;
     signed char *xq = malloc(M * Kp + 1);
     float *xs = malloc(M * (Kp / block) * sizeof(float) + 1);
     int *xsum = malloc(M * (Kp / sum_block) * sizeof(int) + 1);
-    int failed = !(xq && xs && xsum);
-    if (!failed) quantize_rows(x, M, K, Kp, block, sum_block, xq, xs, xsum);
-    _Pragma("omp parallel num_threads(threads) if (threads > 1)") {
-        float *buf = failed ? NULL : aligned_alloc(64, bytes);
-        if (!buf) {
-            _Pragma("omp atomic write") failed = 1;
-        }
-        _Pragma("omp for schedule(static)")
-        for (long j = 0; j < panels; j++) {
-            if (!buf) continue;
-            size_t col = (size_t)j * P, ncols = N - col < P ? N - col : P;
-            memset(buf, 0, bytes);
-            panel(w, M, Kp, j, xq, xs, xsum, buf);
-            for (size_t r = 0; r < M; r++)
-                for (size_t c = 0; c < ncols; c++) {
-                    y[r * N + col + c] = output(buf[r * P + c], s, b, col + c);
-                }
-        }
-        free(buf);
+    Integer job = {M, Kp, N, panel, w, s, b, y, xq, xs, xsum, !(xq && xs && xsum)};
+    if (!job.failed) {
+        quantize_rows(x, M, K, Kp, block, sum_block, xq, xs, xsum);
+        run_threads(integer_part, &job, threads);
     }
     free(xq);
     free(xs);
     free(xsum);
-    return failed ? -1 : 0;
+    return job.failed ? -1 : 0;
 }
 
 /* W8A8's panel j: blocks in chunks (in L2) that every row block takes in turn. */
@@ -665,47 +817,59 @@ static inline float dot_row(const float *a, const float *b, size_t D) {
     return s;
 }
 
+typedef struct {
+    const float *q, *k, *v;
+    size_t heads, n, D, group, L, head_stride, pos_stride;
+    const unsigned char *visible;
+    float scale;
+    float *out;
+    int failed;
+} Attention;
+
+static void attention_part(void *ctx, int thread, int threads) {
+    Attention *job = ctx;
+    size_t n = job->n, D = job->D, L = job->L;
+    float *score = malloc((L + 1) * sizeof(float));
+    float *acc = aligned_alloc(64, (D + VL) / VL * VL * sizeof(float));
+    long begin, end;
+    share((long)(job->heads * n), thread, threads, &begin, &end);
+    if (!score || !acc) {
+        __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+        begin = end;
+    }
+    for (long pair = begin; pair < end; pair++) {
+        size_t h = (size_t)pair / n, i = (size_t)pair % n;
+        const float *qi = job->q + (h * n + i) * D;
+        const float *kh = job->k + (h / job->group) * job->head_stride, *vh = job->v + (h / job->group) * job->head_stride;
+        const unsigned char *sees = job->visible + i * L;
+        float top = -__builtin_inff();
+        for (size_t j = 0; j < L; j++)
+            if (sees[j]) {
+                score[j] = dot_row(qi, kh + j * job->pos_stride, D) * job->scale;
+                top = score[j] > top ? score[j] : top;
+            }
+        memset(acc, 0, D * sizeof(float));
+        float total = 0.0f;
+        for (size_t j = 0; j < L; j++)
+            if (sees[j]) {
+                float p = __builtin_expf(score[j] - top);
+                total += p;
+                const float *vj = vh + j * job->pos_stride;
+                for (size_t d = 0; d < D; d++) acc[d] += p * vj[d];
+            }
+        float *o = job->out + i * job->heads * D + h * D;
+        for (size_t d = 0; d < D; d++) o[d] = total > 0.0f ? acc[d] / total : 0.0f;
+    }
+    free(score);
+    free(acc);
+}
+
 int specpipe_row_exact_attention(const float *q, size_t heads, size_t n, size_t D, const float *k, const float *v,
                                  size_t kv_heads, size_t L, size_t head_stride, size_t pos_stride,
                                  const unsigned char *visible, float scale, float *out, int threads) {
-    size_t group = heads / kv_heads;
-    long pairs = (long)(heads * n);
-    int failed = 0;
-    _Pragma("omp parallel num_threads(threads) if (threads > 1 && pairs > 1)") {
-        float *score = malloc((L + 1) * sizeof(float));
-        float *acc = aligned_alloc(64, (D + VL) / VL * VL * sizeof(float));
-        if (!score || !acc) {
-            _Pragma("omp atomic write") failed = 1;
-        }
-        _Pragma("omp for schedule(static)")
-        for (long pair = 0; pair < pairs; pair++) {
-            if (!score || !acc) continue;
-            size_t h = (size_t)pair / n, i = (size_t)pair % n;
-            const float *qi = q + (h * n + i) * D;
-            const float *kh = k + (h / group) * head_stride, *vh = v + (h / group) * head_stride;
-            const unsigned char *sees = visible + i * L;
-            float top = -__builtin_inff();
-            for (size_t j = 0; j < L; j++)
-                if (sees[j]) {
-                    score[j] = dot_row(qi, kh + j * pos_stride, D) * scale;
-                    top = score[j] > top ? score[j] : top;
-                }
-            memset(acc, 0, D * sizeof(float));
-            float total = 0.0f;
-            for (size_t j = 0; j < L; j++)
-                if (sees[j]) {
-                    float p = __builtin_expf(score[j] - top);
-                    total += p;
-                    const float *vj = vh + j * pos_stride;
-                    for (size_t d = 0; d < D; d++) acc[d] += p * vj[d];
-                }
-            float *o = out + i * heads * D + h * D;
-            for (size_t d = 0; d < D; d++) o[d] = total > 0.0f ? acc[d] / total : 0.0f;
-        }
-        free(score);
-        free(acc);
-    }
-    return failed ? -1 : 0;
+    Attention job = {q, k, v, heads, n, D, heads / kv_heads, L, head_stride, pos_stride, visible, scale, out, 0};
+    run_threads(attention_part, &job, heads * n > 1 ? threads : 1);
+    return job.failed ? -1 : 0;
 }
 
 /* --- GGUF dequantization ---------------------------------------------------------------------------
@@ -822,12 +986,27 @@ NO_FMA static void dequantize_block(int type, const unsigned char *b, float *y) 
     }
 }
 
+typedef struct {
+    int type;
+    const unsigned char *src;
+    float *dst;
+    size_t blocks, bytes, values;
+} Blocks;
+
+static void dequantize_part(void *ctx, int thread, int threads) {
+    Blocks *job = ctx;
+    long begin, end;
+    share((long)job->blocks, thread, threads, &begin, &end);
+    for (long i = begin; i < end; i++)
+        dequantize_block(job->type, job->src + (size_t)i * job->bytes, job->dst + (size_t)i * job->values);
+}
+
 /* blocks of type at src -> dst (blocks x the type's values), threads splitting the blocks. Returns -1 for
  * a type not dequantized here (nothing written). */
 int specpipe_dequantize(int type, const unsigned char *src, size_t blocks, float *dst, int threads) {
     size_t values, bytes = block_bytes(type, &values);
     if (!bytes) return -1;
-    _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1 && blocks > 4096)")
-    for (long i = 0; i < (long)blocks; i++) dequantize_block(type, src + (size_t)i * bytes, dst + (size_t)i * values);
+    Blocks job = {type, src, dst, blocks, bytes, values};
+    run_threads(dequantize_part, &job, blocks > 4096 ? threads : 1);
     return 0;
 }

@@ -19,7 +19,7 @@ from specpipe.core.errors import FailedPrecondition
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("packed_gemm.c")
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-pthread")
 
 
 def _cpu_fingerprint() -> str:
@@ -88,12 +88,9 @@ def build(cc: str | None = None) -> Path:
                                  f"writable ({', '.join(map(str, kernel_dirs()))}): set SPECPIPE_KERNELS to one")
     target = directory / name
     partial = target.with_suffix(f".{os.getpid()}.partial")
-    for openmp in (["-fopenmp"], []):  # threads over column panels where the compiler has OpenMP
-        proc = subprocess.run([cc, *FLAGS, *openmp, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
-        if proc.returncode == 0:
-            break
-    else:
+    proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
+    if proc.returncode != 0:
         raise FailedPrecondition(f"building the packed GEMM kernel failed ({cc}): {proc.stderr.strip()[-2000:]}")
     os.replace(partial, target)  # atomic: a concurrent build of the same key writes the same bytes
-    log.info("built the packed GEMM kernel", extra={"path": str(target), "openmp": bool(openmp)})
+    log.info("built the packed GEMM kernel", extra={"path": str(target)})
     return target
