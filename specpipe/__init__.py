@@ -13,5 +13,10 @@ import os
 # for any number of rows, which the batched forward's batch invariance needs (docs/batching.md).
 # MKL reads this once, at its first call: set here, before anything of specpipe runs torch.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# torch's OpenMP workers (its elementwise ops over more than ~32K values) sleep as soon as their work is done
+# rather than spinning for milliseconds: the packed kernel's own threads (specpipe/engine/native) need the same
+# cores next, and spinning OpenMP workers held them off (a 4-token forward on the main thread took 2-3x its time).
+# libgomp reads this when torch loads it: it takes effect where specpipe is imported before torch (the CLI).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"

@@ -115,14 +115,17 @@ static void *worker(void *arg) {
     for (;;) {
         long start = now_ns();
         for (unsigned i = 1; atomic_load_explicit(&slot->generation, memory_order_acquire) == seen; i++) {
-            if (i % 256 == 0 && now_ns() - start > SPIN_NS) { /* idle: sleep until the next job */
+            if (i % 64) {
+                relax();
+            } else if (now_ns() - start < SPIN_NS) {
+                sched_yield(); /* a thread waiting for this core (torch's own OpenMP workers, another role) runs */
+            } else { /* idle: sleep until the next job */
                 pthread_mutex_lock(&sleep_lock);
                 atomic_fetch_add(&sleepers, 1);
                 while (atomic_load(&slot->generation) == seen) pthread_cond_wait(&wake, &sleep_lock);
                 atomic_fetch_sub(&sleepers, 1);
                 pthread_mutex_unlock(&sleep_lock);
             }
-            relax();
         }
         seen++; /* one job at a time: the caller waits for it before it gives this worker another */
         slot->job(slot->ctx, slot->thread, slot->threads);
