@@ -3,10 +3,13 @@ generation with the same drafter, prompt lookup) beside specpipe's methods in on
 token for token against the verifier alone; bad flags are refused."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+import specpipe
 
 
 def bench(*argv, timeout=300):
@@ -144,11 +147,24 @@ def test_llama_cpp_worker_runs_without_torch():
     try:
         maps = open(f"/proc/{worker.process.pid}/maps").read()
         assert "libggml" in maps and "torch" not in maps  # llama.cpp's OpenMP on the libgomp it was built with
+        environ = open(f"/proc/{worker.process.pid}/environ", "rb").read().split(b"\0")
+        assert not any(v.startswith(b"OMP_WAIT_POLICY=") for v in environ) or specpipe.CALLER_OMP_WAIT_POLICY
         run = worker("p0", [1, 2, 3, 4])
         assert run.prompt_id == "p0" and len(run.token_ids) == 5 and run.rounds == 5 and run.seconds > 0
     finally:
         worker.close()
     assert worker.process.returncode == 0
+
+
+@pytest.mark.parametrize("caller", [None, "ACTIVE"])
+def test_a_llama_cpp_worker_gets_the_callers_openmp_wait_policy(monkeypatch, caller):
+    """specpipe's own OpenMP setting (made before torch loads) is not llama.cpp's: its worker gets the caller's."""
+    from specpipe.bench.llamacpp import worker_environment
+
+    assert os.environ["OMP_WAIT_POLICY"] == (specpipe.CALLER_OMP_WAIT_POLICY or "PASSIVE")
+    monkeypatch.setattr(specpipe, "CALLER_OMP_WAIT_POLICY", caller)
+    assert worker_environment().get("OMP_WAIT_POLICY") == caller
+    assert worker_environment()["PATH"] == os.environ["PATH"]
 
 
 def test_a_dead_llama_cpp_worker_fails_the_run_with_its_words(tmp_path):

@@ -1,7 +1,8 @@
 """llama.cpp baselines of `specpipe bench` (--baselines llama-cpp): llama-cpp-python's plain greedy
 decoding and its prompt-lookup speculation on the verifier's own GGUF file (the one specpipe reads),
 with a thread per core the pipeline uses, on the same prompt token ids, each in a process of its own
-(specpipe.bench.llamacpp_worker: llama.cpp as its users run it, beside nothing of specpipe's).
+(specpipe/bench/llamacpp_worker.py run as a script: llama.cpp as its users run it, beside nothing of specpipe's,
+with the caller's environment).
 
 llama.cpp computes on the GGUF's quantized blocks, a different computation from specpipe's, so its
 output need not equal the verifier alone's: the run reports how often it does (the "identical to"
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +24,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import specpipe
+from specpipe.bench import llamacpp_worker
 from specpipe.bench.measure import MethodRun, PromptRun
 from specpipe.config.presets import ModelSpec
 from specpipe.core.errors import FailedPrecondition
@@ -55,6 +59,17 @@ def baseline_gguf(verifier: ModelSpec) -> Path:
     return gguf
 
 
+def worker_environment() -> dict[str, str]:
+    """The environment of a llama.cpp worker: this process's, with the caller's own OpenMP wait policy
+    (specpipe sets its own before torch loads: specpipe/__init__.py), as a llama.cpp user runs it."""
+    environment = dict(os.environ)
+    if specpipe.CALLER_OMP_WAIT_POLICY is None:
+        environment.pop("OMP_WAIT_POLICY", None)
+    else:
+        environment["OMP_WAIT_POLICY"] = specpipe.CALLER_OMP_WAIT_POLICY
+    return environment
+
+
 class LlamaWorker:
     """One llama.cpp baseline's process (specpipe.bench.llamacpp_worker) and the MethodRun that feeds it
     a prompt at a time. Plain decoding feeds a token a forward, so rounds = tokens; prompt lookup's
@@ -66,10 +81,10 @@ class LlamaWorker:
         self.lookup = lookup_tokens > 0
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "specpipe.bench.llamacpp_worker", "--gguf", str(gguf), "--threads", str(threads),
+            [sys.executable, llamacpp_worker.__file__, "--gguf", str(gguf), "--threads", str(threads),
              "--lookup-tokens", str(lookup_tokens), "--max-new-tokens", str(max_new_tokens),
              "--eos", ",".join(map(str, eos_token_ids)), "--cores", ",".join(map(str, cores))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=worker_environment())
         self._answer("loading the GGUF")
 
     def __call__(self, prompt_id: str, prompt_ids: Sequence[int]) -> PromptRun:

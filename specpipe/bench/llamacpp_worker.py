@@ -1,5 +1,6 @@
-"""A llama.cpp baseline in a process of its own (`python -m specpipe.bench.llamacpp_worker`), as its
-users run it: llama-cpp-python and nothing of specpipe's (no torch, whose bundled libgomp.so.1 would
+"""A llama.cpp baseline in a process of its own (`python specpipe/bench/llamacpp_worker.py`, a script: not
+the specpipe package, whose import sets its own process settings), as its users run it: llama-cpp-python and
+nothing of specpipe's (no torch, whose bundled libgomp.so.1 would
 otherwise stand in for the system's under llama.cpp's OpenMP threads, nor specpipe's kernel).
 
 It loads the GGUF, pins itself to --cores, says `{"ready": true}` on stdout, then answers each line of
@@ -49,7 +50,7 @@ def decode(llama: Any, prompt_ids: list[int], max_new_tokens: int, eos: set[int]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specpipe.bench.llamacpp_worker", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python specpipe/bench/llamacpp_worker.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", required=True, help="the GGUF file")
     parser.add_argument("--threads", type=int, required=True, help="llama.cpp's threads")
