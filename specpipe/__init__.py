@@ -18,7 +18,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # cores next, and spinning OpenMP workers held them off (a 4-token forward on the main thread took 2-3x its time).
 # libgomp reads this when torch loads it: it takes effect where specpipe is imported before torch (the CLI).
 # CALLER_OMP_WAIT_POLICY is the caller's own (None: unset): what a process specpipe starts that is not
-# specpipe's gets back (a llama.cpp baseline, whose OpenMP threads sleeping at every barrier ran 0.7x its speed).
+# specpipe's gets back (a llama.cpp baseline: its OpenMP threads, asleep at every barrier, ran at ~0.75x its speed).
 CALLER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
